@@ -1,0 +1,34 @@
+# corral — developer entry points. `make test` is what CI runs.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test check lint typecheck run clean docs
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+check: lint typecheck test
+
+docs: $(STAMP)
+	$(BIN)/corral states --mermaid --markdown > docs/lifecycles.md
+
+run: $(STAMP)
+	$(BIN)/corral states
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

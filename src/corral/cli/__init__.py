@@ -1,0 +1,21 @@
+"""The `corral` command line: one typer app, one module per command group."""
+
+from __future__ import annotations
+
+import typer
+
+from corral.cli import bench, states
+
+app = typer.Typer(
+    name="corral",
+    help="corral — a session orchestrator for AI compute clusters.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.command("states")(states.states_command)
+app.add_typer(bench.app, name="bench")
+
+
+def main() -> None:
+    """Entry point of the `corral` console script."""
+    app()

@@ -1,0 +1,81 @@
+"""Handler results and declared transitions, as spec document 1 defines them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum, StrEnum
+
+from corral.domain.status import KernelStatus, SessionStatus
+from corral.domain.types import SessionId
+
+
+class SchedulingResult(StrEnum):
+    """How the coordinator judged one attempt of a handler on one session."""
+
+    SUCCESS = "SUCCESS"
+    NEED_RETRY = "NEED_RETRY"
+    EXPIRED = "EXPIRED"
+    GIVE_UP = "GIVE_UP"
+    SKIPPED = "SKIPPED"
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionStatus:
+    """Target statuses of one outcome; None leaves that entity's status unchanged."""
+
+    session: SessionStatus | None = None
+    kernel: KernelStatus | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StatusTransitions:
+    """A handler's declared transitions per outcome; None records history only."""
+
+    success: TransitionStatus | None = None
+    need_retry: TransitionStatus | None = None
+    expired: TransitionStatus | None = None
+    give_up: TransitionStatus | None = None
+
+    def for_result(self, result: SchedulingResult) -> TransitionStatus | None:
+        """The transition to apply for `result` (SKIPPED never changes a status)."""
+        match result:
+            case SchedulingResult.SUCCESS:
+                return self.success
+            case SchedulingResult.NEED_RETRY:
+                return self.need_retry
+            case SchedulingResult.EXPIRED:
+                return self.expired
+            case SchedulingResult.GIVE_UP:
+                return self.give_up
+            case SchedulingResult.SKIPPED:
+                return None
+
+
+@dataclass(frozen=True, slots=True)
+class ResultNote:
+    """Why a session was skipped or failed: a stable code and a message a user can read."""
+
+    code: str
+    message: str
+
+
+@dataclass(slots=True)
+class HandlerResult:
+    """What a handler did with its targets: attempted and succeeded, attempted and failed, skipped.
+
+    `notes` carries the reason for any failed or skipped session (an addition to spec document
+    1, so every session that did not move says why).
+    """
+
+    successes: list[SessionId] = field(default_factory=list)
+    failures: list[SessionId] = field(default_factory=list)
+    skipped: list[SessionId] = field(default_factory=list)
+    notes: dict[SessionId, ResultNote] = field(default_factory=dict)
+
+
+class KernelMatchType(Enum):
+    """How a promotion handler checks a session's kernels against its status set."""
+
+    ALL = "all"
+    ANY = "any"
+    NOT_ANY = "not_any"

@@ -1,0 +1,214 @@
+"""The four status enums and their transition tables.
+
+Every edge names the rule that admits it: a handler of spec document 1 (its tables and diagrams),
+or one of the lifecycle rules DESIGN.md adds (terminate requests, ERROR as the failed terminal
+status, CANCELLED for sessions that never ran). Nothing else is allowed.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from corral.domain.lifecycle import TransitionTable
+
+
+class SessionStatus(StrEnum):
+    """Where a session stands in its lifecycle (spec document 1)."""
+
+    PENDING = "PENDING"
+    SCHEDULED = "SCHEDULED"
+    PREPARING = "PREPARING"
+    PREPARED = "PREPARED"
+    CREATING = "CREATING"
+    RUNNING = "RUNNING"
+    TERMINATING = "TERMINATING"
+    TERMINATED = "TERMINATED"
+    CANCELLED = "CANCELLED"
+    ERROR = "ERROR"
+
+
+class KernelStatus(StrEnum):
+    """Where one kernel stands; the session's statuses plus PULLING (image/environment fetch)."""
+
+    PENDING = "PENDING"
+    SCHEDULED = "SCHEDULED"
+    PREPARING = "PREPARING"
+    PULLING = "PULLING"
+    PREPARED = "PREPARED"
+    CREATING = "CREATING"
+    RUNNING = "RUNNING"
+    TERMINATING = "TERMINATING"
+    TERMINATED = "TERMINATED"
+    CANCELLED = "CANCELLED"
+    ERROR = "ERROR"
+
+
+class EndpointLifecycle(StrEnum):
+    """Lifecycle of a model-serving deployment (spec document 1, deployment handlers)."""
+
+    PENDING = "pending"
+    CREATED = "created"  # deprecated upstream in favour of READY; accepted, never entered
+    SCALING = "scaling"
+    READY = "ready"
+    DEPLOYING = "deploying"  # reserved for rolling updates; only a destroy request leaves it
+    DESTROYING = "destroying"
+    DESTROYED = "destroyed"
+
+
+class RouteStatus(StrEnum):
+    """Status of one replica (route) of a deployment (spec document 1, route handlers)."""
+
+    PROVISIONING = "provisioning"
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+    DEGRADED = "degraded"
+    TERMINATING = "terminating"
+    TERMINATED = "terminated"
+    FAILED_TO_START = "failed_to_start"
+
+
+_S = SessionStatus
+_K = KernelStatus
+_E = EndpointLifecycle
+_R = RouteStatus
+
+# Rule names used in the tables: where an edge comes from.
+SPEC1 = "spec document 1"
+DESIGN = "DESIGN.md lifecycles"
+
+SESSION_TRANSITIONS: TransitionTable[SessionStatus] = TransitionTable(
+    "SessionStatus",
+    SessionStatus,
+    initial=_S.PENDING,
+    terminal=(_S.TERMINATED, _S.CANCELLED, _S.ERROR),
+    edges=[
+        (_S.PENDING, _S.SCHEDULED, "ScheduleNewSessions", SPEC1),
+        (_S.PENDING, _S.CANCELLED, "ScheduleNewSessions expired/give_up", SPEC1),
+        (_S.SCHEDULED, _S.PREPARING, "PrepareSessions", SPEC1),
+        ((_S.SCHEDULED, _S.PREPARING), _S.PREPARED, "PromoteToPrepared", SPEC1),
+        ((_S.SCHEDULED, _S.PREPARING), _S.PENDING, "PrepareSessions expired/give_up", SPEC1),
+        (_S.PREPARED, _S.CREATING, "StartSessions", SPEC1),
+        ((_S.PREPARED, _S.CREATING), _S.PENDING, "StartSessions expired/give_up", SPEC1),
+        (_S.CREATING, _S.RUNNING, "PromoteToRunning", SPEC1),
+        (_S.RUNNING, _S.TERMINATING, "DetectTermination", SPEC1),
+        (_S.TERMINATING, _S.TERMINATED, "TerminateSessions / PromoteToTerminated", SPEC1),
+        (
+            (_S.SCHEDULED, _S.PREPARING, _S.PREPARED, _S.CREATING),
+            _S.TERMINATING,
+            "terminate request / kernel failed before running",
+            DESIGN,
+        ),
+        (_S.TERMINATING, _S.ERROR, "PromoteToTerminated (a kernel failed)", DESIGN),
+        (_S.TERMINATING, _S.CANCELLED, "PromoteToTerminated (never ran)", DESIGN),
+    ],
+)
+
+_KERNEL_BEFORE_RUNNING = (_K.PENDING, _K.SCHEDULED, _K.PREPARING, _K.PULLING, _K.PREPARED, _K.CREATING)
+
+KERNEL_TRANSITIONS: TransitionTable[KernelStatus] = TransitionTable(
+    "KernelStatus",
+    KernelStatus,
+    initial=_K.PENDING,
+    terminal=(_K.TERMINATED, _K.CANCELLED, _K.ERROR),
+    edges=[
+        (_K.PENDING, _K.SCHEDULED, "ScheduleNewSessions", SPEC1),
+        (_K.PENDING, _K.CANCELLED, "ScheduleNewSessions expired/give_up", SPEC1),
+        (_K.SCHEDULED, _K.PREPARING, "PrepareSessions", SPEC1),
+        (_K.PREPARING, _K.PULLING, "agent: fetching the image", SPEC1),
+        ((_K.PREPARING, _K.PULLING), _K.PREPARED, "agent: prepared", SPEC1),
+        (
+            (_K.SCHEDULED, _K.PREPARING, _K.PULLING, _K.PREPARED, _K.CREATING),
+            _K.PENDING,
+            "session re-scheduled (expired/give_up)",
+            SPEC1,
+        ),
+        (_K.PREPARED, _K.CREATING, "StartSessions", SPEC1),
+        (_K.CREATING, _K.RUNNING, "agent: started", SPEC1),
+        (
+            (_K.SCHEDULED, _K.PREPARING, _K.PULLING, _K.PREPARED, _K.CREATING, _K.RUNNING),
+            _K.TERMINATING,
+            "agent: exited or stopping",
+            DESIGN,
+        ),
+        (
+            (*_KERNEL_BEFORE_RUNNING, _K.RUNNING, _K.TERMINATING),
+            _K.TERMINATED,
+            "TerminateSessions / agent: finished",
+            SPEC1,
+        ),
+        (
+            (*_KERNEL_BEFORE_RUNNING, _K.RUNNING, _K.TERMINATING),
+            _K.ERROR,
+            "agent: failed / agent lost",
+            DESIGN,
+        ),
+        (
+            (*_KERNEL_BEFORE_RUNNING[1:], _K.TERMINATING),
+            _K.CANCELLED,
+            "session cancelled before the kernel ran",
+            DESIGN,
+        ),
+    ],
+)
+
+ENDPOINT_TRANSITIONS: TransitionTable[EndpointLifecycle] = TransitionTable(
+    "EndpointLifecycle",
+    EndpointLifecycle,
+    initial=_E.PENDING,
+    terminal=(_E.DESTROYED,),
+    edges=[
+        ((_E.PENDING, _E.CREATED), _E.SCALING, "CheckPendingDeployment", SPEC1),
+        (_E.SCALING, _E.READY, "ScalingDeployment", SPEC1),
+        (_E.READY, _E.SCALING, "CheckReplicaDeployment / ReconcileDeployment", SPEC1),
+        (
+            (_E.PENDING, _E.CREATED, _E.SCALING, _E.READY, _E.DEPLOYING),
+            _E.DESTROYING,
+            "destroy request",
+            SPEC1,
+        ),
+        (_E.DESTROYING, _E.DESTROYED, "DestroyingDeployment", SPEC1),
+    ],
+)
+
+ROUTE_TRANSITIONS: TransitionTable[RouteStatus] = TransitionTable(
+    "RouteStatus",
+    RouteStatus,
+    initial=_R.PROVISIONING,
+    terminal=(_R.TERMINATED,),
+    edges=[
+        (_R.PROVISIONING, _R.DEGRADED, "ProvisioningRoute", SPEC1),
+        (_R.PROVISIONING, _R.FAILED_TO_START, "ProvisioningRoute failure", SPEC1),
+        ((_R.UNHEALTHY, _R.DEGRADED), _R.HEALTHY, "HealthCheckRoute", SPEC1),
+        ((_R.HEALTHY, _R.DEGRADED), _R.UNHEALTHY, "HealthCheckRoute failure", SPEC1),
+        ((_R.HEALTHY, _R.UNHEALTHY), _R.DEGRADED, "HealthCheckRoute stale", SPEC1),
+        (_R.UNHEALTHY, _R.TERMINATING, "RouteEviction", SPEC1),
+        (
+            (_R.DEGRADED, _R.HEALTHY, _R.UNHEALTHY, _R.FAILED_TO_START),
+            _R.TERMINATING,
+            "RunningRoute failure",
+            SPEC1,
+        ),
+        (_R.TERMINATING, _R.TERMINATED, "TerminatingRoute", SPEC1),
+    ],
+)
+
+ALL_TRANSITION_TABLES = (
+    SESSION_TRANSITIONS,
+    KERNEL_TRANSITIONS,
+    ENDPOINT_TRANSITIONS,
+    ROUTE_TRANSITIONS,
+)
+
+# Named status sets the handlers use (spec document 1's handler tables).
+SESSION_TERMINAL = SESSION_TRANSITIONS.terminal
+SESSION_NON_TERMINAL = SESSION_TRANSITIONS.non_terminal
+KERNEL_TERMINAL = KERNEL_TRANSITIONS.terminal
+KERNEL_NON_TERMINAL = KERNEL_TRANSITIONS.non_terminal
+# PromoteToPrepared: no kernel may still be in one of these.
+KERNEL_NOT_YET_PREPARED = frozenset({_K.PENDING, _K.SCHEDULED, _K.PREPARING, _K.PULLING})
+# PromoteToRunning: no kernel may still be in one of these.
+KERNEL_NOT_YET_RUNNING = frozenset(_KERNEL_BEFORE_RUNNING)
+# Sessions holding agent resources (their kernels occupy slots).
+SESSION_OCCUPYING = frozenset(
+    {_S.SCHEDULED, _S.PREPARING, _S.PREPARED, _S.CREATING, _S.RUNNING, _S.TERMINATING}
+)
