@@ -8,6 +8,7 @@ status, CANCELLED for sessions that never ran). Nothing else is allowed.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 from corral.domain.lifecycle import TransitionTable
 
@@ -83,14 +84,15 @@ SESSION_TRANSITIONS: TransitionTable[SessionStatus] = TransitionTable(
     terminal=(_S.TERMINATED, _S.CANCELLED, _S.ERROR),
     edges=[
         (_S.PENDING, _S.SCHEDULED, "ScheduleNewSessions", SPEC1),
-        (_S.PENDING, _S.CANCELLED, "ScheduleNewSessions expired/give_up", SPEC1),
+        (_S.PENDING, _S.CANCELLED, "ScheduleNewSessions expired/give_up, or cancel", SPEC1),
         (_S.SCHEDULED, _S.PREPARING, "PrepareSessions", SPEC1),
         ((_S.SCHEDULED, _S.PREPARING), _S.PREPARED, "PromoteToPrepared", SPEC1),
         ((_S.SCHEDULED, _S.PREPARING), _S.PENDING, "PrepareSessions expired/give_up", SPEC1),
         (_S.PREPARED, _S.CREATING, "StartSessions", SPEC1),
-        ((_S.PREPARED, _S.CREATING), _S.PENDING, "StartSessions expired/give_up", SPEC1),
+        (_S.PREPARED, _S.PENDING, "StartSessions expired/give_up", SPEC1),
+        (_S.CREATING, _S.PENDING, "expired while CREATING (diagram)", SPEC1),
         (_S.CREATING, _S.RUNNING, "PromoteToRunning", SPEC1),
-        (_S.RUNNING, _S.TERMINATING, "DetectTermination", SPEC1),
+        (_S.RUNNING, _S.TERMINATING, "DetectTermination / terminate request", SPEC1),
         (_S.TERMINATING, _S.TERMINATED, "TerminateSessions / PromoteToTerminated", SPEC1),
         (
             (_S.SCHEDULED, _S.PREPARING, _S.PREPARED, _S.CREATING),
@@ -103,7 +105,14 @@ SESSION_TRANSITIONS: TransitionTable[SessionStatus] = TransitionTable(
     ],
 )
 
-_KERNEL_BEFORE_RUNNING = (_K.PENDING, _K.SCHEDULED, _K.PREPARING, _K.PULLING, _K.PREPARED, _K.CREATING)
+_KERNEL_BEFORE_RUNNING = (
+    _K.PENDING,
+    _K.SCHEDULED,
+    _K.PREPARING,
+    _K.PULLING,
+    _K.PREPARED,
+    _K.CREATING,
+)
 
 KERNEL_TRANSITIONS: TransitionTable[KernelStatus] = TransitionTable(
     "KernelStatus",
@@ -164,7 +173,7 @@ ENDPOINT_TRANSITIONS: TransitionTable[EndpointLifecycle] = TransitionTable(
             (_E.PENDING, _E.CREATED, _E.SCALING, _E.READY, _E.DEPLOYING),
             _E.DESTROYING,
             "destroy request",
-            SPEC1,
+            DESIGN,
         ),
         (_E.DESTROYING, _E.DESTROYED, "DestroyingDeployment", SPEC1),
     ],
@@ -192,7 +201,7 @@ ROUTE_TRANSITIONS: TransitionTable[RouteStatus] = TransitionTable(
     ],
 )
 
-ALL_TRANSITION_TABLES = (
+ALL_TRANSITION_TABLES: tuple[TransitionTable[Any], ...] = (
     SESSION_TRANSITIONS,
     KERNEL_TRANSITIONS,
     ENDPOINT_TRANSITIONS,

@@ -1,0 +1,85 @@
+"""Sessions and kernels as the coordinator and scheduler see them (read from the store)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from corral.domain.status import KernelStatus, SessionStatus
+from corral.domain.types import AgentId, KernelId, SessionId, UserId
+
+# Resource amounts in milli-units (1 cpu = 1000; 1 byte = 1000), as the store keeps them.
+MilliSlots = Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class KernelRecord:
+    """One kernel of a session."""
+
+    id: KernelId
+    session_id: SessionId
+    cluster_role: str
+    cluster_index: int
+    agent_id: AgentId | None
+    status: KernelStatus
+    status_changed_at: datetime
+    requested_slots: MilliSlots
+    occupied_slots: MilliSlots | None
+    exit_code: int | None
+    failure_cause: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionWithKernels:
+    """A session row with its kernels, the unit every handler works on."""
+
+    id: SessionId
+    name: str | None
+    owner_id: UserId
+    type: str
+    priority: int
+    resource_group: str
+    cluster_mode: str
+    cluster_size: int
+    status: SessionStatus
+    status_info: str | None
+    status_changed_at: datetime
+    created_at: datetime
+    starts_at: datetime | None
+    requeue_at: datetime | None
+    requeue_active: bool
+    phase: str | None
+    phase_attempts: int
+    failed_agents: tuple[AgentId, ...]
+    creation_id: str | None
+    kernels: tuple[KernelRecord, ...]
+
+    def requested_total(self) -> dict[str, int]:
+        """The sum of all kernels' requested slots (milli-units)."""
+        total: dict[str, int] = {}
+        for kernel in self.kernels:
+            for name, amount in kernel.requested_slots.items():
+                total[name] = total.get(name, 0) + amount
+        return total
+
+
+@dataclass(frozen=True, slots=True)
+class NewSession:
+    """What the store needs to create a session and its `cluster_size` kernels, all PENDING."""
+
+    id: SessionId
+    owner_id: UserId
+    type: str
+    resource_group: str
+    cluster_mode: str
+    cluster_size: int
+    spec: Mapping[str, object]
+    kernel_slots: MilliSlots
+    name: str | None = None
+    priority: int = 0
+    project: str = "default"
+    creation_id: str | None = None
+    starts_at: datetime | None = None
+    dependencies: tuple[uuid.UUID, ...] = ()

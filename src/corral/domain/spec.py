@@ -1,0 +1,163 @@
+"""The session spec: what a user asks corral to run, validated before anything is stored."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from corral.domain.slots import ResourceSlots
+
+
+class SessionType(StrEnum):
+    """What kind of work a session does."""
+
+    BATCH = "BATCH"
+    INTERACTIVE = "INTERACTIVE"
+    INFERENCE = "INFERENCE"
+
+
+class ClusterMode(StrEnum):
+    """Whether a session's kernels share one agent or may spread over several."""
+
+    SINGLE_NODE = "single-node"
+    MULTI_NODE = "multi-node"
+
+
+MAX_CLUSTER_SIZE = 256
+MIN_PRIORITY = -100
+MAX_PRIORITY = 100
+MAX_DEPENDENCIES = 64
+MAX_IMAGE_LENGTH = 256
+MAX_CREATION_ID_LENGTH = 128
+# corral sets these in every kernel (session id, kernel rank, ...); a user may not override them.
+RESERVED_ENV_PREFIX = "CORRAL_"
+DEFAULT_RESOURCES = ResourceSlots({"cpu": 1, "mem": "1g"})
+
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_NAME_RULE = "use 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class SessionSpec(BaseModel):
+    """A request to run one session: its image, command, resources and scheduling hints."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str | None = None
+    type: SessionType = SessionType.BATCH
+    image: str
+    # Validated even when defaulted, because a BATCH session must not fall back to no command.
+    command: list[str] = Field(default_factory=list, validate_default=True)
+    env: dict[str, str] = Field(default_factory=dict)
+    resources: ResourceSlots = DEFAULT_RESOURCES  # per kernel
+    cluster_mode: ClusterMode = ClusterMode.SINGLE_NODE
+    cluster_size: int = Field(default=1, ge=1, le=MAX_CLUSTER_SIZE)
+    priority: int = Field(default=0, ge=MIN_PRIORITY, le=MAX_PRIORITY)  # higher runs first
+    resource_group: str = "default"
+    # Sessions that must end successfully before this one may be scheduled.
+    dependencies: list[uuid.UUID] = Field(default_factory=list)
+    starts_at: datetime | None = None
+    creation_id: str | None = None  # idempotency key: a repeated request returns the same session
+
+    @property
+    def total_resources(self) -> ResourceSlots:
+        """What the whole session occupies: the per-kernel resources times the cluster size."""
+        return self.resources * self.cluster_size
+
+    @field_validator("name", "resource_group")
+    @classmethod
+    def _check_name(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and _NAME_RE.fullmatch(value) is None:
+            raise ValueError(f"{info.field_name} {value!r} is invalid; {_NAME_RULE}")
+        return value
+
+    @field_validator("image")
+    @classmethod
+    def _check_image(cls, value: str) -> str:
+        if not value or len(value) > MAX_IMAGE_LENGTH or any(c.isspace() for c in value):
+            raise ValueError(
+                f"image must be 1 to {MAX_IMAGE_LENGTH} characters without whitespace, "
+                f"like 'python' or 'registry.example.com/team/image:tag'"
+            )
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _check_command(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        # `type` is declared first, so it is in info.data unless it failed its own validation.
+        if not value and info.data.get("type") == SessionType.BATCH:
+            raise ValueError(
+                "BATCH sessions need a command; give the program and its arguments, "
+                "like ['python', 'train.py']"
+            )
+        if value and not value[0]:
+            raise ValueError("the first element of command names the program; it must not be empty")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _check_env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, text in value.items():
+            if _ENV_NAME_RE.fullmatch(key) is None:
+                raise ValueError(
+                    f"env name {key!r} is invalid; use letters, digits and '_', "
+                    f"not starting with a digit"
+                )
+            if key.upper().startswith(RESERVED_ENV_PREFIX):
+                raise ValueError(
+                    f"env name {key!r} is reserved: corral sets {RESERVED_ENV_PREFIX}* variables "
+                    f"itself; choose another name"
+                )
+            if "\0" in text:
+                raise ValueError(f"env value of {key!r} contains a NUL character; remove it")
+        return value
+
+    @field_validator("resources")
+    @classmethod
+    def _check_resources(cls, value: ResourceSlots) -> ResourceSlots:
+        if value.is_zero():
+            raise ValueError("resources must request at least one slot, like cpu=1,mem=1g")
+        value.to_milli()  # raises SlotError (a ValueError) for amounts the store cannot hold
+        return value
+
+    @field_validator("dependencies")
+    @classmethod
+    def _check_dependencies(cls, value: list[uuid.UUID]) -> list[uuid.UUID]:
+        if len(value) > MAX_DEPENDENCIES:
+            raise ValueError(
+                f"a session may depend on at most {MAX_DEPENDENCIES} sessions "
+                f"(got {len(value)}); chain them through an intermediate session"
+            )
+        seen: set[uuid.UUID] = set()
+        for dependency in value:
+            if dependency in seen:
+                raise ValueError(f"dependency {dependency} is listed twice; list each once")
+            seen.add(dependency)
+        return value
+
+    @field_validator("starts_at")
+    @classmethod
+    def _check_starts_at(cls, value: datetime | None) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(
+                "starts_at must include a timezone, like 2030-01-01T09:00:00Z or +02:00"
+            )
+        return value.astimezone(UTC)
+
+    @field_validator("creation_id")
+    @classmethod
+    def _check_creation_id(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not 1 <= len(value) <= MAX_CREATION_ID_LENGTH or not value.isprintable():
+            raise ValueError(
+                f"creation_id must be 1 to {MAX_CREATION_ID_LENGTH} printable characters, "
+                f"like a UUID the client generated"
+            )
+        return value

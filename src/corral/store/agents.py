@@ -1,0 +1,196 @@
+"""Agents and their slot ledger: capacity and occupancy per (agent, slot), in milli-units.
+
+Occupancy only changes inside the transaction that changes the kernels holding it. Writers lock
+the ledger rows they touch (in a fixed order, so two writers cannot deadlock on them), decide
+from the locked values what still fits, and apply relative deltas; the table's CHECK constraints
+reject any overcommit or negative occupancy that slipped past, failing the whole transaction.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Generic, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from corral.domain.session import MilliSlots
+from corral.domain.types import AgentId
+from corral.store._sql import in_values
+from corral.store.database import Database, Dialect
+from corral.store.tables import agent_slots, agents
+
+K = TypeVar("K", bound=Hashable)
+
+# capacity and occupancy of every slot of every locked agent: {agent: {slot: [capacity, occupied]}}
+Ledger = dict[AgentId, dict[str, list[int]]]
+
+
+@dataclass(frozen=True, slots=True)
+class NewAgent:
+    """What registering an agent writes."""
+
+    id: AgentId
+    address: str
+    capacity: MilliSlots
+    resource_group: str = "default"
+    runtime: str = "process"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    token_hash: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Claim(Generic[K]):
+    """Slots that one unit of work (`key`, e.g. a session) needs on one agent."""
+
+    key: K
+    agent_id: AgentId
+    slots: MilliSlots
+
+
+async def insert_agents(db: Database, new_agents: Sequence[NewAgent], now: datetime) -> None:
+    """Create agents (ALIVE, schedulable) with their slot capacities, in one transaction."""
+    if not new_agents:
+        return
+    async with db.transaction() as conn:
+        await conn.execute(
+            agents.insert(),
+            [
+                {
+                    "id": a.id,
+                    "address": a.address,
+                    "resource_group": a.resource_group,
+                    "status": "ALIVE",
+                    "schedulable": True,
+                    "runtime": a.runtime,
+                    "labels": dict(a.labels),
+                    "last_heartbeat_at": now,
+                    "assignment_revision": 0,
+                    "token_hash": a.token_hash,
+                    "created_at": now,
+                    "status_changed_at": now,
+                }
+                for a in new_agents
+            ],
+        )
+        await conn.execute(
+            agent_slots.insert(),
+            [
+                {"agent_id": a.id, "slot_name": name, "capacity": amount, "occupied": 0}
+                for a in new_agents
+                for name, amount in a.capacity.items()
+            ],
+        )
+
+
+async def lock_ledger(
+    conn: AsyncConnection, dialect: Dialect, agent_ids: Iterable[AgentId]
+) -> Ledger:
+    """Read and lock (PostgreSQL: FOR UPDATE, in key order) the ledger rows of these agents."""
+    ids = sorted(set(agent_ids))
+    if not ids:
+        return {}
+    rows = await conn.execute(
+        sa.select(
+            agent_slots.c.agent_id,
+            agent_slots.c.slot_name,
+            agent_slots.c.capacity,
+            agent_slots.c.occupied,
+        )
+        .where(in_values(dialect, agent_slots.c.agent_id, ids))
+        .order_by(agent_slots.c.agent_id, agent_slots.c.slot_name)
+        .with_for_update()
+    )
+    ledger: Ledger = {AgentId(agent_id): {} for agent_id in ids}
+    for agent_id, slot_name, capacity, occupied in rows:
+        ledger[AgentId(agent_id)][slot_name] = [capacity, occupied]
+    return ledger
+
+
+def fit_claims(
+    ledger: Ledger, claims: Sequence[Claim[K]]
+) -> tuple[list[K], dict[AgentId, dict[str, int]]]:
+    """Accept claims in order, all of one key or none; return accepted keys and slot deltas.
+
+    A key (a session) is accepted only if every one of its claims fits what is still free after
+    the keys accepted before it; a slot the agent does not have has capacity 0. The ledger is
+    not modified.
+    """
+    by_key: dict[K, list[Claim[K]]] = defaultdict(list)
+    for claim in claims:
+        by_key[claim.key].append(claim)
+    free: dict[tuple[AgentId, str], int] = {
+        (agent_id, slot): capacity - occupied
+        for agent_id, slots in ledger.items()
+        for slot, (capacity, occupied) in slots.items()
+    }
+    accepted: list[K] = []
+    deltas: dict[AgentId, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for key, key_claims in by_key.items():
+        need: dict[tuple[AgentId, str], int] = defaultdict(int)
+        for claim in key_claims:
+            for slot, amount in claim.slots.items():
+                if amount:
+                    need[(claim.agent_id, slot)] += amount
+        if all(free.get(cell, 0) >= amount for cell, amount in need.items()):
+            accepted.append(key)
+            for cell, amount in need.items():
+                free[cell] -= amount
+                deltas[cell[0]][cell[1]] += amount
+    return accepted, {agent: dict(slots) for agent, slots in deltas.items()}
+
+
+async def apply_slot_deltas(
+    conn: AsyncConnection, deltas: Mapping[AgentId, Mapping[str, int]]
+) -> None:
+    """Add (occupy) or subtract (release) milli-slots, one batched statement, in key order."""
+    params = [
+        {"a": agent_id, "s": slot, "d": amount}
+        for agent_id in sorted(deltas)
+        for slot, amount in sorted(deltas[agent_id].items())
+        if amount
+    ]
+    if not params:
+        return
+    await conn.execute(
+        agent_slots.update()
+        .where(
+            agent_slots.c.agent_id == sa.bindparam("a"),
+            agent_slots.c.slot_name == sa.bindparam("s"),
+        )
+        .values(occupied=agent_slots.c.occupied + sa.bindparam("d", type_=sa.BigInteger())),
+        params,
+    )
+
+
+def release_deltas(
+    occupied: Iterable[tuple[AgentId | None, MilliSlots | None]],
+) -> dict[AgentId, dict[str, int]]:
+    """Negative deltas that give back what the given (agent, occupied slots) pairs hold."""
+    deltas: dict[AgentId, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for agent_id, slots in occupied:
+        if agent_id is None or not slots:
+            continue
+        for slot, amount in slots.items():
+            deltas[agent_id][slot] -= amount
+    return {agent: dict(slots) for agent, slots in deltas.items()}
+
+
+async def read_ledger(db: Database) -> Ledger:
+    """Every agent's capacity and occupancy (for checks and listings)."""
+    async with db.read() as conn:
+        rows = await conn.execute(
+            sa.select(
+                agent_slots.c.agent_id,
+                agent_slots.c.slot_name,
+                agent_slots.c.capacity,
+                agent_slots.c.occupied,
+            )
+        )
+        ledger: Ledger = defaultdict(dict)
+        for agent_id, slot_name, capacity, occupied in rows:
+            ledger[AgentId(agent_id)][slot_name] = [capacity, occupied]
+        return dict(ledger)

@@ -1,0 +1,124 @@
+"""The database handle: one async engine on SQLite or PostgreSQL, chosen by the URL."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+Dialect = Literal["sqlite", "postgresql"]
+
+_WRITE_OPTION = "corral_write"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+class DatabaseURLError(ValueError):
+    """A database URL corral cannot use."""
+
+
+def async_url(url: str | sa.URL) -> sa.URL:
+    """Turn a user's `sqlite:///path` or `postgresql://...` URL into its async-driver form."""
+    try:
+        parsed = sa.make_url(url)
+    except sa.exc.ArgumentError as exc:
+        raise DatabaseURLError(
+            f"database URL {str(url)!r} is not a URL; use sqlite:///path/to/corral.db "
+            "or postgresql://user@host:5432/dbname"
+        ) from exc
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        if parsed.database in (None, "", ":memory:"):
+            raise DatabaseURLError(
+                "an in-memory SQLite database cannot be shared between connections; "
+                "use a file: sqlite:///path/to/corral.db"
+            )
+        return parsed.set(drivername="sqlite+aiosqlite")
+    if backend in ("postgresql", "postgres"):
+        return parsed.set(drivername="postgresql+asyncpg")
+    raise DatabaseURLError(
+        f"database URL scheme {parsed.drivername!r} is not supported; "
+        "use sqlite:///path or postgresql://user@host:port/db"
+    )
+
+
+class Database:
+    """An async engine plus the transaction discipline corral needs on both backends.
+
+    On SQLite, write transactions start with BEGIN IMMEDIATE: a deferred transaction that reads
+    and then writes can fail with SQLITE_BUSY when another writer committed in between, and the
+    busy timeout does not help there. Read transactions stay deferred, so WAL readers never wait.
+    """
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        name = engine.dialect.name
+        if name not in ("sqlite", "postgresql"):
+            raise DatabaseURLError(f"unsupported database dialect {name!r}")
+        self.dialect: Dialect = "sqlite" if name == "sqlite" else "postgresql"
+
+    @classmethod
+    def open(cls, url: str | sa.URL, *, pool_size: int = 10, echo: bool = False) -> Database:
+        """Create the engine for `url` (the schema is not touched; see store.migrate)."""
+        target = async_url(url)
+        kwargs: dict[str, Any] = {"echo": echo}
+        if target.get_backend_name() == "sqlite":
+            assert target.database is not None
+            Path(target.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            kwargs["pool_size"] = pool_size
+        else:
+            kwargs["pool_size"] = pool_size
+            kwargs["max_overflow"] = pool_size
+        engine = create_async_engine(target, **kwargs)
+        if engine.dialect.name == "sqlite":
+            _configure_sqlite(engine)
+        return cls(engine)
+
+    @property
+    def url(self) -> sa.URL:
+        """The engine's URL (with the async driver)."""
+        return self.engine.url
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+        """A write transaction: committed when the block exits, rolled back on error."""
+        async with self.engine.connect() as conn:
+            await conn.execution_options(**{_WRITE_OPTION: True})
+            async with conn.begin():
+                yield conn
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[AsyncConnection]:
+        """A read-only transaction (a consistent snapshot on both backends)."""
+        async with self.engine.connect() as conn, conn.begin():
+            yield conn
+
+    async def close(self) -> None:
+        """Dispose of the engine's pool; idempotent."""
+        await self.engine.dispose()
+
+
+def _configure_sqlite(engine: AsyncEngine) -> None:
+    sync_engine = engine.sync_engine
+
+    @event.listens_for(sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take over transaction control from the driver so BEGIN IMMEDIATE can be issued.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(sync_engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        if conn.get_execution_options().get(_WRITE_OPTION):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            conn.exec_driver_sql("BEGIN")

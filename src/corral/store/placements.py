@@ -1,0 +1,172 @@
+"""Committing a placement plan: occupy agents' slots and move sessions to SCHEDULED, atomically."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import sqlalchemy as sa
+
+from corral.domain.results import SchedulingResult
+from corral.domain.session import MilliSlots
+from corral.domain.status import SESSION_TRANSITIONS, KernelStatus, SessionStatus
+from corral.domain.types import AgentId, KernelId, SessionId
+from corral.store._sql import in_values
+from corral.store.agents import Claim, apply_slot_deltas, fit_claims, lock_ledger
+from corral.store.database import Database
+from corral.store.history import HistoryEntry, record_kernel_history, record_session_history
+from corral.store.tables import agents, kernels, sessions
+
+PHASE = "ScheduleNewSessions"
+
+
+@dataclass(frozen=True, slots=True)
+class KernelPlacement:
+    """One kernel on one agent, holding `slots` (milli-units)."""
+
+    kernel_id: KernelId
+    agent_id: AgentId
+    slots: MilliSlots
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPlacement:
+    """All kernels of one session, placed together or not at all."""
+
+    session_id: SessionId
+    kernels: tuple[KernelPlacement, ...]
+
+
+@dataclass(slots=True)
+class PlacementOutcome:
+    """What the commit did with each session of the plan."""
+
+    placed: list[SessionId] = field(default_factory=list)
+    # the agents no longer had room (changed since the snapshot); still PENDING, untouched
+    no_longer_fits: list[SessionId] = field(default_factory=list)
+    # no longer PENDING (cancelled or placed by someone else); untouched
+    stale: list[SessionId] = field(default_factory=list)
+
+
+async def commit_placements(
+    db: Database, plan: Sequence[SessionPlacement], now: datetime, *, message: str = ""
+) -> PlacementOutcome:
+    """Apply a plan in one transaction; sessions that no longer fit stay PENDING, untouched.
+
+    Lock order is ledger rows, then sessions, then kernels; every other writer that touches
+    the ledger takes sessions and kernels first only for sessions that are not PENDING, so the
+    two orders never meet on the same rows.
+    """
+    SESSION_TRANSITIONS.check(SessionStatus.PENDING, SessionStatus.SCHEDULED)
+    outcome = PlacementOutcome()
+    if not plan:
+        return outcome
+    dialect = db.dialect
+    agent_ids = {k.agent_id for p in plan for k in p.kernels}
+    async with db.transaction() as conn:
+        ledger = await lock_ledger(conn, dialect, agent_ids)
+        usable = await conn.execute(
+            sa.select(agents.c.id).where(
+                in_values(dialect, agents.c.id, agent_ids),
+                agents.c.status == "ALIVE",
+                agents.c.schedulable.is_(True),
+            )
+        )
+        usable_ids = {AgentId(row[0]) for row in usable}
+        ledger = {agent: slots for agent, slots in ledger.items() if agent in usable_ids}
+
+        ids = [p.session_id for p in plan]
+        pending = {
+            SessionId(row[0])
+            for row in await conn.execute(
+                sa.select(sessions.c.id)
+                .where(
+                    in_values(dialect, sessions.c.id, ids),
+                    sessions.c.status == SessionStatus.PENDING.value,
+                )
+                .order_by(sessions.c.id)
+                .with_for_update()
+            )
+        }
+        outcome.stale = [sid for sid in ids if sid not in pending]
+        claims = [
+            Claim(p.session_id, k.agent_id, k.slots)
+            for p in plan
+            if p.session_id in pending
+            for k in p.kernels
+        ]
+        accepted, deltas = fit_claims(ledger, claims)
+        accepted_set = set(accepted)
+        outcome.no_longer_fits = [
+            p.session_id
+            for p in plan
+            if p.session_id in pending and p.session_id not in accepted_set
+        ]
+        if not accepted:
+            return outcome
+
+        await conn.execute(
+            sessions.update()
+            .where(
+                in_values(dialect, sessions.c.id, accepted),
+                sessions.c.status == SessionStatus.PENDING.value,
+            )
+            .values(
+                status=SessionStatus.SCHEDULED.value,
+                status_changed_at=now,
+                status_info=None,
+                phase=None,
+                phase_attempts=0,
+            )
+        )
+        placed_kernels = [k for p in plan if p.session_id in accepted_set for k in p.kernels]
+        await conn.execute(
+            kernels.update()
+            .where(
+                kernels.c.id == sa.bindparam("kid"),
+                kernels.c.status == KernelStatus.PENDING.value,
+            )
+            .values(
+                status=KernelStatus.SCHEDULED.value,
+                status_changed_at=now,
+                agent_id=sa.bindparam("agent"),
+                occupied_slots=sa.bindparam("slots", type_=kernels.c.occupied_slots.type),
+            ),
+            [
+                {"kid": k.kernel_id, "agent": k.agent_id, "slots": dict(k.slots)}
+                for k in placed_kernels
+            ],
+        )
+        await apply_slot_deltas(conn, deltas)
+
+        kernel_session = {k.kernel_id: p.session_id for p in plan for k in p.kernels}
+        result = SchedulingResult.SUCCESS.value
+        await record_session_history(
+            conn,
+            dialect,
+            [
+                HistoryEntry(sid, PHASE, "PENDING", "SCHEDULED", result, message=message)
+                for sid in accepted
+            ],
+            now,
+        )
+        await record_kernel_history(
+            conn,
+            dialect,
+            [
+                HistoryEntry(
+                    k.kernel_id,
+                    PHASE,
+                    "PENDING",
+                    "SCHEDULED",
+                    result,
+                    message=f"placed on {k.agent_id}",
+                    session_id=kernel_session[k.kernel_id],
+                )
+                for k in placed_kernels
+            ],
+            now,
+        )
+    outcome.placed = accepted
+    return outcome

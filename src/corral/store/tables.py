@@ -1,0 +1,349 @@
+"""The schema: one SQLAlchemy Core table per entity of DESIGN.md, portable to SQLite and PostgreSQL.
+
+Resource amounts are stored as integers in milli-units (1 cpu = 1000, 1 byte of memory = 1000):
+exact arithmetic on both backends, CHECK constraints the database can enforce, and int64 arrays
+for the scheduler.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+from corral.domain.status import EndpointLifecycle, KernelStatus, RouteStatus, SessionStatus
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+
+class UTCDateTime(sa.TypeDecorator[datetime]):
+    """A timezone-aware UTC timestamp on both backends (SQLite keeps no zone of its own)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("timestamps written to the store must be timezone-aware")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+JSONType: sa.types.TypeEngine[Any] = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+BigID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+STATUS_LEN = 16
+NAME_LEN = 64
+
+
+def _status_check(column: str, values: Any) -> sa.CheckConstraint:
+    allowed = ", ".join(f"'{v.value}'" for v in values)
+    return sa.CheckConstraint(f"{column} IN ({allowed})", name=f"{column}_valid")
+
+
+def _created() -> sa.Column[datetime]:
+    return sa.Column("created_at", UTCDateTime(), nullable=False)
+
+
+users = sa.Table(
+    "users",
+    metadata,
+    sa.Column("id", sa.Uuid(), primary_key=True),
+    sa.Column("name", sa.String(NAME_LEN), nullable=False, unique=True),
+    sa.Column("role", sa.String(STATUS_LEN), nullable=False),
+    _created(),
+    sa.CheckConstraint("role IN ('admin', 'user')", name="role_valid"),
+)
+
+api_tokens = sa.Table(
+    "api_tokens",
+    metadata,
+    sa.Column("id", sa.Uuid(), primary_key=True),
+    sa.Column("user_id", sa.Uuid(), sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("name", sa.String(NAME_LEN), nullable=False),
+    # SHA-256 hex of the secret; the secret itself is never stored.
+    sa.Column("token_hash", sa.String(64), nullable=False, unique=True),
+    _created(),
+    sa.Column("expires_at", UTCDateTime(), nullable=True),
+    sa.Column("last_used_at", UTCDateTime(), nullable=True),
+    sa.Index(None, "user_id"),
+)
+
+resource_groups = sa.Table(
+    "resource_groups",
+    metadata,
+    sa.Column("name", sa.String(NAME_LEN), primary_key=True),
+    sa.Column("description", sa.String(256), nullable=False, server_default=""),
+    # Scheduling and admission options (sequencer, selector, ordering, limits); see domain.
+    sa.Column("options", JSONType, nullable=False),
+    _created(),
+)
+
+agents = sa.Table(
+    "agents",
+    metadata,
+    sa.Column("id", sa.String(NAME_LEN), primary_key=True),
+    sa.Column("address", sa.String(256), nullable=False),
+    sa.Column(
+        "resource_group",
+        sa.String(NAME_LEN),
+        sa.ForeignKey("resource_groups.name"),
+        nullable=False,
+    ),
+    sa.Column("status", sa.String(STATUS_LEN), nullable=False),
+    sa.Column("schedulable", sa.Boolean(), nullable=False, server_default=sa.true()),
+    sa.Column("runtime", sa.String(32), nullable=False),
+    sa.Column("labels", JSONType, nullable=False),
+    sa.Column("last_heartbeat_at", UTCDateTime(), nullable=True),
+    # Bumped whenever the agent's desired kernels change; agents long-poll on it.
+    sa.Column("assignment_revision", sa.BigInteger(), nullable=False, server_default="0"),
+    sa.Column("token_hash", sa.String(64), nullable=True),
+    _created(),
+    sa.Column("status_changed_at", UTCDateTime(), nullable=False),
+    sa.CheckConstraint("status IN ('ALIVE', 'LOST', 'TERMINATED')", name="status_valid"),
+    sa.Index(None, "resource_group", "status"),
+)
+
+# One row per (agent, slot): capacity and occupancy in milli-units. The CHECK constraints make
+# overcommit and negative occupancy impossible whatever code path writes here.
+agent_slots = sa.Table(
+    "agent_slots",
+    metadata,
+    sa.Column(
+        "agent_id",
+        sa.String(NAME_LEN),
+        sa.ForeignKey("agents.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("slot_name", sa.String(NAME_LEN), primary_key=True),
+    sa.Column("capacity", sa.BigInteger(), nullable=False),
+    sa.Column("occupied", sa.BigInteger(), nullable=False, server_default="0"),
+    sa.CheckConstraint("occupied >= 0", name="occupied_not_negative"),
+    sa.CheckConstraint("occupied <= capacity", name="no_overcommit"),
+)
+
+sessions = sa.Table(
+    "sessions",
+    metadata,
+    sa.Column("id", sa.Uuid(), primary_key=True),
+    sa.Column("name", sa.String(NAME_LEN), nullable=True),
+    sa.Column("owner_id", sa.Uuid(), sa.ForeignKey("users.id"), nullable=False),
+    sa.Column("project", sa.String(NAME_LEN), nullable=False, server_default="default"),
+    sa.Column("type", sa.String(STATUS_LEN), nullable=False),
+    sa.Column("priority", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column(
+        "resource_group",
+        sa.String(NAME_LEN),
+        sa.ForeignKey("resource_groups.name"),
+        nullable=False,
+    ),
+    sa.Column("cluster_mode", sa.String(STATUS_LEN), nullable=False),
+    sa.Column("cluster_size", sa.Integer(), nullable=False),
+    # image, command, env, per-kernel resources: what the user asked for, as submitted.
+    sa.Column("spec", JSONType, nullable=False),
+    sa.Column("status", sa.String(STATUS_LEN), nullable=False),
+    sa.Column("status_info", sa.String(512), nullable=True),
+    sa.Column("status_changed_at", UTCDateTime(), nullable=False),
+    _created(),
+    sa.Column("started_at", UTCDateTime(), nullable=True),
+    sa.Column("terminated_at", UTCDateTime(), nullable=True),
+    sa.Column("result", sa.String(STATUS_LEN), nullable=True),
+    sa.Column("failure_cause", sa.String(NAME_LEN), nullable=True),
+    sa.Column("exit_code", sa.Integer(), nullable=True),
+    sa.Column("creation_id", sa.String(128), nullable=True),
+    sa.Column("starts_at", UTCDateTime(), nullable=True),
+    # Attempts of the current phase (handler); reset whenever the status changes.
+    sa.Column("phase", sa.String(NAME_LEN), nullable=True),
+    sa.Column("phase_attempts", sa.Integer(), nullable=False, server_default="0"),
+    # Agents that failed this session; the next placement tries them last.
+    sa.Column("failed_agents", JSONType, nullable=False),
+    # Requeue state (spec document 2).
+    sa.Column("requeue_count", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("requeue_at", UTCDateTime(), nullable=True),
+    sa.Column("requeue_active", sa.Boolean(), nullable=False, server_default=sa.true()),
+    sa.Column("evicted_at", UTCDateTime(), nullable=True),
+    # Retry chain (spec document 5).
+    sa.Column(
+        "parent_session_id",
+        sa.Uuid(),
+        sa.ForeignKey("sessions.id", ondelete="SET NULL"),
+        nullable=True,
+    ),
+    sa.Column("retry_count", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("max_retries", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("retry_policy", JSONType, nullable=True),
+    sa.Column("retry_cause", sa.String(NAME_LEN), nullable=True),
+    _status_check("status", SessionStatus),
+    sa.CheckConstraint("cluster_size >= 1", name="cluster_size_positive"),
+    sa.UniqueConstraint("owner_id", "creation_id"),
+    sa.Index(None, "status", "resource_group"),
+    sa.Index(None, "owner_id", "created_at"),
+    sa.Index(None, "parent_session_id"),
+)
+
+session_dependencies = sa.Table(
+    "session_dependencies",
+    metadata,
+    sa.Column(
+        "session_id",
+        sa.Uuid(),
+        sa.ForeignKey("sessions.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("depends_on", sa.Uuid(), sa.ForeignKey("sessions.id"), primary_key=True),
+    sa.Index(None, "depends_on"),
+)
+
+kernels = sa.Table(
+    "kernels",
+    metadata,
+    sa.Column("id", sa.Uuid(), primary_key=True),
+    sa.Column(
+        "session_id",
+        sa.Uuid(),
+        sa.ForeignKey("sessions.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    sa.Column("cluster_role", sa.String(STATUS_LEN), nullable=False),
+    sa.Column("cluster_index", sa.Integer(), nullable=False),
+    sa.Column("agent_id", sa.String(NAME_LEN), sa.ForeignKey("agents.id"), nullable=True),
+    sa.Column("status", sa.String(STATUS_LEN), nullable=False),
+    sa.Column("status_info", sa.String(512), nullable=True),
+    sa.Column("status_changed_at", UTCDateTime(), nullable=False),
+    _created(),
+    # Requested per-kernel slots (milli-units) and, while placed, the slots it occupies.
+    sa.Column("requested_slots", JSONType, nullable=False),
+    sa.Column("occupied_slots", JSONType, nullable=True),
+    # host, ports, pid/container id, as reported by the agent.
+    sa.Column("runtime_info", JSONType, nullable=False),
+    sa.Column("exit_code", sa.Integer(), nullable=True),
+    sa.Column("failure_cause", sa.String(NAME_LEN), nullable=True),
+    _status_check("status", KernelStatus),
+    sa.UniqueConstraint("session_id", "cluster_index"),
+    sa.Index(None, "agent_id", "status"),
+    sa.Index(None, "status"),
+)
+
+
+def _history_columns() -> list[sa.Column[Any]]:
+    return [
+        sa.Column("phase", sa.String(NAME_LEN), nullable=False),
+        sa.Column("from_status", sa.String(STATUS_LEN), nullable=True),
+        sa.Column("to_status", sa.String(STATUS_LEN), nullable=True),
+        sa.Column("result", sa.String(STATUS_LEN), nullable=False),
+        sa.Column("error_code", sa.String(NAME_LEN), nullable=True),
+        sa.Column("message", sa.Text(), nullable=False, server_default=""),
+        sa.Column("attempts", sa.Integer(), nullable=False, server_default="1"),
+        _created(),
+        sa.Column("updated_at", UTCDateTime(), nullable=False),
+    ]
+
+
+session_history = sa.Table(
+    "session_scheduling_history",
+    metadata,
+    sa.Column("id", BigID, primary_key=True, autoincrement=True),
+    sa.Column(
+        "session_id",
+        sa.Uuid(),
+        sa.ForeignKey("sessions.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    *_history_columns(),
+    sa.Index(None, "session_id", "id"),
+)
+
+kernel_history = sa.Table(
+    "kernel_scheduling_history",
+    metadata,
+    sa.Column("id", BigID, primary_key=True, autoincrement=True),
+    sa.Column(
+        "kernel_id",
+        sa.Uuid(),
+        sa.ForeignKey("kernels.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    sa.Column("session_id", sa.Uuid(), nullable=False),
+    *_history_columns(),
+    sa.Index(None, "kernel_id", "id"),
+    sa.Index(None, "session_id"),
+)
+
+deployments = sa.Table(
+    "deployments",
+    metadata,
+    sa.Column("id", sa.Uuid(), primary_key=True),
+    sa.Column("name", sa.String(NAME_LEN), nullable=False),
+    sa.Column("owner_id", sa.Uuid(), sa.ForeignKey("users.id"), nullable=False),
+    sa.Column(
+        "resource_group",
+        sa.String(NAME_LEN),
+        sa.ForeignKey("resource_groups.name"),
+        nullable=False,
+    ),
+    sa.Column("lifecycle", sa.String(STATUS_LEN), nullable=False),
+    sa.Column("replica_spec", JSONType, nullable=False),
+    sa.Column("desired_replicas", sa.Integer(), nullable=False),
+    sa.Column("lifecycle_changed_at", UTCDateTime(), nullable=False),
+    _created(),
+    _status_check("lifecycle", EndpointLifecycle),
+    sa.CheckConstraint("desired_replicas >= 0", name="replicas_not_negative"),
+    sa.UniqueConstraint("owner_id", "name"),
+    sa.Index(None, "lifecycle"),
+)
+
+routes = sa.Table(
+    "routes",
+    metadata,
+    sa.Column("id", sa.Uuid(), primary_key=True),
+    sa.Column(
+        "deployment_id",
+        sa.Uuid(),
+        sa.ForeignKey("deployments.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    sa.Column("session_id", sa.Uuid(), sa.ForeignKey("sessions.id"), nullable=True),
+    sa.Column("status", sa.String(STATUS_LEN), nullable=False),
+    sa.Column("health_info", sa.String(512), nullable=True),
+    sa.Column("consecutive_failures", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("traffic_weight", sa.Integer(), nullable=False, server_default="100"),
+    sa.Column("host", sa.String(256), nullable=True),
+    sa.Column("port", sa.Integer(), nullable=True),
+    sa.Column("status_changed_at", UTCDateTime(), nullable=False),
+    _created(),
+    _status_check("status", RouteStatus),
+    sa.Index(None, "deployment_id", "status"),
+    sa.Index(None, "status"),
+)
+
+# The append-only audit log; the same rows are fanned out live by the event bus.
+events = sa.Table(
+    "events",
+    metadata,
+    sa.Column("id", BigID, primary_key=True, autoincrement=True),
+    sa.Column("kind", sa.String(NAME_LEN), nullable=False),
+    sa.Column("entity_type", sa.String(STATUS_LEN), nullable=False),
+    sa.Column("entity_id", sa.String(NAME_LEN), nullable=False),
+    # Owner of the entity, so the event stream can filter by visibility without a join.
+    sa.Column("owner_id", sa.Uuid(), nullable=True),
+    sa.Column("payload", JSONType, nullable=False),
+    _created(),
+    sa.Index(None, "entity_type", "entity_id"),
+    sa.Index(None, "created_at"),
+)

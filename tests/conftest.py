@@ -1,0 +1,148 @@
+"""Shared fixtures: a fresh, migrated database per test on SQLite and on PostgreSQL.
+
+PostgreSQL tests clone a migrated template database (CREATE DATABASE ... TEMPLATE), SQLite tests
+copy a migrated template file, so no test pays for running the migrations. Without a reachable
+server the PostgreSQL variants are skipped (one summary line says so); with CI=true a missing
+server is a failure instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from corral.store.database import Database
+from corral.store.migrate import upgrade
+
+POSTGRES_URL = os.environ.get(
+    "CORRAL_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+_skipped: dict[str, int] = {}
+
+
+def _postgres_reachable() -> str | None:
+    """None when the test server answers, else the reason it does not."""
+
+    async def probe() -> None:
+        db = Database.open(POSTGRES_URL, pool_size=1)
+        try:
+            async with db.read() as conn:
+                await conn.execute(sa.text("SELECT 1"))
+        finally:
+            await db.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(probe(), timeout=5))
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return None
+
+
+def require_server(kind: str, reason: str | None) -> None:
+    """Skip (or, in CI, fail) the calling test when a server is missing."""
+    if reason is None:
+        return
+    if IN_CI:
+        pytest.fail(f"{kind} is required in CI but not reachable: {reason}")
+    _skipped[kind] = _skipped.get(kind, 0) + 1
+    pytest.skip(f"{kind} not reachable: {reason}")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for kind, count in sorted(_skipped.items()):
+        terminalreporter.write_line(
+            f"corral: {kind} not reachable, {count} {kind} test variant(s) skipped "
+            "(CI=true turns this into a failure)"
+        )
+
+
+@pytest.fixture(scope="session")
+def postgres_template() -> Iterator[str | None]:
+    """Name of a migrated template database on the test server (None when unreachable)."""
+    reason = _postgres_reachable()
+    if reason is not None:
+        yield None
+        return
+    name = f"corral_tpl_{os.getpid()}"
+    admin = sa.make_url(POSTGRES_URL)
+
+    async def create() -> None:
+        await _admin_execute(f'DROP DATABASE IF EXISTS "{name}"', f'CREATE DATABASE "{name}"')
+        db = Database.open(admin.set(database=name), pool_size=1)
+        try:
+            await upgrade(db)
+        finally:
+            await db.close()
+
+    asyncio.run(create())
+    yield name
+    asyncio.run(_admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+async def _admin_execute(*statements: str) -> None:
+    db = Database.open(POSTGRES_URL, pool_size=1)
+    try:
+        async with db.engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            for statement in statements:
+                await conn.execute(sa.text(statement))
+    finally:
+        await db.close()
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated SQLite file that each test copies."""
+    path = tmp_path_factory.mktemp("template") / "corral.db"
+
+    async def create() -> None:
+        db = Database.open(f"sqlite:///{path}", pool_size=1)
+        try:
+            await upgrade(db)
+            async with db.transaction() as conn:
+                await conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            await db.close()
+
+    asyncio.run(create())
+    return path
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def database_url(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    sqlite_template: Path,
+    postgres_template: str | None,
+) -> Iterator[str]:
+    """The URL of a fresh, migrated database: a SQLite file, or a PostgreSQL database."""
+    if request.param == "sqlite":
+        path = tmp_path / "corral.db"
+        shutil.copyfile(sqlite_template, path)
+        yield f"sqlite:///{path}"
+        return
+    require_server("PostgreSQL", None if postgres_template else _postgres_reachable())
+    assert postgres_template is not None
+    name = f"corral_t_{uuid.uuid4().hex[:16]}"
+    asyncio.run(_admin_execute(f'CREATE DATABASE "{name}" TEMPLATE "{postgres_template}"'))
+    yield str(sa.make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False))
+    asyncio.run(_admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[Database]:
+    """An open Database on a fresh, migrated database of either backend."""
+    database = Database.open(database_url)
+    try:
+        yield database
+    finally:
+        await database.close()
