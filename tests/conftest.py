@@ -9,6 +9,7 @@ server is a failure instead.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
 import uuid
@@ -29,8 +30,9 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 _skipped: dict[str, int] = {}
 
 
+@functools.cache
 def _postgres_reachable() -> str | None:
-    """None when the test server answers, else the reason it does not."""
+    """None when the test server answers, else the reason it does not (probed once)."""
 
     async def probe() -> None:
         db = Database.open(POSTGRES_URL, pool_size=1)
@@ -63,6 +65,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             f"corral: {kind} not reachable, {count} {kind} test variant(s) skipped "
             "(CI=true turns this into a failure)"
         )
+
+
+@pytest.fixture(scope="session")
+def postgres_unreachable() -> str | None:
+    """Why the PostgreSQL test server cannot be used, or None when it can."""
+    return _postgres_reachable()
 
 
 @pytest.fixture(scope="session")
@@ -108,10 +116,8 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
         db = Database.open(f"sqlite:///{path}", pool_size=1)
         try:
             await upgrade(db)
-            async with db.transaction() as conn:
-                await conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
-            await db.close()
+            await db.close()  # the last connection to close checkpoints the WAL into the file
 
     asyncio.run(create())
     return path

@@ -1,0 +1,60 @@
+"""The migrations build exactly the schema the models describe, on both backends."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from corral.store.database import Database
+from corral.store.migrate import current_revision, head_revision, upgrade
+from corral.store.tables import metadata, resource_groups
+from tests.conftest import POSTGRES_URL, _admin_execute, require_server
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+async def empty_db(
+    request: pytest.FixtureRequest, tmp_path: Path, postgres_unreachable: str | None
+) -> AsyncIterator[Database]:
+    """A database with no tables at all."""
+    if request.param == "sqlite":
+        db = Database.open(f"sqlite:///{tmp_path / 'empty.db'}")
+        yield db
+        await db.close()
+        return
+    require_server("PostgreSQL", postgres_unreachable)
+    name = f"corral_e_{uuid.uuid4().hex[:16]}"
+    await _admin_execute(f'CREATE DATABASE "{name}"')
+    db = Database.open(sa.make_url(POSTGRES_URL).set(database=name))
+    yield db
+    await db.close()
+    await _admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def test_migrations_on_empty_database_match_the_models(empty_db: Database) -> None:
+    """Upgrading an empty database to head leaves no difference from the table models."""
+    assert await current_revision(empty_db) is None
+    await upgrade(empty_db)
+    assert await current_revision(empty_db) == head_revision()
+
+    def diff(connection: sa.Connection) -> list[object]:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        return list(compare_metadata(context, metadata))
+
+    async with empty_db.read() as conn:
+        differences = await conn.run_sync(diff)
+    assert differences == []
+
+
+async def test_upgrade_is_idempotent_and_seeds_the_default_group(empty_db: Database) -> None:
+    """Running the migrations twice is harmless and the `default` resource group exists once."""
+    await upgrade(empty_db)
+    await upgrade(empty_db)
+    async with empty_db.read() as conn:
+        names = (await conn.execute(sa.select(resource_groups.c.name))).scalars().all()
+    assert names == ["default"]

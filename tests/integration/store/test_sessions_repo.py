@@ -1,0 +1,309 @@
+"""SessionRepository on SQLite and PostgreSQL: loading, kernel matching, guarded changes, history."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from corral.domain.lifecycle import IllegalTransitionError
+from corral.domain.results import KernelMatchType, ResultNote, SchedulingResult, TransitionStatus
+from corral.domain.session import NewSession
+from corral.domain.status import KernelStatus, SessionStatus
+from corral.domain.types import AgentId, SessionId, UserId
+from corral.store.agents import NewAgent, insert_agents, read_ledger
+from corral.store.database import Database
+from corral.store.placements import KernelPlacement, SessionPlacement, commit_placements
+from corral.store.sessions import SessionRepository, StatusChange
+from corral.store.tables import kernel_history, kernels, resource_groups, session_history, users
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+S, K, R = SessionStatus, KernelStatus, SchedulingResult
+
+
+async def make_user(db: Database) -> UserId:
+    user_id = UserId(uuid.uuid4())
+    async with db.transaction() as conn:
+        await conn.execute(
+            users.insert(),
+            [{"id": user_id, "name": f"u-{user_id.hex[:8]}", "role": "user", "created_at": NOW}],
+        )
+    return user_id
+
+
+async def make_sessions(
+    repo: SessionRepository,
+    owner: UserId,
+    count: int,
+    *,
+    cluster_size: int = 1,
+    group: str = "default",
+    cpu_milli: int = 1000,
+) -> list[SessionId]:
+    ids = [SessionId(uuid.uuid4()) for _ in range(count)]
+    await repo.insert(
+        [
+            NewSession(
+                id=sid,
+                owner_id=owner,
+                type="BATCH",
+                resource_group=group,
+                cluster_mode="single-node",
+                cluster_size=cluster_size,
+                spec={"image": "python", "command": ["true"]},
+                kernel_slots={"cpu": cpu_milli},
+            )
+            for sid in ids
+        ],
+        NOW,
+    )
+    return ids
+
+
+async def place_all(
+    db: Database, repo: SessionRepository, ids: list[SessionId], agent: AgentId
+) -> None:
+    plan = [
+        SessionPlacement(
+            s.id, tuple(KernelPlacement(k.id, agent, k.requested_slots) for k in s.kernels)
+        )
+        for s in await repo.get(ids)
+    ]
+    outcome = await commit_placements(db, plan, NOW)
+    assert sorted(outcome.placed) == sorted(ids)
+
+
+async def history(
+    db: Database, sid: SessionId
+) -> list[tuple[str, str, str | None, str | None, int]]:
+    h = session_history.c
+    async with db.read() as conn:
+        rows = await conn.execute(
+            sa.select(h.phase, h.result, h.from_status, h.to_status, h.attempts)
+            .where(h.session_id == sid)
+            .order_by(h.id)
+        )
+        return [tuple(row) for row in rows]  # type: ignore[misc]
+
+
+async def test_insert_creates_pending_sessions_with_their_kernels(db: Database) -> None:
+    """A new session and its cluster_size kernels are all PENDING, kernels indexed from 0."""
+    repo = SessionRepository(db)
+    [sid] = await make_sessions(repo, await make_user(db), 1, cluster_size=3)
+    [loaded] = await repo.get([sid])
+    assert loaded.status is S.PENDING
+    assert [k.cluster_index for k in loaded.kernels] == [0, 1, 2]
+    assert [k.cluster_role for k in loaded.kernels] == ["main", "sub", "sub"]
+    assert all(k.status is K.PENDING and k.agent_id is None for k in loaded.kernels)
+    assert loaded.requested_total() == {"cpu": 3000}
+
+
+async def test_load_filters_by_status_kernel_status_and_group(db: Database) -> None:
+    """load() returns only sessions in the statuses, group and kernel statuses asked for."""
+    repo = SessionRepository(db)
+    owner = await make_user(db)
+    async with db.transaction() as conn:
+        await conn.execute(
+            resource_groups.insert(), [{"name": "gpu", "options": {}, "created_at": NOW}]
+        )
+    default_ids = await make_sessions(repo, owner, 3)
+    gpu_ids = await make_sessions(repo, owner, 2, group="gpu")
+    await insert_agents(db, [NewAgent(AgentId("a1"), "h1", {"cpu": 8000})], NOW)
+    await place_all(db, repo, default_ids[:1], AgentId("a1"))
+
+    pending = {s.id for s in await repo.load([S.PENDING])}
+    assert pending == set(default_ids[1:] + gpu_ids)
+    assert {s.id for s in await repo.load([S.PENDING], resource_group="gpu")} == set(gpu_ids)
+    scheduled = await repo.load([S.SCHEDULED, S.PENDING], kernel_statuses=[K.SCHEDULED])
+    assert [s.id for s in scheduled] == default_ids[:1]
+    assert len(await repo.load([S.PENDING], limit=2)) == 2
+
+
+async def test_kernel_match_all_any_not_any(db: Database) -> None:
+    """ALL, ANY and NOT_ANY answer as spec document 1 defines them over a batch of sessions."""
+    repo = SessionRepository(db)
+    owner = await make_user(db)
+    mixed, all_pending = await make_sessions(repo, owner, 2, cluster_size=2)
+    [first, _second] = (await repo.get([mixed]))[0].kernels
+    async with db.transaction() as conn:
+        await conn.execute(
+            kernels.update().where(kernels.c.id == first.id).values(status=K.CANCELLED.value)
+        )
+    both = [mixed, all_pending]
+    terminal = [K.TERMINATED, K.CANCELLED, K.ERROR]
+    assert await repo.match_kernels(both, terminal, KernelMatchType.ANY) == {mixed}
+    assert await repo.match_kernels(both, terminal, KernelMatchType.NOT_ANY) == {all_pending}
+    assert await repo.match_kernels(both, [K.PENDING], KernelMatchType.ALL) == {all_pending}
+    assert await repo.match_kernels([], [K.PENDING], KernelMatchType.ALL) == set()
+
+
+async def test_guarded_change_moves_only_sessions_in_the_expected_status(db: Database) -> None:
+    """Sessions not in the expected status are reported stale and left exactly as they were."""
+    repo = SessionRepository(db)
+    a, b = await make_sessions(repo, await make_user(db), 2)
+    cancel = StatusChange(
+        [a], "cancel", R.SUCCESS, frozenset({S.PENDING}), TransitionStatus(S.CANCELLED, K.CANCELLED)
+    )
+    first = await repo.apply([cancel], NOW)
+    assert first.moved() == {a: (S.PENDING, S.CANCELLED)}
+    again = await repo.apply([cancel], NOW + timedelta(seconds=1))
+    assert again.sessions == {} and again.stale == {a}
+    loaded = {s.id: s for s in await repo.get([a, b])}
+    assert loaded[a].status is S.CANCELLED
+    assert all(k.status is K.CANCELLED for k in loaded[a].kernels)
+    assert loaded[b].status is S.PENDING
+    assert await history(db, a) == [("cancel", "SUCCESS", "PENDING", "CANCELLED", 1)]
+
+
+async def test_illegal_transition_raises_before_anything_is_written(db: Database) -> None:
+    """A change the session table forbids fails validation; no other change in the batch lands."""
+    repo = SessionRepository(db)
+    a, b = await make_sessions(repo, await make_user(db), 2)
+    legal = StatusChange(
+        [a], "cancel", R.SUCCESS, frozenset({S.PENDING}), TransitionStatus(S.CANCELLED)
+    )
+    illegal = StatusChange(
+        [b], "bogus", R.SUCCESS, frozenset({S.PENDING}), TransitionStatus(S.RUNNING)
+    )
+    with pytest.raises(IllegalTransitionError, match="PENDING → RUNNING"):
+        await repo.apply([legal, illegal], NOW)
+    assert {s.status for s in await repo.get([a, b])} == {S.PENDING}
+    assert await history(db, a) == []
+
+
+async def test_kernels_only_move_along_their_own_table(db: Database) -> None:
+    """A kernel that already ended keeps its status when its session's others are terminated."""
+    repo = SessionRepository(db)
+    [sid] = await make_sessions(repo, await make_user(db), 1, cluster_size=2)
+    await insert_agents(db, [NewAgent(AgentId("a1"), "h1", {"cpu": 8000})], NOW)
+    await place_all(db, repo, [sid], AgentId("a1"))
+    [done, _] = (await repo.get([sid]))[0].kernels
+    async with db.transaction() as conn:
+        await conn.execute(
+            kernels.update().where(kernels.c.id == done.id).values(status=K.ERROR.value)
+        )
+    await repo.apply(
+        [
+            StatusChange(
+                [sid],
+                "terminate",
+                R.SUCCESS,
+                frozenset({S.SCHEDULED}),
+                TransitionStatus(S.TERMINATING),
+            ),
+            StatusChange(
+                [sid],
+                "TerminateSessions",
+                R.SUCCESS,
+                frozenset({S.TERMINATING}),
+                TransitionStatus(S.TERMINATED, K.TERMINATED),
+            ),
+        ],
+        NOW,
+    )
+    [session] = await repo.get([sid])
+    assert session.status is S.TERMINATED
+    assert [k.status for k in session.kernels] == [K.ERROR, K.TERMINATED]
+
+
+async def test_history_merges_repeated_results_and_counts_phase_attempts(db: Database) -> None:
+    """Repeated NEED_RETRY in one phase is one history row; attempts count, reset on a move."""
+    repo = SessionRepository(db)
+    [sid] = await make_sessions(repo, await make_user(db), 1)
+    await insert_agents(db, [NewAgent(AgentId("a1"), "h1", {"cpu": 8000})], NOW)
+    await place_all(db, repo, [sid], AgentId("a1"))
+    retry = StatusChange(
+        [sid],
+        "PrepareSessions",
+        R.NEED_RETRY,
+        frozenset({S.SCHEDULED}),
+        notes={sid: ResultNote("agent_unreachable", "agent a1 did not answer")},
+        count_attempt=True,
+    )
+    for step in range(3):
+        await repo.apply([retry], NOW + timedelta(seconds=step))
+    [session] = await repo.get([sid])
+    assert (session.phase, session.phase_attempts) == ("PrepareSessions", 3)
+    assert session.status_info == "agent a1 did not answer"
+    await repo.apply(
+        [
+            StatusChange(
+                [sid],
+                "PrepareSessions",
+                R.SUCCESS,
+                frozenset({S.SCHEDULED}),
+                TransitionStatus(S.PREPARING, K.PREPARING),
+            )
+        ],
+        NOW + timedelta(seconds=5),
+    )
+    [session] = await repo.get([sid])
+    assert (session.phase, session.phase_attempts) == (None, 0)
+    assert await history(db, sid) == [
+        ("ScheduleNewSessions", "SUCCESS", "PENDING", "SCHEDULED", 1),
+        ("PrepareSessions", "NEED_RETRY", "SCHEDULED", "SCHEDULED", 3),
+        ("PrepareSessions", "SUCCESS", "SCHEDULED", "PREPARING", 1),
+    ]
+    async with db.read() as conn:
+        kernel_rows = (
+            await conn.execute(
+                sa.select(kernel_history.c.from_status, kernel_history.c.to_status)
+                .where(kernel_history.c.session_id == sid)
+                .order_by(kernel_history.c.id)
+            )
+        ).all()
+    assert [tuple(r) for r in kernel_rows] == [("PENDING", "SCHEDULED"), ("SCHEDULED", "PREPARING")]
+
+
+async def test_back_to_pending_releases_slots_and_remembers_the_failed_agent(db: Database) -> None:
+    """GIVE_UP back to PENDING frees the agent's slots, clears placement, records the agent."""
+    repo = SessionRepository(db)
+    [sid] = await make_sessions(repo, await make_user(db), 1, cluster_size=2, cpu_milli=1500)
+    await insert_agents(db, [NewAgent(AgentId("a1"), "h1", {"cpu": 4000})], NOW)
+    await place_all(db, repo, [sid], AgentId("a1"))
+    assert (await read_ledger(db))["a1"]["cpu"] == [4000, 3000]
+    applied = await repo.apply(
+        [
+            StatusChange(
+                [sid],
+                "PrepareSessions",
+                R.GIVE_UP,
+                frozenset({S.SCHEDULED, S.PREPARING}),
+                TransitionStatus(S.PENDING, K.PENDING),
+            )
+        ],
+        NOW,
+    )
+    assert applied.moved() == {sid: (S.SCHEDULED, S.PENDING)}
+    assert (await read_ledger(db))["a1"]["cpu"] == [4000, 0]
+    [session] = await repo.get([sid])
+    assert session.failed_agents == ("a1",)
+    assert all(k.agent_id is None and k.occupied_slots is None for k in session.kernels)
+
+
+async def test_terminal_kernels_release_slots_once(db: Database) -> None:
+    """Terminating frees the slots; a second terminate finds nothing to release."""
+    repo = SessionRepository(db)
+    [sid] = await make_sessions(repo, await make_user(db), 1, cpu_milli=2000)
+    await insert_agents(db, [NewAgent(AgentId("a1"), "h1", {"cpu": 4000})], NOW)
+    await place_all(db, repo, [sid], AgentId("a1"))
+    finish = [
+        StatusChange(
+            [sid], "terminate", R.SUCCESS, frozenset({S.SCHEDULED}), TransitionStatus(S.TERMINATING)
+        ),
+        StatusChange(
+            [sid],
+            "TerminateSessions",
+            R.SUCCESS,
+            frozenset({S.TERMINATING}),
+            TransitionStatus(S.TERMINATED, K.TERMINATED),
+        ),
+    ]
+    await repo.apply(finish, NOW)
+    await repo.apply(finish, NOW)
+    assert (await read_ledger(db))["a1"]["cpu"] == [4000, 0]
+    [session] = await repo.get([sid])
+    assert session.kernels[0].agent_id == "a1"  # kept for logs and history
+    assert session.kernels[0].occupied_slots is None
