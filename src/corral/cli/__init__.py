@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from corral.cli import bench, states
+from corral.cli import bench, db, states
 
 app = typer.Typer(
     name="corral",
@@ -14,6 +14,7 @@ app = typer.Typer(
 )
 app.command("states")(states.states_command)
 app.add_typer(bench.app, name="bench")
+app.add_typer(db.app, name="db")
 
 
 def main() -> None:

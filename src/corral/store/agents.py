@@ -166,19 +166,6 @@ async def apply_slot_deltas(
     )
 
 
-def release_deltas(
-    occupied: Iterable[tuple[AgentId | None, MilliSlots | None]],
-) -> dict[AgentId, dict[str, int]]:
-    """Negative deltas that give back what the given (agent, occupied slots) pairs hold."""
-    deltas: dict[AgentId, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for agent_id, slots in occupied:
-        if agent_id is None or not slots:
-            continue
-        for slot, amount in slots.items():
-            deltas[agent_id][slot] -= amount
-    return {agent: dict(slots) for agent, slots in deltas.items()}
-
-
 async def read_ledger(db: Database) -> Ledger:
     """Every agent's capacity and occupancy (for checks and listings)."""
     async with db.read() as conn:

@@ -1,121 +1,211 @@
 """Scheduling history of sessions and kernels, with the merge rule of the spec README.
 
 A new entry whose phase, result and target status equal those of the entity's newest row is
-folded into that row (attempts + 1, timestamp and message refreshed) instead of adding a row, so
-a session retried a thousand times in one phase costs one row, not a thousand.
+folded into that row (attempts + 1, timestamp refreshed) instead of adding a row, so a session
+retried a thousand times in one phase costs one row, not a thousand.
+
+History is written set-based, inside the database: one UPDATE folds the entries that merge, one
+INSERT ... SELECT adds the rest, reading the from-status straight from the entity rows. So these
+functions must run before the status update they record, in the same transaction; no per-row
+Python work happens, whatever the batch size.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.domain.results import ResultNote
 from corral.store._sql import in_values
 from corral.store.database import Dialect
-from corral.store.tables import kernel_history, session_history
-
-
-@dataclass(frozen=True, slots=True)
-class HistoryEntry:
-    """One judged outcome for one session or kernel, as written to its history."""
-
-    entity_id: uuid.UUID
-    phase: str
-    from_status: str | None
-    to_status: str | None
-    result: str
-    error_code: str | None = None
-    message: str = ""
-    session_id: uuid.UUID | None = None  # kernels only: the kernel's session
+from corral.store.tables import kernel_history, kernels, session_history, sessions
 
 
 async def record_session_history(
-    conn: AsyncConnection, dialect: Dialect, entries: Sequence[HistoryEntry], now: datetime
+    conn: AsyncConnection,
+    dialect: Dialect,
+    session_ids: Collection[uuid.UUID],
+    *,
+    phase: str,
+    result: str,
+    to_status: str | None,
+    now: datetime,
+    notes: Mapping[Any, ResultNote] | None = None,
 ) -> None:
-    """Write session history entries with the merge rule, in the caller's transaction."""
-    await _record(conn, dialect, session_history, session_history.c.session_id, entries, now)
+    """Record one outcome for these sessions; `to_status` None means "stays where it is"."""
+    if not session_ids:
+        return
+    to_expr = sa.literal(to_status) if to_status is not None else sessions.c.status
+    merged = await _merge(
+        conn,
+        dialect,
+        session_history,
+        session_history.c.session_id,
+        session_ids,
+        phase=phase,
+        result=result,
+        to_expr=_entity_value(sessions, session_history.c.session_id, to_expr),
+        now=now,
+    )
+    fresh = [sid for sid in session_ids if sid not in merged]
+    if fresh:
+        await conn.execute(
+            session_history.insert().from_select(
+                [*_COLUMNS, "session_id"],
+                sa.select(
+                    *_new_row(phase, result, sessions.c.status, to_expr, now), sessions.c.id
+                ).where(in_values(dialect, sessions.c.id, fresh)),
+            )
+        )
+    if notes:
+        await _write_notes(conn, session_history, session_history.c.session_id, session_ids, notes)
 
 
 async def record_kernel_history(
-    conn: AsyncConnection, dialect: Dialect, entries: Sequence[HistoryEntry], now: datetime
+    conn: AsyncConnection,
+    dialect: Dialect,
+    session_ids: Collection[uuid.UUID],
+    from_statuses: Collection[str],
+    *,
+    phase: str,
+    result: str,
+    to_status: str,
+    now: datetime,
+    message: sa.ColumnElement[str] | str = "",
+    recorded_from: str | None = None,
 ) -> None:
-    """Write kernel history entries with the merge rule, in the caller's transaction."""
-    await _record(conn, dialect, kernel_history, kernel_history.c.kernel_id, entries, now)
+    """Record a move to `to_status` for these sessions' kernels that are in `from_statuses`.
+
+    Call it before the kernels move; or after, passing the status they left as `recorded_from`
+    (and the status they are in now as `from_statuses`).
+    """
+    if not session_ids:
+        return
+    selected = sa.and_(
+        in_values(dialect, kernels.c.session_id, session_ids),
+        kernels.c.status.in_(list(from_statuses)),
+    )
+    kernel_ids = sa.select(kernels.c.id).where(selected)
+    to_expr = sa.literal(to_status)
+    merged = await _merge(
+        conn,
+        dialect,
+        kernel_history,
+        kernel_history.c.kernel_id,
+        kernel_ids,
+        phase=phase,
+        result=result,
+        to_expr=to_expr,
+        now=now,
+    )
+    where = selected if not merged else sa.and_(selected, kernels.c.id.not_in(list(merged)))
+    message_expr = sa.literal(message) if isinstance(message, str) else message
+    from_expr = kernels.c.status if recorded_from is None else sa.literal(recorded_from)
+    await conn.execute(
+        kernel_history.insert().from_select(
+            [*_COLUMNS, "kernel_id", "session_id"],
+            sa.select(
+                *_new_row(phase, result, from_expr, to_expr, now, message_expr),
+                kernels.c.id,
+                kernels.c.session_id,
+            ).where(where),
+        )
+    )
 
 
-async def _record(
+_COLUMNS = [
+    "phase",
+    "from_status",
+    "to_status",
+    "result",
+    "message",
+    "attempts",
+    "created_at",
+    "updated_at",
+]
+
+
+def _new_row(
+    phase: str,
+    result: str,
+    from_expr: sa.ColumnElement[Any],
+    to_expr: sa.ColumnElement[Any],
+    now: datetime,
+    message: sa.ColumnElement[str] | None = None,
+) -> list[sa.ColumnElement[Any]]:
+    stamp = sa.bindparam(None, now, type_=session_history.c.created_at.type)
+    return [
+        sa.literal(phase),
+        from_expr,
+        to_expr,
+        sa.literal(result),
+        message if message is not None else sa.literal(""),
+        sa.literal(1),
+        stamp,
+        stamp,
+    ]
+
+
+def _entity_value(
+    entity: sa.Table, key: sa.Column[uuid.UUID], expr: sa.ColumnElement[Any]
+) -> sa.ColumnElement[Any]:
+    """`expr` evaluated on the entity row a history row belongs to (a scalar subquery)."""
+    if isinstance(expr, sa.sql.elements.BindParameter):
+        return expr
+    return sa.select(expr).where(entity.c.id == key).scalar_subquery()
+
+
+async def _merge(
     conn: AsyncConnection,
     dialect: Dialect,
     table: sa.Table,
     key: sa.Column[uuid.UUID],
-    entries: Sequence[HistoryEntry],
+    keys: Collection[uuid.UUID] | sa.Select[Any],
+    *,
+    phase: str,
+    result: str,
+    to_expr: sa.ColumnElement[Any],
     now: datetime,
-) -> None:
-    if not entries:
-        return
-    ids = {entry.entity_id for entry in entries}
-    newest_ids = (
-        sa.select(sa.func.max(table.c.id)).where(in_values(dialect, key, ids)).group_by(key)
-    )
+) -> set[uuid.UUID]:
+    """Fold the entries that repeat each entity's newest row; return the entities folded."""
+    scope = key.in_(keys) if isinstance(keys, sa.Select) else in_values(dialect, key, keys)
+    newest = sa.select(sa.func.max(table.c.id)).where(scope).group_by(key).scalar_subquery()
     rows = await conn.execute(
-        sa.select(
-            table.c.id, key, table.c.phase, table.c.result, table.c.to_status, table.c.attempts
-        ).where(table.c.id.in_(newest_ids.scalar_subquery()))
-    )
-    newest = {row[1]: row for row in rows}
-
-    merges: list[dict[str, object]] = []
-    inserts: list[dict[str, object]] = []
-    for entry in entries:
-        last = newest.get(entry.entity_id)
-        if (
-            last is not None
-            and last.phase == entry.phase
-            and last.result == entry.result
-            and last.to_status == entry.to_status
-        ):
-            merges.append(
-                {
-                    "row_id": last.id,
-                    "attempts": last.attempts + 1,
-                    "message": entry.message,
-                    "error_code": entry.error_code,
-                    "now": now,
-                }
-            )
-            continue
-        row: dict[str, object] = {
-            key.name: entry.entity_id,
-            "phase": entry.phase,
-            "from_status": entry.from_status,
-            "to_status": entry.to_status,
-            "result": entry.result,
-            "error_code": entry.error_code,
-            "message": entry.message,
-            "attempts": 1,
-            "created_at": now,
-            "updated_at": now,
-        }
-        if table is kernel_history:
-            row["session_id"] = entry.session_id
-        inserts.append(row)
-
-    if merges:
-        await conn.execute(
-            table.update()
-            .where(table.c.id == sa.bindparam("row_id"))
-            .values(
-                attempts=sa.bindparam("attempts"),
-                message=sa.bindparam("message"),
-                error_code=sa.bindparam("error_code"),
-                updated_at=sa.bindparam("now"),
-            ),
-            merges,
+        table.update()
+        .where(
+            table.c.id.in_(newest),
+            table.c.phase == phase,
+            table.c.result == result,
+            table.c.to_status == to_expr,
         )
-    if inserts:
-        await conn.execute(table.insert(), inserts)
+        .values(attempts=table.c.attempts + 1, updated_at=now)
+        .returning(key)
+    )
+    return {row[0] for row in rows}
+
+
+async def _write_notes(
+    conn: AsyncConnection,
+    table: sa.Table,
+    key: sa.Column[uuid.UUID],
+    ids: Collection[uuid.UUID],
+    notes: Mapping[Any, ResultNote],
+) -> None:
+    """Put each noted entity's code and message on its newest history row."""
+    noted = [
+        {"k": k, "code": notes[k].code or None, "msg": notes[k].message} for k in ids if k in notes
+    ]
+    if not noted:
+        return
+    newest = sa.select(sa.func.max(table.c.id)).where(key == sa.bindparam("k")).scalar_subquery()
+    await conn.execute(
+        table.update()
+        .where(table.c.id == newest)
+        .values(error_code=sa.bindparam("code"), message=sa.bindparam("msg")),
+        noted,
+    )

@@ -15,7 +15,7 @@ from corral.domain.types import AgentId, KernelId, SessionId
 from corral.store._sql import in_values
 from corral.store.agents import Claim, apply_slot_deltas, fit_claims, lock_ledger
 from corral.store.database import Database
-from corral.store.history import HistoryEntry, record_kernel_history, record_session_history
+from corral.store.history import record_kernel_history, record_session_history
 from corral.store.tables import agents, kernels, sessions
 
 PHASE = "ScheduleNewSessions"
@@ -45,7 +45,8 @@ class PlacementOutcome:
     placed: list[SessionId] = field(default_factory=list)
     # the agents no longer had room (changed since the snapshot); still PENDING, untouched
     no_longer_fits: list[SessionId] = field(default_factory=list)
-    # no longer PENDING (cancelled or placed by someone else); untouched
+    # no longer PENDING, or a kernel of it is not PENDING (cancelled, placed by someone else,
+    # or requeued after a kernel ended); untouched
     stale: list[SessionId] = field(default_factory=list)
 
 
@@ -89,6 +90,18 @@ async def commit_placements(
                 .with_for_update()
             )
         }
+        # A session is placeable only while every kernel of it is PENDING too: one whose kernel
+        # already ended (requeued after a kernel failed) would be charged slots no kernel holds.
+        if pending:
+            not_ready = await conn.execute(
+                sa.select(kernels.c.session_id)
+                .distinct()
+                .where(
+                    in_values(dialect, kernels.c.session_id, pending),
+                    kernels.c.status != KernelStatus.PENDING.value,
+                )
+            )
+            pending -= {SessionId(row[0]) for row in not_ready}
         outcome.stale = [sid for sid in ids if sid not in pending]
         claims = [
             Claim(p.session_id, k.agent_id, k.slots)
@@ -106,12 +119,18 @@ async def commit_placements(
         if not accepted:
             return outcome
 
+        await record_session_history(
+            conn,
+            dialect,
+            accepted,
+            phase=PHASE,
+            result=SchedulingResult.SUCCESS.value,
+            to_status=SessionStatus.SCHEDULED.value,
+            now=now,
+        )
         await conn.execute(
             sessions.update()
-            .where(
-                in_values(dialect, sessions.c.id, accepted),
-                sessions.c.status == SessionStatus.PENDING.value,
-            )
+            .where(in_values(dialect, sessions.c.id, accepted))
             .values(
                 status=SessionStatus.SCHEDULED.value,
                 status_changed_at=now,
@@ -139,34 +158,17 @@ async def commit_placements(
             ],
         )
         await apply_slot_deltas(conn, deltas)
-
-        kernel_session = {k.kernel_id: p.session_id for p in plan for k in p.kernels}
-        result = SchedulingResult.SUCCESS.value
-        await record_session_history(
-            conn,
-            dialect,
-            [
-                HistoryEntry(sid, PHASE, "PENDING", "SCHEDULED", result, message=message)
-                for sid in accepted
-            ],
-            now,
-        )
         await record_kernel_history(
             conn,
             dialect,
-            [
-                HistoryEntry(
-                    k.kernel_id,
-                    PHASE,
-                    "PENDING",
-                    "SCHEDULED",
-                    result,
-                    message=f"placed on {k.agent_id}",
-                    session_id=kernel_session[k.kernel_id],
-                )
-                for k in placed_kernels
-            ],
-            now,
+            accepted,
+            [KernelStatus.SCHEDULED.value],
+            phase=PHASE,
+            result=SchedulingResult.SUCCESS.value,
+            to_status=KernelStatus.SCHEDULED.value,
+            now=now,
+            message=sa.literal("placed on ") + kernels.c.agent_id,
+            recorded_from=KernelStatus.PENDING.value,
         )
     outcome.placed = accepted
     return outcome

@@ -8,7 +8,7 @@ domain's transition table before anything is sent to the database.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -28,9 +28,9 @@ from corral.domain.status import (
 )
 from corral.domain.types import AgentId, KernelId, SessionId, UserId
 from corral.store._sql import in_values
-from corral.store.agents import apply_slot_deltas, release_deltas
+from corral.store.agents import apply_slot_deltas
 from corral.store.database import Database, Dialect
-from corral.store.history import HistoryEntry, record_kernel_history, record_session_history
+from corral.store.history import record_kernel_history, record_session_history
 from corral.store.tables import kernels, session_dependencies, sessions
 
 # Results after which the agents that held the session count as having failed it.
@@ -67,8 +67,8 @@ class AppliedChanges:
 
     # session id → (status before, status after), for every session that passed its guard
     sessions: dict[SessionId, tuple[SessionStatus, SessionStatus]] = field(default_factory=dict)
-    # kernel id → (status before, status after), for kernels whose status changed
-    kernels: dict[KernelId, tuple[KernelStatus, KernelStatus]] = field(default_factory=dict)
+    # how many kernels changed status
+    kernels_moved: int = 0
     # sessions named in a change whose guard failed (moved concurrently)
     stale: set[SessionId] = field(default_factory=set)
 
@@ -121,10 +121,9 @@ class SessionRepository:
             query = query.where(sessions.c.resource_group == resource_group)
         if kernel_statuses is not None:
             query = query.where(
-                sessions.c.id.in_(
-                    sa.select(kernels.c.session_id).where(
-                        kernels.c.status.in_([k.value for k in kernel_statuses])
-                    )
+                sa.exists().where(
+                    kernels.c.session_id == sessions.c.id,
+                    kernels.c.status.in_([k.value for k in kernel_statuses]),
                 )
             )
         if limit is not None:
@@ -186,16 +185,12 @@ class SessionRepository:
             return
         guard = [s.value for s in change.expected]
         rows = await conn.execute(
-            sa.select(sessions.c.id, sessions.c.status, sessions.c.failed_agents)
+            sa.select(sessions.c.id, sessions.c.status)
             .where(in_values(self.dialect, sessions.c.id, ids), sessions.c.status.in_(guard))
             .order_by(sessions.c.id)  # a fixed lock order: concurrent writers cannot deadlock
             .with_for_update()
         )
-        current: dict[SessionId, SessionStatus] = {}
-        failed_agents: dict[SessionId, list[str]] = {}
-        for sid, status, failed in rows:
-            current[SessionId(sid)] = SessionStatus(status)
-            failed_agents[SessionId(sid)] = list(failed)
+        current = {SessionId(sid): SessionStatus(status) for sid, status in rows}
         applied.stale.update(sid for sid in ids if sid not in current)
         if not current:
             return
@@ -203,13 +198,30 @@ class SessionRepository:
         target = change.target or TransitionStatus()
         after = {sid: target.session or status for sid, status in current.items()}
         moving = [sid for sid, status in current.items() if after[sid] != status]
+        passed = list(current)
+        # History first: it reads the statuses being left straight from the rows.
+        await record_session_history(
+            conn,
+            self.dialect,
+            passed,
+            phase=change.phase,
+            result=change.result.value,
+            to_status=target.session.value if target.session is not None else None,
+            now=now,
+            notes=change.notes,
+        )
+        if target.kernel is not None:
+            applied.kernels_moved += await self._move_kernels(
+                conn, passed, target.kernel, change, now
+            )
         if target.session is not None and moving:
             await conn.execute(
                 sessions.update()
-                .where(in_values(self.dialect, sessions.c.id, moving), sessions.c.status.in_(guard))
+                .where(in_values(self.dialect, sessions.c.id, moving))
                 .values(**_session_move_values(target.session, now))
             )
-        staying = [sid for sid in current if sid not in set(moving)]
+        moving_set = set(moving)
+        staying = [sid for sid in passed if sid not in moving_set]
         if change.count_attempt and staying:
             await conn.execute(
                 sessions.update()
@@ -223,53 +235,8 @@ class SessionRepository:
                 )
             )
         await self._write_notes(conn, change, current, target)
-
-        kernel_moves: dict[KernelId, tuple[SessionId, KernelStatus, KernelStatus]] = {}
-        if target.kernel is not None:
-            kernel_moves = await self._move_kernels(
-                conn, list(current), target.kernel, change, failed_agents, now
-            )
-
         for sid, status in current.items():
             applied.sessions[sid] = (status, after[sid])
-        for kid, (_sid, before, to) in kernel_moves.items():
-            applied.kernels[kid] = (before, to)
-
-        await record_session_history(
-            conn,
-            self.dialect,
-            [
-                HistoryEntry(
-                    entity_id=sid,
-                    phase=change.phase,
-                    from_status=status.value,
-                    to_status=after[sid].value,
-                    result=change.result.value,
-                    error_code=_note(change, sid).code or None,
-                    message=_note(change, sid).message,
-                )
-                for sid, status in current.items()
-            ],
-            now,
-        )
-        await record_kernel_history(
-            conn,
-            self.dialect,
-            [
-                HistoryEntry(
-                    entity_id=kid,
-                    session_id=sid,
-                    phase=change.phase,
-                    from_status=before.value,
-                    to_status=to.value,
-                    result=change.result.value,
-                    error_code=_note(change, sid).code or None,
-                    message=_note(change, sid).message,
-                )
-                for kid, (sid, before, to) in kernel_moves.items()
-            ],
-            now,
-        )
 
     async def _write_notes(
         self,
@@ -305,78 +272,90 @@ class SessionRepository:
         session_ids: list[SessionId],
         to: KernelStatus,
         change: StatusChange,
-        failed_agents: dict[SessionId, list[str]],
         now: datetime,
-    ) -> dict[KernelId, tuple[SessionId, KernelStatus, KernelStatus]]:
-        # Only kernels whose status may legally move to `to` are touched: a kernel that already
-        # ended (or already is there) keeps its status.
+    ) -> int:
+        """Move the sessions' kernels to `to`; return how many moved.
+
+        Only kernels whose status may legally move to `to` are touched: a kernel that already
+        ended (or already is there) keeps its status. The session rows are locked already, and
+        every writer locks sessions before their kernels, so kernel locks cannot deadlock.
+        """
         sources = [s.value for s in KERNEL_TRANSITIONS.sources(to)]
-        rows = (
-            await conn.execute(
-                sa.select(
-                    kernels.c.id,
-                    kernels.c.session_id,
-                    kernels.c.status,
-                    kernels.c.agent_id,
-                    kernels.c.occupied_slots,
-                )
-                .where(
-                    in_values(self.dialect, kernels.c.session_id, session_ids),
-                    kernels.c.status.in_(sources),
-                )
-                .order_by(kernels.c.id)
-                .with_for_update()
-            )
-        ).all()
-        if not rows:
-            return {}
+        scope = sa.and_(
+            in_values(self.dialect, kernels.c.session_id, session_ids),
+            kernels.c.status.in_(sources),
+        )
+        await record_kernel_history(
+            conn,
+            self.dialect,
+            session_ids,
+            sources,
+            phase=change.phase,
+            result=change.result.value,
+            to_status=to.value,
+            now=now,
+        )
         gives_back = to is KernelStatus.PENDING or to in KERNEL_TERMINAL
+        held = await self._held_slots(conn, scope) if gives_back else {}
+        if to is KernelStatus.PENDING and change.result in _FAILED_RESULTS:
+            await self._remember_failed_agents(conn, scope)
         values: dict[str, Any] = {"status": to.value, "status_changed_at": now}
         if gives_back:
-            values["occupied_slots"] = None
+            values["occupied_slots"] = sa.null()
         if to is KernelStatus.PENDING:
             values["agent_id"] = None
-        await conn.execute(
-            kernels.update()
-            .where(in_values(self.dialect, kernels.c.id, [r.id for r in rows]))
-            .values(**values)
-        )
-        if gives_back:
-            await apply_slot_deltas(
-                conn, release_deltas((r.agent_id, r.occupied_slots) for r in rows)
+        moved = await conn.execute(kernels.update().where(scope).values(**values))
+        await apply_slot_deltas(conn, held)
+        return int(moved.rowcount)
+
+    async def _held_slots(
+        self, conn: AsyncConnection, scope: sa.ColumnElement[bool]
+    ) -> dict[AgentId, dict[str, int]]:
+        """Negative deltas giving back what the kernels in `scope` occupy, summed in SQL."""
+        each_fn = sa.func.jsonb_each_text if self.dialect == "postgresql" else sa.func.json_each
+        each = each_fn(kernels.c.occupied_slots).table_valued("key", "value")
+        rows = await conn.execute(
+            sa.select(
+                kernels.c.agent_id, each.c.key, sa.func.sum(sa.cast(each.c.value, sa.BigInteger))
             )
-        if to is KernelStatus.PENDING and change.result in _FAILED_RESULTS:
-            await self._remember_failed_agents(conn, rows, failed_agents)
-        return {KernelId(r.id): (SessionId(r.session_id), KernelStatus(r.status), to) for r in rows}
+            .select_from(kernels.join(each, sa.true()))
+            .where(scope, kernels.c.agent_id.is_not(None), kernels.c.occupied_slots.is_not(None))
+            .group_by(kernels.c.agent_id, each.c.key)
+        )
+        deltas: dict[AgentId, dict[str, int]] = {}
+        for agent_id, slot, amount in rows:
+            deltas.setdefault(AgentId(agent_id), {})[slot] = -int(amount)
+        return deltas
 
     async def _remember_failed_agents(
-        self,
-        conn: AsyncConnection,
-        rows: Iterable[Any],
-        failed_agents: dict[SessionId, list[str]],
+        self, conn: AsyncConnection, scope: sa.ColumnElement[bool]
     ) -> None:
-        updates: dict[SessionId, list[str]] = {}
-        for row in rows:
-            if row.agent_id is None:
-                continue
-            sid = SessionId(row.session_id)
-            known = updates.setdefault(sid, list(failed_agents.get(sid, [])))
-            if row.agent_id not in known:
-                known.append(row.agent_id)
-        if updates:
-            await conn.execute(
-                sessions.update()
-                .where(sessions.c.id == sa.bindparam("sid"))
-                .values(failed_agents=sa.bindparam("failed", type_=sessions.c.failed_agents.type)),
-                [{"sid": sid, "failed": agents} for sid, agents in updates.items()],
+        """Add the agents holding the kernels in `scope` to their sessions' failed agents."""
+        rows = await conn.execute(
+            sa.select(kernels.c.session_id, kernels.c.agent_id).where(
+                scope, kernels.c.agent_id.is_not(None)
             )
-
-
-_NO_NOTE = ResultNote(code="", message="")
-
-
-def _note(change: StatusChange, sid: SessionId) -> ResultNote:
-    return change.notes.get(sid, _NO_NOTE)
+        )
+        holders: dict[SessionId, list[str]] = {}
+        for sid, agent_id in rows:
+            holders.setdefault(SessionId(sid), []).append(agent_id)
+        if not holders:
+            return
+        known = await conn.execute(
+            sa.select(sessions.c.id, sessions.c.failed_agents).where(
+                in_values(self.dialect, sessions.c.id, holders)
+            )
+        )
+        updates = []
+        for sid, failed in known:
+            merged = list(dict.fromkeys([*failed, *holders[SessionId(sid)]]))
+            updates.append({"sid": sid, "failed": merged})
+        await conn.execute(
+            sessions.update()
+            .where(sessions.c.id == sa.bindparam("sid"))
+            .values(failed_agents=sa.bindparam("failed", type_=sessions.c.failed_agents.type)),
+            updates,
+        )
 
 
 def _session_move_values(to: SessionStatus, now: datetime) -> dict[str, Any]:

@@ -8,32 +8,30 @@ import sqlalchemy as sa
 from corral.domain.results import SchedulingResult, TransitionStatus
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import AgentId
+from corral.store import tables
 from corral.store.agents import NewAgent, apply_slot_deltas, insert_agents, read_ledger
 from corral.store.database import Database
-from corral.store.placements import KernelPlacement, SessionPlacement, commit_placements
+from corral.store.placements import commit_placements
 from corral.store.sessions import SessionRepository, StatusChange
-from corral.store.tables import agents
-from tests.integration.store.test_sessions_repo import NOW, make_sessions, make_user
-
-
-def plan_on(sessions: list, agent_ids: list[AgentId]) -> list[SessionPlacement]:  # type: ignore[type-arg]
-    """Place kernel i of each session on agent_ids[i % len(agent_ids)]."""
-    return [
-        SessionPlacement(
-            s.id,
-            tuple(
-                KernelPlacement(k.id, agent_ids[i % len(agent_ids)], k.requested_slots)
-                for i, k in enumerate(s.kernels)
-            ),
-        )
-        for s in sessions
-    ]
+from tests.integration.store._factories import (
+    NOW,
+    PREPARE,
+    RELEASE,
+    add_agents,
+    add_session_ids,
+    add_sessions,
+    add_user,
+    assert_slots_consistent,
+    on,
+    placement,
+    plan_on,
+)
 
 
 async def test_commit_occupies_slots_and_schedules_sessions_and_kernels(db: Database) -> None:
     """Placed sessions and kernels are SCHEDULED on their agent and the ledger counts them."""
     repo = SessionRepository(db)
-    ids = await make_sessions(repo, await make_user(db), 2, cpu_milli=1500)
+    ids = await add_session_ids(db, await add_user(db), 2, cpu_milli=1500)
     await insert_agents(db, [NewAgent(AgentId("a1"), "h1", {"cpu": 4000, "mem": 10**12})], NOW)
     outcome = await commit_placements(db, plan_on(await repo.get(ids), [AgentId("a1")]), NOW)
     assert sorted(outcome.placed) == sorted(ids)
@@ -49,7 +47,7 @@ async def test_commit_occupies_slots_and_schedules_sessions_and_kernels(db: Data
 async def test_sessions_that_no_longer_fit_stay_pending_untouched(db: Database) -> None:
     """When the plan overestimates free capacity, later sessions stay PENDING with no history."""
     repo = SessionRepository(db)
-    created = await make_sessions(repo, await make_user(db), 3, cpu_milli=2000)
+    created = await add_session_ids(db, await add_user(db), 3, cpu_milli=2000)
     await insert_agents(db, [NewAgent(AgentId("a1"), "h1", {"cpu": 4000})], NOW)
     snapshot = await repo.get(created)
     ids = [s.id for s in snapshot]  # plan order: the commit accepts in this order
@@ -64,7 +62,7 @@ async def test_sessions_that_no_longer_fit_stay_pending_untouched(db: Database) 
 async def test_multi_node_session_is_placed_all_or_nothing(db: Database) -> None:
     """If one kernel's agent has no room, none of the session's kernels are placed."""
     repo = SessionRepository(db)
-    [sid] = await make_sessions(repo, await make_user(db), 1, cluster_size=2, cpu_milli=2000)
+    [sid] = await add_session_ids(db, await add_user(db), 1, cluster_size=2, cpu_milli=2000)
     await insert_agents(
         db,
         [
@@ -84,8 +82,8 @@ async def test_multi_node_session_is_placed_all_or_nothing(db: Database) -> None
 async def test_a_slot_the_agent_lacks_does_not_fit(db: Database) -> None:
     """A request for a slot the agent does not have (capacity 0) is not placed there."""
     repo = SessionRepository(db)
-    owner = await make_user(db)
-    [sid] = await make_sessions(repo, owner, 1)
+    owner = await add_user(db)
+    [sid] = await add_session_ids(db, owner, 1)
     await insert_agents(db, [NewAgent(AgentId("a1"), "h1", {"mem": 10**9})], NOW)
     outcome = await commit_placements(db, plan_on(await repo.get([sid]), [AgentId("a1")]), NOW)
     assert outcome.no_longer_fits == [sid]
@@ -94,7 +92,7 @@ async def test_a_slot_the_agent_lacks_does_not_fit(db: Database) -> None:
 async def test_agents_that_are_not_alive_or_drained_take_nothing(db: Database) -> None:
     """Placements on a LOST or unschedulable agent are refused at commit time."""
     repo = SessionRepository(db)
-    ids = await make_sessions(repo, await make_user(db), 2)
+    ids = await add_session_ids(db, await add_user(db), 2)
     await insert_agents(
         db,
         [
@@ -104,9 +102,11 @@ async def test_agents_that_are_not_alive_or_drained_take_nothing(db: Database) -
         NOW,
     )
     async with db.transaction() as conn:
-        await conn.execute(agents.update().where(agents.c.id == "lost").values(status="LOST"))
         await conn.execute(
-            agents.update().where(agents.c.id == "drained").values(schedulable=False)
+            tables.agents.update().where(tables.agents.c.id == "lost").values(status="LOST")
+        )
+        await conn.execute(
+            tables.agents.update().where(tables.agents.c.id == "drained").values(schedulable=False)
         )
     sessions = await repo.get(ids)
     plan = plan_on(sessions[:1], [AgentId("lost")]) + plan_on(sessions[1:], [AgentId("drained")])
@@ -117,7 +117,7 @@ async def test_agents_that_are_not_alive_or_drained_take_nothing(db: Database) -
 async def test_sessions_no_longer_pending_are_stale(db: Database) -> None:
     """A session cancelled after the snapshot is reported stale and takes no slots."""
     repo = SessionRepository(db)
-    created = await make_sessions(repo, await make_user(db), 2)
+    created = await add_session_ids(db, await add_user(db), 2)
     await insert_agents(db, [NewAgent(AgentId("a1"), "h1", {"cpu": 4000})], NOW)
     snapshot = await repo.get(created)
     ids = [s.id for s in snapshot]
@@ -148,3 +148,48 @@ async def test_overcommit_is_rejected_by_the_database_itself(db: Database) -> No
         async with db.transaction() as conn:
             await apply_slot_deltas(conn, {AgentId("a1"): {"cpu": -1}})
     assert (await read_ledger(db))["a1"]["cpu"] == [1000, 0]
+
+
+@pytest.mark.parametrize("delta", [3001, -1001], ids=["overcommit", "negative"])
+async def test_slot_delta_past_the_bounds_is_rejected_by_the_database(
+    db: Database, delta: int
+) -> None:
+    """A raw delta that overcommits or goes negative fails its transaction with IntegrityError."""
+    agents = await add_agents(db, [{"cpu": 4000, "mem": 8000}])
+    (agent,) = agents
+    async with db.transaction() as conn:
+        await apply_slot_deltas(conn, {agent: {"cpu": 1000}})
+    before = await read_ledger(db)
+    with pytest.raises(sa.exc.IntegrityError):
+        async with db.transaction() as conn:
+            await apply_slot_deltas(conn, {agent: {"mem": 2000}})
+            await apply_slot_deltas(conn, {agent: {"cpu": delta}})
+    assert await read_ledger(db) == before
+    assert before[agent] == {"cpu": [4000, 1000], "mem": [8000, 0]}
+
+
+# Regression: found while writing the store properties (test_store_properties.py), now fixed.
+async def test_placing_a_session_whose_kernel_ended_charges_no_phantom_slots(db: Database) -> None:
+    """A PENDING session whose kernel already ended is not charged for a kernel it cannot place."""
+    repo = SessionRepository(db)
+    agents = await add_agents(db, [{"cpu": 4000}, {"cpu": 4000}])
+    first, second = sorted(agents)
+    (session,) = await add_sessions(db, await add_user(db), [(1, {"cpu": 1000})])
+    await commit_placements(db, [placement(session, [first])], NOW)
+    # The kernel fails while preparing (an agent report: session unchanged, kernel → ERROR),
+    # then PrepareSessions gives up: the session goes back to PENDING, the ERROR kernel stays.
+    kernel_failed = StatusChange(
+        (session.id,),
+        "AgentReport",
+        SchedulingResult.SUCCESS,
+        frozenset({SessionStatus.PREPARING}),
+        TransitionStatus(None, KernelStatus.ERROR),
+    )
+    await repo.apply([on(PREPARE, [session.id])], NOW)
+    await repo.apply([kernel_failed], NOW)
+    await repo.apply([on(RELEASE, [session.id])], NOW)
+    await assert_slots_consistent(db, agents, [session.id])
+
+    outcome = await commit_placements(db, [placement(session, [second])], NOW)
+    assert outcome.stale == [session.id] and outcome.placed == []
+    await assert_slots_consistent(db, agents, [session.id])

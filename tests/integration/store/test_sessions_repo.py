@@ -1,83 +1,40 @@
-"""SessionRepository on SQLite and PostgreSQL: loading, kernel matching, guarded changes, history."""
+"""SessionRepository on both backends: loading, kernel matching, guarded changes, history."""
 
 from __future__ import annotations
 
-import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
 
 from corral.domain.lifecycle import IllegalTransitionError
 from corral.domain.results import KernelMatchType, ResultNote, SchedulingResult, TransitionStatus
-from corral.domain.session import NewSession
 from corral.domain.status import KernelStatus, SessionStatus
-from corral.domain.types import AgentId, SessionId, UserId
+from corral.domain.types import AgentId, SessionId
 from corral.store.agents import NewAgent, insert_agents, read_ledger
 from corral.store.database import Database
-from corral.store.placements import KernelPlacement, SessionPlacement, commit_placements
+from corral.store.placements import commit_placements
 from corral.store.sessions import SessionRepository, StatusChange
-from corral.store.tables import kernel_history, kernels, resource_groups, session_history, users
+from corral.store.tables import kernel_history, kernels, resource_groups, session_history
+from tests.integration.store._factories import (
+    NOW,
+    RELEASE,
+    add_agents,
+    add_session_ids,
+    add_sessions,
+    add_user,
+    on,
+    place_all,
+    placement,
+)
 
-NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 S, K, R = SessionStatus, KernelStatus, SchedulingResult
-
-
-async def make_user(db: Database) -> UserId:
-    user_id = UserId(uuid.uuid4())
-    async with db.transaction() as conn:
-        await conn.execute(
-            users.insert(),
-            [{"id": user_id, "name": f"u-{user_id.hex[:8]}", "role": "user", "created_at": NOW}],
-        )
-    return user_id
-
-
-async def make_sessions(
-    repo: SessionRepository,
-    owner: UserId,
-    count: int,
-    *,
-    cluster_size: int = 1,
-    group: str = "default",
-    cpu_milli: int = 1000,
-) -> list[SessionId]:
-    ids = [SessionId(uuid.uuid4()) for _ in range(count)]
-    await repo.insert(
-        [
-            NewSession(
-                id=sid,
-                owner_id=owner,
-                type="BATCH",
-                resource_group=group,
-                cluster_mode="single-node",
-                cluster_size=cluster_size,
-                spec={"image": "python", "command": ["true"]},
-                kernel_slots={"cpu": cpu_milli},
-            )
-            for sid in ids
-        ],
-        NOW,
-    )
-    return ids
-
-
-async def place_all(
-    db: Database, repo: SessionRepository, ids: list[SessionId], agent: AgentId
-) -> None:
-    plan = [
-        SessionPlacement(
-            s.id, tuple(KernelPlacement(k.id, agent, k.requested_slots) for k in s.kernels)
-        )
-        for s in await repo.get(ids)
-    ]
-    outcome = await commit_placements(db, plan, NOW)
-    assert sorted(outcome.placed) == sorted(ids)
 
 
 async def history(
     db: Database, sid: SessionId
 ) -> list[tuple[str, str, str | None, str | None, int]]:
+    """(phase, result, from, to, attempts) of each history row of the session, oldest first."""
     h = session_history.c
     async with db.read() as conn:
         rows = await conn.execute(
@@ -91,7 +48,7 @@ async def history(
 async def test_insert_creates_pending_sessions_with_their_kernels(db: Database) -> None:
     """A new session and its cluster_size kernels are all PENDING, kernels indexed from 0."""
     repo = SessionRepository(db)
-    [sid] = await make_sessions(repo, await make_user(db), 1, cluster_size=3)
+    [sid] = await add_session_ids(db, await add_user(db), 1, cluster_size=3)
     [loaded] = await repo.get([sid])
     assert loaded.status is S.PENDING
     assert [k.cluster_index for k in loaded.kernels] == [0, 1, 2]
@@ -103,15 +60,15 @@ async def test_insert_creates_pending_sessions_with_their_kernels(db: Database) 
 async def test_load_filters_by_status_kernel_status_and_group(db: Database) -> None:
     """load() returns only sessions in the statuses, group and kernel statuses asked for."""
     repo = SessionRepository(db)
-    owner = await make_user(db)
+    owner = await add_user(db)
     async with db.transaction() as conn:
         await conn.execute(
             resource_groups.insert(), [{"name": "gpu", "options": {}, "created_at": NOW}]
         )
-    default_ids = await make_sessions(repo, owner, 3)
-    gpu_ids = await make_sessions(repo, owner, 2, group="gpu")
+    default_ids = await add_session_ids(db, owner, 3)
+    gpu_ids = await add_session_ids(db, owner, 2, group="gpu")
     await insert_agents(db, [NewAgent(AgentId("a1"), "h1", {"cpu": 8000})], NOW)
-    await place_all(db, repo, default_ids[:1], AgentId("a1"))
+    await place_all(db, default_ids[:1], AgentId("a1"))
 
     pending = {s.id for s in await repo.load([S.PENDING])}
     assert pending == set(default_ids[1:] + gpu_ids)
@@ -124,8 +81,8 @@ async def test_load_filters_by_status_kernel_status_and_group(db: Database) -> N
 async def test_kernel_match_all_any_not_any(db: Database) -> None:
     """ALL, ANY and NOT_ANY answer as spec document 1 defines them over a batch of sessions."""
     repo = SessionRepository(db)
-    owner = await make_user(db)
-    mixed, all_pending = await make_sessions(repo, owner, 2, cluster_size=2)
+    owner = await add_user(db)
+    mixed, all_pending = await add_session_ids(db, owner, 2, cluster_size=2)
     [first, _second] = (await repo.get([mixed]))[0].kernels
     async with db.transaction() as conn:
         await conn.execute(
@@ -142,7 +99,7 @@ async def test_kernel_match_all_any_not_any(db: Database) -> None:
 async def test_guarded_change_moves_only_sessions_in_the_expected_status(db: Database) -> None:
     """Sessions not in the expected status are reported stale and left exactly as they were."""
     repo = SessionRepository(db)
-    a, b = await make_sessions(repo, await make_user(db), 2)
+    a, b = await add_session_ids(db, await add_user(db), 2)
     cancel = StatusChange(
         [a], "cancel", R.SUCCESS, frozenset({S.PENDING}), TransitionStatus(S.CANCELLED, K.CANCELLED)
     )
@@ -160,7 +117,7 @@ async def test_guarded_change_moves_only_sessions_in_the_expected_status(db: Dat
 async def test_illegal_transition_raises_before_anything_is_written(db: Database) -> None:
     """A change the session table forbids fails validation; no other change in the batch lands."""
     repo = SessionRepository(db)
-    a, b = await make_sessions(repo, await make_user(db), 2)
+    a, b = await add_session_ids(db, await add_user(db), 2)
     legal = StatusChange(
         [a], "cancel", R.SUCCESS, frozenset({S.PENDING}), TransitionStatus(S.CANCELLED)
     )
@@ -176,9 +133,9 @@ async def test_illegal_transition_raises_before_anything_is_written(db: Database
 async def test_kernels_only_move_along_their_own_table(db: Database) -> None:
     """A kernel that already ended keeps its status when its session's others are terminated."""
     repo = SessionRepository(db)
-    [sid] = await make_sessions(repo, await make_user(db), 1, cluster_size=2)
+    [sid] = await add_session_ids(db, await add_user(db), 1, cluster_size=2)
     await insert_agents(db, [NewAgent(AgentId("a1"), "h1", {"cpu": 8000})], NOW)
-    await place_all(db, repo, [sid], AgentId("a1"))
+    await place_all(db, [sid], AgentId("a1"))
     [done, _] = (await repo.get([sid]))[0].kernels
     async with db.transaction() as conn:
         await conn.execute(
@@ -211,9 +168,9 @@ async def test_kernels_only_move_along_their_own_table(db: Database) -> None:
 async def test_history_merges_repeated_results_and_counts_phase_attempts(db: Database) -> None:
     """Repeated NEED_RETRY in one phase is one history row; attempts count, reset on a move."""
     repo = SessionRepository(db)
-    [sid] = await make_sessions(repo, await make_user(db), 1)
+    [sid] = await add_session_ids(db, await add_user(db), 1)
     await insert_agents(db, [NewAgent(AgentId("a1"), "h1", {"cpu": 8000})], NOW)
-    await place_all(db, repo, [sid], AgentId("a1"))
+    await place_all(db, [sid], AgentId("a1"))
     retry = StatusChange(
         [sid],
         "PrepareSessions",
@@ -260,9 +217,9 @@ async def test_history_merges_repeated_results_and_counts_phase_attempts(db: Dat
 async def test_back_to_pending_releases_slots_and_remembers_the_failed_agent(db: Database) -> None:
     """GIVE_UP back to PENDING frees the agent's slots, clears placement, records the agent."""
     repo = SessionRepository(db)
-    [sid] = await make_sessions(repo, await make_user(db), 1, cluster_size=2, cpu_milli=1500)
+    [sid] = await add_session_ids(db, await add_user(db), 1, cluster_size=2, cpu_milli=1500)
     await insert_agents(db, [NewAgent(AgentId("a1"), "h1", {"cpu": 4000})], NOW)
-    await place_all(db, repo, [sid], AgentId("a1"))
+    await place_all(db, [sid], AgentId("a1"))
     assert (await read_ledger(db))["a1"]["cpu"] == [4000, 3000]
     applied = await repo.apply(
         [
@@ -286,9 +243,9 @@ async def test_back_to_pending_releases_slots_and_remembers_the_failed_agent(db:
 async def test_terminal_kernels_release_slots_once(db: Database) -> None:
     """Terminating frees the slots; a second terminate finds nothing to release."""
     repo = SessionRepository(db)
-    [sid] = await make_sessions(repo, await make_user(db), 1, cpu_milli=2000)
+    [sid] = await add_session_ids(db, await add_user(db), 1, cpu_milli=2000)
     await insert_agents(db, [NewAgent(AgentId("a1"), "h1", {"cpu": 4000})], NOW)
-    await place_all(db, repo, [sid], AgentId("a1"))
+    await place_all(db, [sid], AgentId("a1"))
     finish = [
         StatusChange(
             [sid], "terminate", R.SUCCESS, frozenset({S.SCHEDULED}), TransitionStatus(S.TERMINATING)
@@ -307,3 +264,19 @@ async def test_terminal_kernels_release_slots_once(db: Database) -> None:
     [session] = await repo.get([sid])
     assert session.kernels[0].agent_id == "a1"  # kept for logs and history
     assert session.kernels[0].occupied_slots is None
+
+
+# Regression: found while writing the store properties (test_store_properties.py), now fixed.
+async def test_a_released_kernel_has_sql_null_occupied_slots(db: Database) -> None:
+    """After giving its slots back, a kernel's occupied_slots IS NULL again, as before placement."""
+    agents = await add_agents(db, [{"cpu": 4000}])
+    (session,) = await add_sessions(db, await add_user(db), [(1, {"cpu": 1000})])
+    await commit_placements(db, [placement(session, sorted(agents))], NOW)
+    await SessionRepository(db).apply([on(RELEASE, [session.id])], NOW)
+    async with db.read() as conn:
+        holders = await conn.scalar(
+            sa.select(sa.func.count()).where(
+                kernels.c.session_id == session.id, kernels.c.occupied_slots.is_not(None)
+            )
+        )
+    assert holders == 0

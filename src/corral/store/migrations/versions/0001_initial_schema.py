@@ -35,7 +35,9 @@ def upgrade() -> None:
         sa.Column("owner_id", sa.Uuid(), nullable=True),
         sa.Column(
             "payload",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            sa.JSON(none_as_null=True).with_variant(
+                postgresql.JSONB(none_as_null=True, astext_type=sa.Text()), "postgresql"
+            ),
             nullable=False,
         ),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
@@ -50,17 +52,74 @@ def upgrade() -> None:
         )
 
     op.create_table(
+        "kernel_scheduling_history",
+        sa.Column(
+            "id",
+            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+            autoincrement=True,
+            nullable=False,
+        ),
+        sa.Column("kernel_id", sa.Uuid(), nullable=False),
+        sa.Column("session_id", sa.Uuid(), nullable=False),
+        sa.Column("phase", sa.String(length=64), nullable=False),
+        sa.Column("from_status", sa.String(length=16), nullable=True),
+        sa.Column("to_status", sa.String(length=16), nullable=True),
+        sa.Column("result", sa.String(length=16), nullable=False),
+        sa.Column("error_code", sa.String(length=64), nullable=True),
+        sa.Column("message", sa.Text(), server_default="", nullable=False),
+        sa.Column("attempts", sa.Integer(), server_default="1", nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_kernel_scheduling_history")),
+    )
+    with op.batch_alter_table("kernel_scheduling_history", schema=None) as batch_op:
+        batch_op.create_index(
+            batch_op.f("ix_kernel_scheduling_history_kernel_id_id"),
+            ["kernel_id", "id"],
+            unique=False,
+        )
+
+    op.create_table(
         "resource_groups",
         sa.Column("name", sa.String(length=64), nullable=False),
         sa.Column("description", sa.String(length=256), server_default="", nullable=False),
         sa.Column(
             "options",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            sa.JSON(none_as_null=True).with_variant(
+                postgresql.JSONB(none_as_null=True, astext_type=sa.Text()), "postgresql"
+            ),
             nullable=False,
         ),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("name", name=op.f("pk_resource_groups")),
     )
+    op.create_table(
+        "session_scheduling_history",
+        sa.Column(
+            "id",
+            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+            autoincrement=True,
+            nullable=False,
+        ),
+        sa.Column("session_id", sa.Uuid(), nullable=False),
+        sa.Column("phase", sa.String(length=64), nullable=False),
+        sa.Column("from_status", sa.String(length=16), nullable=True),
+        sa.Column("to_status", sa.String(length=16), nullable=True),
+        sa.Column("result", sa.String(length=16), nullable=False),
+        sa.Column("error_code", sa.String(length=64), nullable=True),
+        sa.Column("message", sa.Text(), server_default="", nullable=False),
+        sa.Column("attempts", sa.Integer(), server_default="1", nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_session_scheduling_history")),
+    )
+    with op.batch_alter_table("session_scheduling_history", schema=None) as batch_op:
+        batch_op.create_index(
+            batch_op.f("ix_session_scheduling_history_session_id_id"),
+            ["session_id", "id"],
+            unique=False,
+        )
+
     op.create_table(
         "users",
         sa.Column("id", sa.Uuid(), nullable=False),
@@ -81,7 +140,9 @@ def upgrade() -> None:
         sa.Column("runtime", sa.String(length=32), nullable=False),
         sa.Column(
             "labels",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            sa.JSON(none_as_null=True).with_variant(
+                postgresql.JSONB(none_as_null=True, astext_type=sa.Text()), "postgresql"
+            ),
             nullable=False,
         ),
         sa.Column("last_heartbeat_at", sa.DateTime(timezone=True), nullable=True),
@@ -133,7 +194,9 @@ def upgrade() -> None:
         sa.Column("lifecycle", sa.String(length=16), nullable=False),
         sa.Column(
             "replica_spec",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            sa.JSON(none_as_null=True).with_variant(
+                postgresql.JSONB(none_as_null=True, astext_type=sa.Text()), "postgresql"
+            ),
             nullable=False,
         ),
         sa.Column("desired_replicas", sa.Integer(), nullable=False),
@@ -173,7 +236,9 @@ def upgrade() -> None:
         sa.Column("cluster_size", sa.Integer(), nullable=False),
         sa.Column(
             "spec",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            sa.JSON(none_as_null=True).with_variant(
+                postgresql.JSONB(none_as_null=True, astext_type=sa.Text()), "postgresql"
+            ),
             nullable=False,
         ),
         sa.Column("status", sa.String(length=16), nullable=False),
@@ -191,7 +256,9 @@ def upgrade() -> None:
         sa.Column("phase_attempts", sa.Integer(), server_default="0", nullable=False),
         sa.Column(
             "failed_agents",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            sa.JSON(none_as_null=True).with_variant(
+                postgresql.JSONB(none_as_null=True, astext_type=sa.Text()), "postgresql"
+            ),
             nullable=False,
         ),
         sa.Column("requeue_count", sa.Integer(), server_default="0", nullable=False),
@@ -203,7 +270,9 @@ def upgrade() -> None:
         sa.Column("max_retries", sa.Integer(), server_default="0", nullable=False),
         sa.Column(
             "retry_policy",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            sa.JSON(none_as_null=True).with_variant(
+                postgresql.JSONB(none_as_null=True, astext_type=sa.Text()), "postgresql"
+            ),
             nullable=True,
         ),
         sa.Column("retry_cause", sa.String(length=64), nullable=True),
@@ -227,21 +296,29 @@ def upgrade() -> None:
             name=op.f("fk_sessions_resource_group_resource_groups"),
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_sessions")),
-        sa.UniqueConstraint(
-            "owner_id", "creation_id", name=op.f("uq_sessions_owner_id_creation_id")
-        ),
     )
     with op.batch_alter_table("sessions", schema=None) as batch_op:
         batch_op.create_index(
             batch_op.f("ix_sessions_owner_id_created_at"), ["owner_id", "created_at"], unique=False
         )
         batch_op.create_index(
-            batch_op.f("ix_sessions_parent_session_id"), ["parent_session_id"], unique=False
+            batch_op.f("ix_sessions_parent_session_id"),
+            ["parent_session_id"],
+            unique=False,
+            postgresql_where=sa.text("parent_session_id IS NOT NULL"),
+            sqlite_where=sa.text("parent_session_id IS NOT NULL"),
         )
         batch_op.create_index(
             batch_op.f("ix_sessions_status_resource_group"),
             ["status", "resource_group"],
             unique=False,
+        )
+        batch_op.create_index(
+            "uq_sessions_owner_id_creation_id",
+            ["owner_id", "creation_id"],
+            unique=True,
+            postgresql_where=sa.text("creation_id IS NOT NULL"),
+            sqlite_where=sa.text("creation_id IS NOT NULL"),
         )
 
     op.create_table(
@@ -273,17 +350,23 @@ def upgrade() -> None:
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column(
             "requested_slots",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            sa.JSON(none_as_null=True).with_variant(
+                postgresql.JSONB(none_as_null=True, astext_type=sa.Text()), "postgresql"
+            ),
             nullable=False,
         ),
         sa.Column(
             "occupied_slots",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            sa.JSON(none_as_null=True).with_variant(
+                postgresql.JSONB(none_as_null=True, astext_type=sa.Text()), "postgresql"
+            ),
             nullable=True,
         ),
         sa.Column(
             "runtime_info",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            sa.JSON(none_as_null=True).with_variant(
+                postgresql.JSONB(none_as_null=True, astext_type=sa.Text()), "postgresql"
+            ),
             nullable=False,
         ),
         sa.Column("exit_code", sa.Integer(), nullable=True),
@@ -305,12 +388,10 @@ def upgrade() -> None:
         sa.UniqueConstraint(
             "session_id", "cluster_index", name=op.f("uq_kernels_session_id_cluster_index")
         ),
+        postgresql_with={"fillfactor": 80},
     )
     with op.batch_alter_table("kernels", schema=None) as batch_op:
-        batch_op.create_index(
-            batch_op.f("ix_kernels_agent_id_status"), ["agent_id", "status"], unique=False
-        )
-        batch_op.create_index(batch_op.f("ix_kernels_status"), ["status"], unique=False)
+        batch_op.create_index(batch_op.f("ix_kernels_agent_id"), ["agent_id"], unique=False)
 
     op.create_table(
         "routes",
@@ -368,76 +449,6 @@ def upgrade() -> None:
             batch_op.f("ix_session_dependencies_depends_on"), ["depends_on"], unique=False
         )
 
-    op.create_table(
-        "session_scheduling_history",
-        sa.Column(
-            "id",
-            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
-            autoincrement=True,
-            nullable=False,
-        ),
-        sa.Column("session_id", sa.Uuid(), nullable=False),
-        sa.Column("phase", sa.String(length=64), nullable=False),
-        sa.Column("from_status", sa.String(length=16), nullable=True),
-        sa.Column("to_status", sa.String(length=16), nullable=True),
-        sa.Column("result", sa.String(length=16), nullable=False),
-        sa.Column("error_code", sa.String(length=64), nullable=True),
-        sa.Column("message", sa.Text(), server_default="", nullable=False),
-        sa.Column("attempts", sa.Integer(), server_default="1", nullable=False),
-        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["session_id"],
-            ["sessions.id"],
-            name=op.f("fk_session_scheduling_history_session_id_sessions"),
-            ondelete="CASCADE",
-        ),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_session_scheduling_history")),
-    )
-    with op.batch_alter_table("session_scheduling_history", schema=None) as batch_op:
-        batch_op.create_index(
-            batch_op.f("ix_session_scheduling_history_session_id_id"),
-            ["session_id", "id"],
-            unique=False,
-        )
-
-    op.create_table(
-        "kernel_scheduling_history",
-        sa.Column(
-            "id",
-            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
-            autoincrement=True,
-            nullable=False,
-        ),
-        sa.Column("kernel_id", sa.Uuid(), nullable=False),
-        sa.Column("session_id", sa.Uuid(), nullable=False),
-        sa.Column("phase", sa.String(length=64), nullable=False),
-        sa.Column("from_status", sa.String(length=16), nullable=True),
-        sa.Column("to_status", sa.String(length=16), nullable=True),
-        sa.Column("result", sa.String(length=16), nullable=False),
-        sa.Column("error_code", sa.String(length=64), nullable=True),
-        sa.Column("message", sa.Text(), server_default="", nullable=False),
-        sa.Column("attempts", sa.Integer(), server_default="1", nullable=False),
-        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["kernel_id"],
-            ["kernels.id"],
-            name=op.f("fk_kernel_scheduling_history_kernel_id_kernels"),
-            ondelete="CASCADE",
-        ),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_kernel_scheduling_history")),
-    )
-    with op.batch_alter_table("kernel_scheduling_history", schema=None) as batch_op:
-        batch_op.create_index(
-            batch_op.f("ix_kernel_scheduling_history_kernel_id_id"),
-            ["kernel_id", "id"],
-            unique=False,
-        )
-        batch_op.create_index(
-            batch_op.f("ix_kernel_scheduling_history_session_id"), ["session_id"], unique=False
-        )
-
     # ### end Alembic commands ###
     resource_groups = sa.table(
         "resource_groups",
@@ -461,15 +472,6 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     # ### commands auto generated by Alembic - please adjust! ###
-    with op.batch_alter_table("kernel_scheduling_history", schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f("ix_kernel_scheduling_history_session_id"))
-        batch_op.drop_index(batch_op.f("ix_kernel_scheduling_history_kernel_id_id"))
-
-    op.drop_table("kernel_scheduling_history")
-    with op.batch_alter_table("session_scheduling_history", schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f("ix_session_scheduling_history_session_id_id"))
-
-    op.drop_table("session_scheduling_history")
     with op.batch_alter_table("session_dependencies", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_session_dependencies_depends_on"))
 
@@ -480,14 +482,22 @@ def downgrade() -> None:
 
     op.drop_table("routes")
     with op.batch_alter_table("kernels", schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f("ix_kernels_status"))
-        batch_op.drop_index(batch_op.f("ix_kernels_agent_id_status"))
+        batch_op.drop_index(batch_op.f("ix_kernels_agent_id"))
 
     op.drop_table("kernels")
     op.drop_table("agent_slots")
     with op.batch_alter_table("sessions", schema=None) as batch_op:
+        batch_op.drop_index(
+            "uq_sessions_owner_id_creation_id",
+            postgresql_where=sa.text("creation_id IS NOT NULL"),
+            sqlite_where=sa.text("creation_id IS NOT NULL"),
+        )
         batch_op.drop_index(batch_op.f("ix_sessions_status_resource_group"))
-        batch_op.drop_index(batch_op.f("ix_sessions_parent_session_id"))
+        batch_op.drop_index(
+            batch_op.f("ix_sessions_parent_session_id"),
+            postgresql_where=sa.text("parent_session_id IS NOT NULL"),
+            sqlite_where=sa.text("parent_session_id IS NOT NULL"),
+        )
         batch_op.drop_index(batch_op.f("ix_sessions_owner_id_created_at"))
 
     op.drop_table("sessions")
@@ -504,7 +514,15 @@ def downgrade() -> None:
 
     op.drop_table("agents")
     op.drop_table("users")
+    with op.batch_alter_table("session_scheduling_history", schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f("ix_session_scheduling_history_session_id_id"))
+
+    op.drop_table("session_scheduling_history")
     op.drop_table("resource_groups")
+    with op.batch_alter_table("kernel_scheduling_history", schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f("ix_kernel_scheduling_history_kernel_id_id"))
+
+    op.drop_table("kernel_scheduling_history")
     with op.batch_alter_table("events", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_events_entity_type_entity_id"))
         batch_op.drop_index(batch_op.f("ix_events_created_at"))

@@ -1,0 +1,28 @@
+"""Helpers shared by the CLI commands: settings from flags, and errors a user can act on."""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+import typer
+from pydantic import ValidationError
+
+from corral.settings import Settings, load_settings
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print `corral: error: <message>` to stderr and exit with `code`."""
+    typer.echo(f"corral: error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def settings_from_flags(**flags: Any) -> Settings:
+    """Load settings with the given flags on top; a bad value exits with a message naming it."""
+    try:
+        return load_settings(**flags)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors()
+        )
+        fail(f"invalid setting — {problems}")

@@ -1,0 +1,71 @@
+"""corral's settings: defaults < corral.toml < CORRAL_* environment < command-line flags."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from corral.store.database import async_url
+
+
+def default_data_dir() -> Path:
+    """`$XDG_DATA_HOME/corral`, else `~/.local/share/corral`."""
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "corral"
+
+
+def config_file() -> Path:
+    """Where `corral.toml` is read from: `$CORRAL_CONFIG`, else `./corral.toml`."""
+    return Path(os.environ.get("CORRAL_CONFIG", "corral.toml"))
+
+
+class Settings(BaseSettings):
+    """Every setting of corral, with its default and its CORRAL_* environment variable."""
+
+    model_config = SettingsConfigDict(env_prefix="CORRAL_", extra="forbid")
+
+    data_dir: Path = Field(default_factory=default_data_dir)
+    database_url: str | None = Field(
+        default=None, description="sqlite:///path or postgresql://user@host:port/db"
+    )
+    redis_url: str | None = Field(default=None, description="redis://host:port/db (optional)")
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            async_url(value)  # raises DatabaseURLError (a ValueError) naming the problem
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # First wins: flags (init), then environment, then corral.toml.
+        toml = TomlConfigSettingsSource(settings_cls, toml_file=config_file())
+        return (init_settings, env_settings, toml)
+
+    def resolved_database_url(self) -> str:
+        """The database to use: the configured URL, else `corral.db` in the data directory."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.data_dir.expanduser() / 'corral.db'}"
+
+
+def load_settings(**flags: Any) -> Settings:
+    """Settings with command-line flags applied on top (flags that are None are not given)."""
+    return Settings(**{key: value for key, value in flags.items() if value is not None})
