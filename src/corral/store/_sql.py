@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -12,20 +14,47 @@ from sqlalchemy.dialects import postgresql
 from corral.store.database import Dialect
 
 
-def in_values(dialect: Dialect, column: sa.ColumnElement[Any], values: Collection[Any]) -> Any:
+@dataclass(frozen=True, slots=True)
+class IdBatch:
+    """A batch of ids encoded once for `in_values`, so several statements can share it."""
+
+    values: tuple[Any, ...]
+    payload: Any  # JSON text on SQLite, a list on PostgreSQL
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __iter__(self) -> Any:
+        return iter(self.values)
+
+    def __contains__(self, item: object) -> bool:
+        return item in self.values
+
+
+def id_batch(dialect: Dialect, values: Collection[Any]) -> IdBatch:
+    """Encode `values` (UUIDs or strings) for `in_values` on `dialect`."""
+    items = tuple(values)
+    if dialect == "postgresql":
+        return IdBatch(items, list(items))
+    if items and isinstance(items[0], uuid.UUID):
+        return IdBatch(items, json.dumps([v.hex for v in items]))
+    return IdBatch(items, json.dumps(items))
+
+
+def in_values(
+    dialect: Dialect, column: sa.ColumnElement[Any], values: Collection[Any] | IdBatch
+) -> Any:
     """`column IN values` with a single bound parameter, whatever the number of values.
 
     PostgreSQL gets `= ANY(:array)`; SQLite gets `IN (SELECT value FROM json_each(:json))`. Both
     avoid one parameter per value (SQLite caps a statement at 32,766) and keep the statement text
     identical across batch sizes, so it is compiled and prepared once.
     """
-    items = list(values)
+    batch = values if isinstance(values, IdBatch) else id_batch(dialect, values)
     if dialect == "postgresql":
-        param = sa.bindparam(None, items, type_=postgresql.ARRAY(column.type))
+        param = sa.bindparam(None, batch.payload, type_=postgresql.ARRAY(column.type))
         return column == sa.any_(param)
-    if isinstance(column.type, sa.Uuid):
-        payload = json.dumps([v.hex for v in items])
-    else:
-        payload = json.dumps(items)
-    each = sa.func.json_each(sa.bindparam(None, payload, type_=sa.String())).table_valued("value")
+    each = sa.func.json_each(sa.bindparam(None, batch.payload, type_=sa.String())).table_valued(
+        "value"
+    )
     return column.in_(sa.select(each.c.value))

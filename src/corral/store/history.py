@@ -4,6 +4,11 @@ A new entry whose phase, result and target status equal those of the entity's ne
 folded into that row (attempts + 1, timestamp refreshed) instead of adding a row, so a session
 retried a thousand times in one phase costs one row, not a thousand.
 
+Every status change of a session or kernel writes a history row (the store has no other status
+writes), so an entity's newest row always ends at its current status. An entry that *moves*
+the entity therefore never repeats the newest row, and only entries that keep the status
+(NEED_RETRY, SKIPPED, a repeated success) are checked for a merge.
+
 History is written set-based, inside the database: one UPDATE folds the entries that merge, one
 INSERT ... SELECT adds the rest, reading the from-status straight from the entity rows. So these
 functions must run before the status update they record, in the same transaction; no per-row
@@ -21,7 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.domain.results import ResultNote
-from corral.store._sql import in_values
+from corral.store._sql import IdBatch, in_values
 from corral.store.database import Dialect
 from corral.store.tables import kernel_history, kernels, session_history, sessions
 
@@ -29,30 +34,36 @@ from corral.store.tables import kernel_history, kernels, session_history, sessio
 async def record_session_history(
     conn: AsyncConnection,
     dialect: Dialect,
-    session_ids: Collection[uuid.UUID],
+    session_ids: Collection[uuid.UUID] | IdBatch,
     *,
     phase: str,
     result: str,
     to_status: str | None,
     now: datetime,
+    moving: bool,
     notes: Mapping[Any, ResultNote] | None = None,
 ) -> None:
-    """Record one outcome for these sessions; `to_status` None means "stays where it is"."""
+    """Record one outcome for these sessions; `to_status` None means "stays where it is".
+
+    `moving` says every one of them is changing status now (so none can merge).
+    """
     if not session_ids:
         return
     to_expr = sa.literal(to_status) if to_status is not None else sessions.c.status
-    merged = await _merge(
-        conn,
-        dialect,
-        session_history,
-        session_history.c.session_id,
-        session_ids,
-        phase=phase,
-        result=result,
-        to_expr=_entity_value(sessions, session_history.c.session_id, to_expr),
-        now=now,
-    )
-    fresh = [sid for sid in session_ids if sid not in merged]
+    merged: set[uuid.UUID] = set()
+    if not moving:
+        merged = await _merge(
+            conn,
+            dialect,
+            session_history,
+            session_history.c.session_id,
+            session_ids,
+            phase=phase,
+            result=result,
+            to_expr=_entity_value(sessions, session_history.c.session_id, to_expr),
+            now=now,
+        )
+    fresh = session_ids if not merged else [sid for sid in session_ids if sid not in merged]
     if fresh:
         await conn.execute(
             session_history.insert().from_select(
@@ -69,7 +80,7 @@ async def record_session_history(
 async def record_kernel_history(
     conn: AsyncConnection,
     dialect: Dialect,
-    session_ids: Collection[uuid.UUID],
+    session_ids: Collection[uuid.UUID] | IdBatch,
     from_statuses: Collection[str],
     *,
     phase: str,
@@ -82,7 +93,8 @@ async def record_kernel_history(
     """Record a move to `to_status` for these sessions' kernels that are in `from_statuses`.
 
     Call it before the kernels move; or after, passing the status they left as `recorded_from`
-    (and the status they are in now as `from_statuses`).
+    (and the status they are in now as `from_statuses`). Kernels only get history when they
+    move, so these entries never merge (see the module docstring).
     """
     if not session_ids:
         return
@@ -90,30 +102,16 @@ async def record_kernel_history(
         in_values(dialect, kernels.c.session_id, session_ids),
         kernels.c.status.in_(list(from_statuses)),
     )
-    kernel_ids = sa.select(kernels.c.id).where(selected)
-    to_expr = sa.literal(to_status)
-    merged = await _merge(
-        conn,
-        dialect,
-        kernel_history,
-        kernel_history.c.kernel_id,
-        kernel_ids,
-        phase=phase,
-        result=result,
-        to_expr=to_expr,
-        now=now,
-    )
-    where = selected if not merged else sa.and_(selected, kernels.c.id.not_in(list(merged)))
     message_expr = sa.literal(message) if isinstance(message, str) else message
     from_expr = kernels.c.status if recorded_from is None else sa.literal(recorded_from)
     await conn.execute(
         kernel_history.insert().from_select(
             [*_COLUMNS, "kernel_id", "session_id"],
             sa.select(
-                *_new_row(phase, result, from_expr, to_expr, now, message_expr),
+                *_new_row(phase, result, from_expr, sa.literal(to_status), now, message_expr),
                 kernels.c.id,
                 kernels.c.session_id,
-            ).where(where),
+            ).where(selected),
         )
     )
 
@@ -165,7 +163,7 @@ async def _merge(
     dialect: Dialect,
     table: sa.Table,
     key: sa.Column[uuid.UUID],
-    keys: Collection[uuid.UUID] | sa.Select[Any],
+    keys: Collection[uuid.UUID] | IdBatch,
     *,
     phase: str,
     result: str,
@@ -173,7 +171,7 @@ async def _merge(
     now: datetime,
 ) -> set[uuid.UUID]:
     """Fold the entries that repeat each entity's newest row; return the entities folded."""
-    scope = key.in_(keys) if isinstance(keys, sa.Select) else in_values(dialect, key, keys)
+    scope = in_values(dialect, key, keys)
     newest = sa.select(sa.func.max(table.c.id)).where(scope).group_by(key).scalar_subquery()
     rows = await conn.execute(
         table.update()

@@ -16,6 +16,7 @@ from corral.store._sql import in_values
 from corral.store.agents import Claim, apply_slot_deltas, fit_claims, lock_ledger
 from corral.store.database import Database
 from corral.store.history import record_kernel_history, record_session_history
+from corral.store.sessions import lock_sessions
 from corral.store.tables import agents, kernels, sessions
 
 PHASE = "ScheduleNewSessions"
@@ -78,18 +79,7 @@ async def commit_placements(
         ledger = {agent: slots for agent, slots in ledger.items() if agent in usable_ids}
 
         ids = [p.session_id for p in plan]
-        pending = {
-            SessionId(row[0])
-            for row in await conn.execute(
-                sa.select(sessions.c.id)
-                .where(
-                    in_values(dialect, sessions.c.id, ids),
-                    sessions.c.status == SessionStatus.PENDING.value,
-                )
-                .order_by(sessions.c.id)
-                .with_for_update()
-            )
-        }
+        pending = set(await lock_sessions(conn, dialect, ids, [SessionStatus.PENDING]))
         # A session is placeable only while every kernel of it is PENDING too: one whose kernel
         # already ended (requeued after a kernel failed) would be charged slots no kernel holds.
         if pending:
@@ -127,6 +117,7 @@ async def commit_placements(
             result=SchedulingResult.SUCCESS.value,
             to_status=SessionStatus.SCHEDULED.value,
             now=now,
+            moving=True,
         )
         await conn.execute(
             sessions.update()

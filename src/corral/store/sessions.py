@@ -27,7 +27,7 @@ from corral.domain.status import (
     SessionStatus,
 )
 from corral.domain.types import AgentId, KernelId, SessionId, UserId
-from corral.store._sql import in_values
+from corral.store._sql import IdBatch, id_batch, in_values
 from corral.store.agents import apply_slot_deltas
 from corral.store.database import Database, Dialect
 from corral.store.history import record_kernel_history, record_session_history
@@ -183,33 +183,33 @@ class SessionRepository:
         ids = list(dict.fromkeys(change.session_ids))
         if not ids:
             return
-        guard = [s.value for s in change.expected]
-        rows = await conn.execute(
-            sa.select(sessions.c.id, sessions.c.status)
-            .where(in_values(self.dialect, sessions.c.id, ids), sessions.c.status.in_(guard))
-            .order_by(sessions.c.id)  # a fixed lock order: concurrent writers cannot deadlock
-            .with_for_update()
-        )
-        current = {SessionId(sid): SessionStatus(status) for sid, status in rows}
+        current = await lock_sessions(conn, self.dialect, ids, change.expected)
         applied.stale.update(sid for sid in ids if sid not in current)
         if not current:
             return
 
         target = change.target or TransitionStatus()
         after = {sid: target.session or status for sid, status in current.items()}
-        moving = [sid for sid, status in current.items() if after[sid] != status]
-        passed = list(current)
+        moving_list = [sid for sid, status in current.items() if after[sid] != status]
+        staying_list = [sid for sid, status in current.items() if after[sid] == status]
+        # Encoded once, shared by every statement below.
+        passed = id_batch(self.dialect, current)
+        moving = passed if len(moving_list) == len(passed) else id_batch(self.dialect, moving_list)
+        staying = id_batch(self.dialect, staying_list)
+        to_status = target.session.value if target.session is not None else None
         # History first: it reads the statuses being left straight from the rows.
-        await record_session_history(
-            conn,
-            self.dialect,
-            passed,
-            phase=change.phase,
-            result=change.result.value,
-            to_status=target.session.value if target.session is not None else None,
-            now=now,
-            notes=change.notes,
-        )
+        for group, group_moves in ((moving, True), (staying, False)):
+            await record_session_history(
+                conn,
+                self.dialect,
+                group,
+                phase=change.phase,
+                result=change.result.value,
+                to_status=to_status,
+                now=now,
+                moving=group_moves,
+                notes=change.notes,
+            )
         if target.kernel is not None:
             applied.kernels_moved += await self._move_kernels(
                 conn, passed, target.kernel, change, now
@@ -220,8 +220,6 @@ class SessionRepository:
                 .where(in_values(self.dialect, sessions.c.id, moving))
                 .values(**_session_move_values(target.session, now))
             )
-        moving_set = set(moving)
-        staying = [sid for sid in passed if sid not in moving_set]
         if change.count_attempt and staying:
             await conn.execute(
                 sessions.update()
@@ -269,7 +267,7 @@ class SessionRepository:
     async def _move_kernels(
         self,
         conn: AsyncConnection,
-        session_ids: list[SessionId],
+        session_ids: IdBatch,
         to: KernelStatus,
         change: StatusChange,
         now: datetime,
@@ -413,6 +411,29 @@ def _kernel_rows(s: NewSession, now: datetime) -> list[dict[str, Any]]:
         }
         for index in range(s.cluster_size)
     ]
+
+
+async def lock_sessions(
+    conn: AsyncConnection,
+    dialect: Dialect,
+    ids: Collection[SessionId],
+    statuses: Collection[SessionStatus],
+) -> dict[SessionId, SessionStatus]:
+    """The sessions among `ids` whose status is one of `statuses`, locked for this transaction.
+
+    PostgreSQL locks them (FOR UPDATE, in id order, so concurrent writers cannot deadlock).
+    SQLite writers are serialised by BEGIN IMMEDIATE; there the status is checked here rather
+    than in SQL, because without statistics SQLite would pick the status index and scan every
+    session in that status to find a small batch.
+    """
+    allowed = {s.value for s in statuses}
+    query = sa.select(sessions.c.id, sessions.c.status).where(
+        in_values(dialect, sessions.c.id, ids)
+    )
+    if dialect == "postgresql":
+        query = query.where(sessions.c.status.in_(allowed))
+    rows = await conn.execute(query.order_by(sessions.c.id).with_for_update())
+    return {SessionId(sid): SessionStatus(status) for sid, status in rows if status in allowed}
 
 
 # The load query selects this many session columns, then the kernel's.
