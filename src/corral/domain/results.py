@@ -53,10 +53,15 @@ class StatusTransitions:
 
 @dataclass(frozen=True, slots=True)
 class ResultNote:
-    """Why a session was skipped or failed: a stable code and a message a user can read."""
+    """Why a session was skipped or failed: a stable code and a message a user can read.
+
+    `permanent` marks a failure that no retry can fix (a failed dependency, a request larger
+    than any agent): the coordinator gives up at once instead of counting attempts.
+    """
 
     code: str
     message: str
+    permanent: bool = False
 
 
 @dataclass(slots=True)

@@ -129,14 +129,14 @@ class SessionRepository:
         if limit is not None:
             query = query.order_by(sessions.c.created_at, sessions.c.id).limit(limit)
         async with self.db.read() as conn:
-            return await _load_with_kernels(conn, sessions.c.id.in_(query.scalar_subquery()))
+            return await load_with_kernels(conn, sessions.c.id.in_(query.scalar_subquery()))
 
     async def get(self, session_ids: Collection[SessionId]) -> list[SessionWithKernels]:
         """The given sessions with their kernels (missing ids are left out)."""
         if not session_ids:
             return []
         async with self.db.read() as conn:
-            return await _load_with_kernels(
+            return await load_with_kernels(
                 conn, in_values(self.dialect, sessions.c.id, session_ids)
             )
 
@@ -440,7 +440,7 @@ async def lock_sessions(
 _SESSION_COLUMNS = 19
 
 
-async def _load_with_kernels(
+async def load_with_kernels(
     conn: AsyncConnection, where: sa.ColumnElement[bool]
 ) -> list[SessionWithKernels]:
     s, k = sessions.c, kernels.c

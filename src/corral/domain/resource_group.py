@@ -1,0 +1,53 @@
+"""Per-resource-group scheduling options, stored as JSON on the group's row."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, PositiveInt, field_validator
+
+from corral.domain.slots import ResourceSlots
+
+
+class Sequencer(StrEnum):
+    """How sessions of equal priority are ordered."""
+
+    FIFO = "fifo"  # oldest first
+    LIFO = "lifo"  # newest first
+    DRF = "drf"  # owner with the lowest dominant share of the group's capacity first
+
+
+class Selector(StrEnum):
+    """Which agent a kernel goes to among those that fit."""
+
+    CONCENTRATED = "concentrated"  # pack: the agent left with the least free capacity
+    DISPERSED = "dispersed"  # spread: the agent left with the most free capacity
+    ROUNDROBIN = "roundrobin"  # the next agent in turn
+
+
+class Ordering(StrEnum):
+    """What a session that does not fit for lack of resources does to the ones after it."""
+
+    STRICT = "strict"  # they wait behind it (no starvation of large sessions)
+    BEST_EFFORT = "best_effort"  # smaller ones may pass it
+
+
+class ResourceGroupOptions(BaseModel):
+    """The scheduling options of one resource group; every field has a safe default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sequencer: Sequencer = Sequencer.FIFO
+    selector: Selector = Selector.CONCENTRATED
+    ordering: Ordering = Ordering.STRICT
+    # Sessions one owner may hold resources with at once in this group (None: no limit).
+    max_sessions_per_owner: PositiveInt | None = None
+    # Total slots one owner may occupy at once in this group (None: no limit).
+    max_slots_per_owner: ResourceSlots | None = None
+
+    @field_validator("max_slots_per_owner")
+    @classmethod
+    def _storable(cls, value: ResourceSlots | None) -> ResourceSlots | None:
+        if value is not None:
+            value.to_milli()
+        return value

@@ -1,0 +1,119 @@
+"""Why a session is (not) placed: a dry-run pass over its group, read-only."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+import sqlalchemy as sa
+
+from corral.domain.status import SessionStatus
+from corral.scheduler.planner import place_sessions
+from corral.scheduler.snapshot import load_snapshot
+from corral.scheduler.types import Outcome
+from corral.store.database import Database
+from corral.store.tables import sessions
+
+
+class SessionNotFoundError(LookupError):
+    """No session with that id."""
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """Where a session stands in its group's queue and why it is (not) placed."""
+
+    session_id: uuid.UUID
+    status: SessionStatus
+    resource_group: str
+    position: int | None  # 1-based place among the group's candidates; None if not a candidate
+    queue_length: int
+    outcome: str  # placed / failed / waiting / blocked / not_pending / not_due
+    code: str
+    message: str
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "session_id": str(self.session_id),
+            "status": self.status.value,
+            "resource_group": self.resource_group,
+            "position": self.position,
+            "queue_length": self.queue_length,
+            "outcome": self.outcome,
+            "code": self.code,
+            "message": self.message,
+        }
+
+
+async def explain(db: Database, session_id: uuid.UUID, now: datetime) -> Explanation:
+    """Run placement for the session's group without committing, and report on the session."""
+    async with db.read() as conn:
+        row = (
+            await conn.execute(
+                sa.select(
+                    sessions.c.status,
+                    sessions.c.resource_group,
+                    sessions.c.status_info,
+                    sessions.c.requeue_at,
+                    sessions.c.starts_at,
+                    sessions.c.requeue_active,
+                ).where(sessions.c.id == session_id)
+            )
+        ).first()
+    if row is None:
+        raise SessionNotFoundError(f"no session {session_id}")
+    status = SessionStatus(row.status)
+    base = {"session_id": session_id, "status": status, "resource_group": row.resource_group}
+    if status is not SessionStatus.PENDING:
+        return Explanation(
+            **base,
+            position=None,
+            queue_length=0,
+            outcome="not_pending",
+            code="",
+            message=f"the session is {status.value}, not waiting to be placed"
+            + (f": {row.status_info}" if row.status_info else ""),
+        )
+    for field, what in (("starts_at", "its start time"), ("requeue_at", "its requeue backoff")):
+        when = getattr(row, field)
+        if when is not None and when > now:
+            return Explanation(
+                **base,
+                position=None,
+                queue_length=0,
+                outcome="not_due",
+                code=field,
+                message=f"not a candidate until {when.isoformat()} ({what})",
+            )
+    if not row.requeue_active:
+        return Explanation(
+            **base,
+            position=None,
+            queue_length=0,
+            outcome="not_due",
+            code="deactivated",
+            message="deactivated after too many requeues; reactivate it to queue it again",
+        )
+    plan = place_sessions(await load_snapshot(db, row.resource_group, now))
+    decision = plan.decisions.get(session_id)  # type: ignore[call-overload]
+    if decision is None:
+        return Explanation(
+            **base,
+            position=None,
+            queue_length=len(plan.order),
+            outcome="not_due",
+            code="not_candidate",
+            message="not among the group's candidates right now",
+        )
+    message = decision.message
+    if decision.outcome is Outcome.PLACED:
+        message = f"fits now ({message}); it will be placed on the next pass"
+    return Explanation(
+        **base,
+        position=decision.position,
+        queue_length=len(plan.order),
+        outcome=decision.outcome.value,
+        code=decision.code,
+        message=message,
+    )

@@ -1,0 +1,124 @@
+"""Placement: from a group's snapshot to a plan, with a decision and a reason for every session.
+
+Pure given the snapshot. Sessions are taken in the sequencer's order; each is validated, then
+placed all or nothing by the group's selector. The head-of-line rule: when a session does not
+fit for lack of resources, under strict ordering the sessions after it wait behind it for this
+pass (they must not take the capacity it waits for); a session-specific reason (a dependency,
+an owner limit, a permanent failure) never stops the pass.
+"""
+
+from __future__ import annotations
+
+from corral.domain.resource_group import Ordering
+from corral.domain.session import SessionWithKernels
+from corral.scheduler.requests import Request, RequestCache, format_milli
+from corral.scheduler.selectors import AgentChooser
+from corral.scheduler.sequencers import order_sessions, usable_capacity
+from corral.scheduler.types import Decision, GroupSnapshot, Outcome, Plan, Verdict, VerdictKind
+from corral.scheduler.validators import ValidationContext, validate
+from corral.store.placements import KernelPlacement, SessionPlacement
+
+NO_CAPACITY = "no_capacity"
+WAITING_BEHIND = "waiting_behind"
+
+
+def place_sessions(snapshot: GroupSnapshot) -> Plan:
+    """Decide, for every candidate of the snapshot, placed (and where) or why not."""
+    pool = snapshot.agents
+    options = snapshot.options
+    ordered = order_sessions(
+        snapshot.pending,
+        options.sequencer,
+        usage=snapshot.usage,
+        group_capacity=usable_capacity(pool),
+    )
+    ctx = ValidationContext.build(snapshot)
+    chooser = AgentChooser(pool, options.selector)
+    requests = RequestCache(pool.slot_index)
+    plan = Plan(order=[s.id for s in ordered])
+    blocker: SessionWithKernels | None = None
+
+    for position, session in enumerate(ordered, start=1):
+        request = requests.get(session)
+        verdict = validate(session, request, ctx)
+        if verdict is not None and verdict.kind is VerdictKind.FAIL:
+            plan.decisions[session.id] = _decision(session, Outcome.FAILED, position, verdict)
+            continue
+        if verdict is not None:
+            plan.decisions[session.id] = _decision(session, Outcome.WAITING, position, verdict)
+            continue
+        if blocker is not None:
+            plan.decisions[session.id] = Decision(
+                session.id,
+                Outcome.BLOCKED,
+                position,
+                WAITING_BEHIND,
+                f"waiting behind session {_label(blocker)}, which is next in line "
+                f"in resource group {snapshot.group!r} and does not fit yet",
+            )
+            continue
+        rows = chooser.place(
+            request.per_kernel,
+            multi_node=request.multi_node,
+            avoid=chooser.mask_of(session.failed_agents) if session.failed_agents else None,
+        )
+        if rows is None:
+            shortage = _shortage(snapshot, chooser, request)
+            plan.decisions[session.id] = _decision(session, Outcome.WAITING, position, shortage)
+            if options.ordering is Ordering.STRICT:
+                blocker = session
+            continue
+        agent_ids = chooser.agent_ids(rows)
+        plan.placements.append(
+            SessionPlacement(
+                session.id,
+                tuple(
+                    KernelPlacement(kernel.id, agent, kernel.requested_slots)
+                    for kernel, agent in zip(session.kernels, agent_ids, strict=True)
+                ),
+            )
+        )
+        ctx.add_placed(session, request)
+        plan.decisions[session.id] = Decision(
+            session.id,
+            Outcome.PLACED,
+            position,
+            message=f"placed on {', '.join(dict.fromkeys(agent_ids))}",
+        )
+    return plan
+
+
+def _decision(
+    session: SessionWithKernels, outcome: Outcome, position: int, verdict: Verdict
+) -> Decision:
+    return Decision(session.id, outcome, position, verdict.code, verdict.message)
+
+
+def _shortage(snapshot: GroupSnapshot, chooser: AgentChooser, request: Request) -> Verdict:
+    names = snapshot.agents.slot_names
+    if not chooser.usable.any():
+        return Verdict(
+            VerdictKind.SHORTAGE,
+            NO_CAPACITY,
+            f"no agent of resource group {snapshot.group!r} is available now "
+            "(all are lost or drained)",
+        )
+    largest = format_milli(dict(zip(names, (int(x) for x in chooser.largest_free()), strict=True)))
+    if request.multi_node:
+        per_kernel = format_milli(
+            dict(zip(names, (int(x) for x in request.per_kernel.max(axis=0)), strict=True))
+        )
+        wanted = f"{request.kernels} kernels of {per_kernel}, one agent each where possible"
+    else:
+        wanted = format_milli(dict(zip(names, (int(x) for x in request.total), strict=True)))
+        wanted = f"{wanted} on one agent"
+    return Verdict(
+        VerdictKind.SHORTAGE,
+        NO_CAPACITY,
+        f"no agent has room now for {wanted} (most free on one agent: {largest or 'nothing'})",
+    )
+
+
+def _label(session: SessionWithKernels) -> str:
+    short = str(session.id)[:8]
+    return f"{session.name} ({short})" if session.name else short

@@ -1,0 +1,73 @@
+"""A session's resource request as vectors over a group's slot columns."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from corral.domain.session import SessionWithKernels
+from corral.scheduler.types import Int64Array
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What one session asks for, in milli-units over the group's slot columns."""
+
+    per_kernel: Int64Array  # shape (kernels, slots): kernel i's request
+    total: Int64Array  # shape (slots,): the sum over kernels
+    unknown_slots: tuple[str, ...]  # requested slots no column exists for (> 0 amounts only)
+    multi_node: bool
+
+    @property
+    def kernels(self) -> int:
+        return int(self.per_kernel.shape[0])
+
+
+class RequestCache:
+    """`session_request` memoised per distinct request: a group's sessions repeat a few shapes.
+
+    The cached arrays are shared between sessions; nothing may modify them.
+    """
+
+    def __init__(self, slot_index: Mapping[str, int]) -> None:
+        self.slot_index = slot_index
+        self._known: dict[tuple[object, ...], Request] = {}
+
+    def get(self, session: SessionWithKernels) -> Request:
+        """The request of `session`, built once per distinct shape."""
+        key = (session.cluster_mode, *(tuple(k.requested_slots.items()) for k in session.kernels))
+        found = self._known.get(key)
+        if found is None:
+            found = self._known[key] = session_request(session, self.slot_index)
+        return found
+
+
+def session_request(session: SessionWithKernels, slot_index: Mapping[str, int]) -> Request:
+    """Build the request vectors of `session` for a pool with columns `slot_index`."""
+    per_kernel = np.zeros((len(session.kernels), len(slot_index)), dtype=np.int64)
+    unknown: list[str] = []
+    for row, kernel in enumerate(session.kernels):
+        for name, amount in kernel.requested_slots.items():
+            if amount <= 0:
+                continue
+            column = slot_index.get(name)
+            if column is None:
+                if name not in unknown:
+                    unknown.append(name)
+                continue
+            per_kernel[row, column] = amount
+    return Request(
+        per_kernel=per_kernel,
+        total=per_kernel.sum(axis=0),
+        unknown_slots=tuple(sorted(unknown)),
+        multi_node=session.cluster_mode == "multi-node",
+    )
+
+
+def format_milli(amounts: Mapping[str, int]) -> str:
+    """`cpu=2 mem=4GiB` for milli-unit amounts (for messages)."""
+    from corral.domain.slots import ResourceSlots
+
+    return ResourceSlots.from_milli({k: v for k, v in amounts.items() if v}).format_human()

@@ -1,0 +1,79 @@
+"""Loading a resource group's scheduling snapshot: rows from the store, turned into arrays."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+import numpy as np
+
+from corral.domain.resource_group import ResourceGroupOptions
+from corral.domain.status import SessionStatus
+from corral.domain.types import AgentId
+from corral.scheduler.types import AgentPool, DependencyState, GroupSnapshot, OwnerUsage
+from corral.store.database import Database
+from corral.store.scheduling import (
+    AgentSlotRow,
+    read_agent_slots,
+    read_candidates,
+    read_dependencies,
+    read_group_options,
+    read_owner_usage,
+)
+
+
+async def load_snapshot(
+    db: Database, group: str, now: datetime, *, limit: int | None = None
+) -> GroupSnapshot:
+    """Read everything placement needs for `group`, in one read transaction (one snapshot)."""
+    async with db.read() as conn:
+        options = ResourceGroupOptions.model_validate(await read_group_options(conn, group))
+        pending = await read_candidates(conn, group, now, limit=limit)
+        pool = build_pool(await read_agent_slots(conn, group))
+        counts, slots = await read_owner_usage(conn, db.dialect, group)
+        dependencies = await read_dependencies(conn, db.dialect, [s.id for s in pending])
+    usage = {
+        owner: OwnerUsage(sessions=counts.get(owner, 0), slots=slots.get(owner, {}))
+        for owner in set(counts) | set(slots)
+    }
+    return GroupSnapshot(
+        group=group,
+        options=options,
+        pending=pending,
+        agents=pool,
+        usage=usage,
+        dependencies={
+            sid: [
+                DependencyState(dep, SessionStatus(status) if status else None, result)
+                for dep, status, result in deps
+            ]
+            for sid, deps in dependencies.items()
+        },
+        now=now,
+    )
+
+
+def build_pool(rows: Sequence[AgentSlotRow]) -> AgentPool:
+    """Arrays of capacity and free space, one row per agent, one column per slot name."""
+    agent_ids = list(dict.fromkeys(row.agent_id for row in rows))
+    slot_names = sorted({row.slot_name for row in rows if row.slot_name is not None})
+    if not agent_ids:
+        return AgentPool.empty()
+    agent_index = {agent: i for i, agent in enumerate(agent_ids)}
+    slot_index = {name: i for i, name in enumerate(slot_names)}
+    capacity = np.zeros((len(agent_ids), len(slot_names)), dtype=np.int64)
+    occupied = np.zeros_like(capacity)
+    usable = np.zeros(len(agent_ids), dtype=bool)
+    for row in rows:
+        a = agent_index[row.agent_id]
+        usable[a] = row.usable
+        if row.slot_name is not None:
+            capacity[a, slot_index[row.slot_name]] = row.capacity
+            occupied[a, slot_index[row.slot_name]] = row.occupied
+    return AgentPool(
+        ids=[AgentId(a) for a in agent_ids],
+        slot_names=slot_names,
+        capacity=capacity,
+        free=capacity - occupied,
+        usable=usable,
+    )

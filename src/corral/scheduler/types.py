@@ -1,0 +1,121 @@
+"""What placement works on and what it decides: the snapshot, the verdicts, the plan."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+
+import numpy as np
+import numpy.typing as npt
+
+from corral.domain.resource_group import ResourceGroupOptions
+from corral.domain.session import SessionWithKernels
+from corral.domain.status import SessionStatus
+from corral.domain.types import AgentId, SessionId, UserId
+from corral.store.placements import SessionPlacement
+
+Int64Array = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+@dataclass(slots=True)
+class AgentPool:
+    """The agents of one resource group as arrays: one row per agent, one column per slot.
+
+    Amounts are milli-units. `capacity` covers every registered agent (to judge what the group
+    could *ever* hold); only rows with `usable` set (ALIVE and schedulable) take placements.
+    """
+
+    ids: list[AgentId]
+    slot_names: list[str]
+    capacity: Int64Array  # shape (agents, slots)
+    free: Int64Array  # shape (agents, slots): capacity minus occupied
+    usable: BoolArray  # shape (agents,)
+
+    @property
+    def slot_index(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self.slot_names)}
+
+    @classmethod
+    def empty(cls) -> AgentPool:
+        return cls(
+            [], [], np.zeros((0, 0), np.int64), np.zeros((0, 0), np.int64), np.zeros(0, bool)
+        )
+
+
+@dataclass(slots=True)
+class OwnerUsage:
+    """What one owner holds in the group now: sessions occupying resources, and their slots."""
+
+    sessions: int = 0
+    slots: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class DependencyState:
+    """Where a session's dependency stands."""
+
+    session_id: uuid.UUID
+    status: SessionStatus | None  # None: no such session
+    result: str | None
+
+
+@dataclass(slots=True)
+class GroupSnapshot:
+    """Everything placement needs for one resource group, read in one transaction."""
+
+    group: str
+    options: ResourceGroupOptions
+    pending: list[SessionWithKernels]  # candidates only: due, active, PENDING
+    agents: AgentPool
+    usage: dict[UserId, OwnerUsage]
+    dependencies: dict[SessionId, list[DependencyState]]
+    now: datetime
+
+
+class VerdictKind(StrEnum):
+    """What a validator or the planner concluded for one session in this pass."""
+
+    FAIL = "fail"  # permanent: the session can never run as submitted
+    WAIT = "wait"  # session-specific: it waits, the sessions after it go on
+    SHORTAGE = "shortage"  # no room now: under strict ordering, later sessions wait behind it
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A reason a session is not placed in this pass: a stable code and a readable message."""
+
+    kind: VerdictKind
+    code: str
+    message: str
+
+
+class Outcome(StrEnum):
+    """The decision for one session in one pass."""
+
+    PLACED = "placed"
+    FAILED = "failed"  # permanent
+    WAITING = "waiting"  # its own reason (dependency, owner limit, no room)
+    BLOCKED = "blocked"  # waiting behind a session earlier in the order
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What placement decided for one session, with its place in the group's order (1-based)."""
+
+    session_id: SessionId
+    outcome: Outcome
+    position: int
+    code: str = ""
+    message: str = ""
+
+
+@dataclass(slots=True)
+class Plan:
+    """The result of placement: what to commit, and a decision for every candidate."""
+
+    placements: list[SessionPlacement] = field(default_factory=list)
+    decisions: dict[SessionId, Decision] = field(default_factory=dict)
+    order: list[SessionId] = field(default_factory=list)

@@ -1,0 +1,319 @@
+"""Checks a pending session must pass before placement looks for room for it.
+
+Each validator returns None (pass) or a Verdict with a stable code: FAIL when the session can
+never run as submitted (it fails at once with a message saying what to change, instead of
+pending forever), WAIT when it must wait for something of its own (a dependency, its owner's
+limits) while the sessions after it go on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from corral.domain.session import SessionWithKernels
+from corral.domain.slots import ResourceSlots
+from corral.domain.status import SESSION_TERMINAL, SessionStatus
+from corral.domain.types import UserId
+from corral.scheduler.requests import Request, format_milli
+from corral.scheduler.types import (
+    DependencyState,
+    GroupSnapshot,
+    Int64Array,
+    OwnerUsage,
+    Verdict,
+    VerdictKind,
+)
+
+DEPENDENCY_MISSING = "dependency_missing"
+DEPENDENCY_FAILED = "dependency_failed"
+DEPENDENCY_PENDING = "dependency_pending"
+NO_AGENTS = "no_agents"
+UNKNOWN_SLOT = "unknown_slot"
+REQUEST_TOO_LARGE = "request_too_large"
+QUOTA_EXCEEDED = "quota_exceeded"
+OWNER_SESSION_LIMIT = "owner_session_limit"
+OWNER_SLOT_LIMIT = "owner_slot_limit"
+
+# The result a dependency must end with for its dependants to run.
+DEPENDENCY_SUCCESS = "SUCCESS"
+
+
+@dataclass(slots=True)
+class ValidationContext:
+    """What the validators read for one resource group during one placement pass."""
+
+    snapshot: GroupSnapshot
+    # Live: starts as the snapshot's usage (copied); the planner adds each session it places.
+    usage: dict[UserId, OwnerUsage]
+    # Every registered agent, usable or not, shape (agents, slots): what the group could ever hold.
+    capacity: Int64Array
+    # max_slots_per_owner in milli-units (None: no limit).
+    owner_slot_limit: dict[str, int] | None
+    # "could ever fit" per distinct request: sessions of one group often ask for the same.
+    _fits: dict[tuple[bool, int, bytes], bool] = field(default_factory=dict, init=False, repr=False)
+
+    @classmethod
+    def build(cls, snapshot: GroupSnapshot) -> ValidationContext:
+        """Derive the context from `snapshot`; later changes to `usage` leave the snapshot as is."""
+        limit = snapshot.options.max_slots_per_owner
+        return cls(
+            snapshot=snapshot,
+            usage={
+                owner: OwnerUsage(u.sessions, dict(u.slots)) for owner, u in snapshot.usage.items()
+            },
+            capacity=snapshot.agents.capacity,
+            owner_slot_limit=None if limit is None else limit.to_milli(),
+        )
+
+    @property
+    def group(self) -> str:
+        return self.snapshot.group
+
+    def add_placed(self, session: SessionWithKernels, request: Request) -> None:
+        """Count a session placed in this pass against its owner's live usage.
+
+        The slot tally is only kept when a slot limit applies: nothing else reads it.
+        """
+        usage = self.usage.setdefault(session.owner_id, OwnerUsage())
+        usage.sessions += 1
+        if self.owner_slot_limit is not None:
+            for name, amount in self.request_slots(request).items():
+                usage.slots[name] = usage.slots.get(name, 0) + amount
+
+    def request_slots(self, request: Request) -> dict[str, int]:
+        """The request's total by slot name (known slots with a non-zero amount)."""
+        names = self.snapshot.agents.slot_names
+        total = request.total
+        return {names[i]: int(total[i]) for i in np.flatnonzero(total)}
+
+
+Validator = Callable[[SessionWithKernels, Request, ValidationContext], Verdict | None]
+
+
+def validate(
+    session: SessionWithKernels, request: Request, ctx: ValidationContext
+) -> Verdict | None:
+    """Run every validator in order; the first verdict wins; None: it may be placed."""
+    for validator in VALIDATORS:
+        verdict = validator(session, request, ctx)
+        if verdict is not None:
+            return verdict
+    return None
+
+
+def check_dependencies(
+    session: SessionWithKernels, request: Request, ctx: ValidationContext
+) -> Verdict | None:
+    """Every dependency must have ended successfully; one that never will fails the session."""
+    waiting: list[DependencyState] = []
+    for dependency in ctx.snapshot.dependencies.get(session.id, ()):
+        ref = _short(dependency)
+        if dependency.status is None:
+            return _fail(
+                DEPENDENCY_MISSING,
+                f"depends on session {ref}, which does not exist; "
+                "submit it again without that dependency",
+            )
+        if dependency.status in SESSION_TERMINAL:
+            if _succeeded(dependency):
+                continue
+            return _fail(
+                DEPENDENCY_FAILED,
+                f"depends on session {ref} which ended {_ending(dependency)}, so it can never "
+                "run; fix that session and submit both again",
+            )
+        waiting.append(dependency)
+    if not waiting:
+        return None
+    first = waiting[0]
+    more = f" and {len(waiting) - 1} more" if len(waiting) > 1 else ""
+    return _wait(
+        DEPENDENCY_PENDING,
+        f"waiting for session {_short(first)} ({first.status}){more} to end successfully",
+    )
+
+
+def check_agents_joined(
+    session: SessionWithKernels, request: Request, ctx: ValidationContext
+) -> Verdict | None:
+    """A group no agent has joined yet cannot judge any request: wait for agents."""
+    if ctx.snapshot.agents.ids:
+        return None
+    return _wait(
+        NO_AGENTS,
+        f"no agent has joined resource group {ctx.group!r} yet; "
+        "the session starts once an agent registers in it",
+    )
+
+
+def check_known_slots(
+    session: SessionWithKernels, request: Request, ctx: ValidationContext
+) -> Verdict | None:
+    """Every requested slot must be one some agent of the group offers."""
+    if not request.unknown_slots:
+        return None
+    offered = ", ".join(ctx.snapshot.agents.slot_names) or "no slots at all"
+    return _fail(
+        UNKNOWN_SLOT,
+        f"requests {', '.join(request.unknown_slots)}, which no agent in resource group "
+        f"{ctx.group!r} has (it has: {offered}); remove it or choose another resource group",
+    )
+
+
+def check_could_ever_fit(
+    session: SessionWithKernels, request: Request, ctx: ValidationContext
+) -> Verdict | None:
+    """The request must fit the group's registered agents when all of them are empty.
+
+    Multi-node kernels may share agents, so each agent holds as many kernels as fit in it. The
+    per-kernel bound is the slot-wise maximum over the session's kernels: when kernels differ,
+    this can reject a mix a cleverer packing would fit, but it never accepts one that cannot.
+    """
+    if not ctx.snapshot.agents.ids:
+        return None  # nothing to judge against yet: check_agents_joined makes it wait
+    key = (request.multi_node, request.kernels, request.per_kernel.tobytes())
+    fits = ctx._fits.get(key)
+    if fits is None:
+        fits = _could_ever_fit(request, ctx.capacity)
+        ctx._fits[key] = fits
+    if fits:
+        return None
+    if not request.multi_node:
+        return _fail(
+            REQUEST_TOO_LARGE,
+            f"needs {format_milli(ctx.request_slots(request))} on one agent, but the largest "
+            f"agent in resource group {ctx.group!r} has {_closest_agent(request.total, ctx)}; "
+            "ask for less, use multi-node mode, or add a larger agent",
+        )
+    bound = _kernel_bound(request)
+    names = ctx.snapshot.agents.slot_names
+    kernel_text = format_milli({names[i]: int(v) for i, v in enumerate(bound)})
+    return _fail(
+        REQUEST_TOO_LARGE,
+        f"needs {request.kernels} kernels of {kernel_text}, but the "
+        f"{len(ctx.snapshot.agents.ids)} agent(s) in resource group {ctx.group!r} could hold "
+        f"at most {_copies(bound, ctx.capacity).sum()} of them even sharing agents "
+        f"(largest agent: {_closest_agent(bound, ctx)}); ask for fewer or smaller kernels, "
+        "or add agents",
+    )
+
+
+def check_owner_limits(
+    session: SessionWithKernels, request: Request, ctx: ValidationContext
+) -> Verdict | None:
+    """The owner's per-group limits: a session over the slot limit alone fails, else it waits."""
+    options = ctx.snapshot.options
+    limit = ctx.owner_slot_limit
+    if limit is None and options.max_sessions_per_owner is None:
+        return None
+    total = ctx.request_slots(request)
+    if limit is not None:
+        over = [name for name, cap in limit.items() if total.get(name, 0) > cap]
+        if over:
+            return _fail(
+                QUOTA_EXCEEDED,
+                f"needs {_pick(total, over)} but the per-owner limit in resource group "
+                f"{ctx.group!r} is {_pick(limit, over)}; ask for at most that much",
+            )
+    usage = ctx.usage.get(session.owner_id, OwnerUsage())
+    max_sessions = options.max_sessions_per_owner
+    if max_sessions is not None and usage.sessions + 1 > max_sessions:
+        return _wait(
+            OWNER_SESSION_LIMIT,
+            f"its owner already has {usage.sessions} session(s) holding resources in resource "
+            f"group {ctx.group!r}, the per-owner limit of {max_sessions}; "
+            "it starts when one of them ends",
+        )
+    if limit is not None:
+        over = [
+            name
+            for name, cap in limit.items()
+            if usage.slots.get(name, 0) + total.get(name, 0) > cap
+        ]
+        if over:
+            return _wait(
+                OWNER_SLOT_LIMIT,
+                f"its owner holds {_pick(usage.slots, over)} in resource group "
+                f"{ctx.group!r}; adding {_pick(total, over)} would pass the per-owner limit "
+                f"of {_pick(limit, over)}; it starts when the owner's other sessions free enough",
+            )
+    return None
+
+
+VALIDATORS: tuple[Validator, ...] = (
+    check_dependencies,
+    check_agents_joined,
+    check_known_slots,
+    check_could_ever_fit,
+    check_owner_limits,
+)
+
+
+def _could_ever_fit(request: Request, capacity: Int64Array) -> bool:
+    if capacity.shape[0] == 0:
+        return False
+    if not request.multi_node:
+        return bool(np.all(capacity >= request.total, axis=1).any())
+    return int(_copies(_kernel_bound(request), capacity).sum()) >= request.kernels
+
+
+def _kernel_bound(request: Request) -> Int64Array:
+    """The slot-wise largest per-kernel request: a bound every kernel of the session fits in."""
+    if request.kernels == 0:
+        return np.zeros(request.per_kernel.shape[1], dtype=np.int64)
+    bound: Int64Array = request.per_kernel.max(axis=0)
+    return bound
+
+
+def _copies(bound: Int64Array, capacity: Int64Array) -> Int64Array:
+    """How many kernels of size `bound` each agent holds when empty."""
+    needed = bound > 0
+    if not needed.any():
+        # A kernel asking for nothing fits any number of times; the count only needs to be large.
+        return np.full(capacity.shape[0], np.iinfo(np.int32).max, dtype=np.int64)
+    copies: Int64Array = (capacity[:, needed] // bound[needed]).min(axis=1)
+    return copies
+
+
+def _closest_agent(need: Int64Array, ctx: ValidationContext) -> str:
+    """The capacity, over the needed slots, of the agent covering the largest part of `need`."""
+    capacity = ctx.capacity
+    needed = np.flatnonzero(need > 0)
+    cover = np.minimum(capacity[:, needed] / need[needed], 1.0).sum(axis=1)
+    best = int(np.argmax(cover))  # first of equals: the agent listed first
+    names = ctx.snapshot.agents.slot_names
+    return _pick({names[i]: int(capacity[best, i]) for i in needed}, [names[i] for i in needed])
+
+
+def _pick(amounts: Mapping[str, int], names: list[str]) -> str:
+    """`cpu=2 mem=4GiB` for `names` only, in the usual slot order; `name=0` where there is none."""
+    nonzero = {name: amounts.get(name, 0) for name in names if amounts.get(name, 0)}
+    ordered = list(ResourceSlots.from_milli(nonzero)) if nonzero else []
+    missing = [name for name in names if name not in nonzero]
+    parts = [format_milli({name: nonzero[name]}) for name in ordered]
+    return " ".join([*parts, *(f"{name}=0" for name in sorted(missing))])
+
+
+def _succeeded(dependency: DependencyState) -> bool:
+    return dependency.status == SessionStatus.TERMINATED and dependency.result == DEPENDENCY_SUCCESS
+
+
+def _ending(dependency: DependencyState) -> str:
+    if dependency.status == SessionStatus.TERMINATED:
+        return f"TERMINATED with result {dependency.result or 'none'}"
+    return str(dependency.status)
+
+
+def _short(dependency: DependencyState) -> str:
+    return str(dependency.session_id)[:8]
+
+
+def _fail(code: str, message: str) -> Verdict:
+    return Verdict(VerdictKind.FAIL, code, message)
+
+
+def _wait(code: str, message: str) -> Verdict:
+    return Verdict(VerdictKind.WAIT, code, message)

@@ -1,0 +1,146 @@
+"""The reads behind a scheduling pass over one resource group, all in the caller's transaction."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from corral.domain.session import SessionWithKernels
+from corral.domain.status import SESSION_OCCUPYING, SessionStatus
+from corral.domain.types import AgentId, SessionId, UserId
+from corral.store._sql import in_values
+from corral.store.database import Dialect
+from corral.store.sessions import load_with_kernels
+from corral.store.tables import (
+    agent_slots,
+    agents,
+    kernels,
+    resource_groups,
+    session_dependencies,
+    sessions,
+)
+
+
+class UnknownResourceGroupError(LookupError):
+    """A resource group that does not exist."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSlotRow:
+    """One (agent, slot) of a group, with the agent's state."""
+
+    agent_id: AgentId
+    usable: bool  # ALIVE and schedulable
+    slot_name: str | None  # None: the agent has no slots at all
+    capacity: int
+    occupied: int
+
+
+async def read_group_options(conn: AsyncConnection, group: str) -> dict[str, Any]:
+    """The group's stored options (raises UnknownResourceGroupError if there is no such group)."""
+    options = await conn.scalar(
+        sa.select(resource_groups.c.options).where(resource_groups.c.name == group)
+    )
+    if options is None:
+        raise UnknownResourceGroupError(f"resource group {group!r} does not exist")
+    return dict(options)
+
+
+async def read_candidates(
+    conn: AsyncConnection, group: str, now: datetime, *, limit: int | None = None
+) -> list[SessionWithKernels]:
+    """PENDING sessions of the group that may be placed now: due, not deactivated."""
+    due = sa.select(sessions.c.id).where(
+        sessions.c.status == SessionStatus.PENDING.value,
+        sessions.c.resource_group == group,
+        sessions.c.requeue_active.is_(True),
+        sa.or_(sessions.c.requeue_at.is_(None), sessions.c.requeue_at <= now),
+        sa.or_(sessions.c.starts_at.is_(None), sessions.c.starts_at <= now),
+    )
+    if limit is not None:
+        due = due.order_by(sessions.c.priority.desc(), sessions.c.created_at).limit(limit)
+    return await load_with_kernels(conn, sessions.c.id.in_(due.scalar_subquery()))
+
+
+async def read_agent_slots(conn: AsyncConnection, group: str) -> list[AgentSlotRow]:
+    """Every registered agent of the group (all but TERMINATED) with its slot ledger rows."""
+    rows = await conn.execute(
+        sa.select(
+            agents.c.id,
+            sa.and_(agents.c.status == "ALIVE", agents.c.schedulable.is_(True)),
+            agent_slots.c.slot_name,
+            agent_slots.c.capacity,
+            agent_slots.c.occupied,
+        )
+        .select_from(agents.outerjoin(agent_slots, agent_slots.c.agent_id == agents.c.id))
+        .where(agents.c.resource_group == group, agents.c.status != "TERMINATED")
+        .order_by(agents.c.id, agent_slots.c.slot_name)
+    )
+    return [
+        AgentSlotRow(AgentId(a), bool(usable), slot, capacity or 0, occupied or 0)
+        for a, usable, slot, capacity, occupied in rows
+    ]
+
+
+async def read_owner_usage(
+    conn: AsyncConnection, dialect: Dialect, group: str
+) -> tuple[dict[UserId, int], dict[UserId, dict[str, int]]]:
+    """Per owner: sessions holding resources in the group, and the slots their kernels occupy."""
+    holding = [s.value for s in SESSION_OCCUPYING]
+    counts = await conn.execute(
+        sa.select(sessions.c.owner_id, sa.func.count())
+        .where(sessions.c.resource_group == group, sessions.c.status.in_(holding))
+        .group_by(sessions.c.owner_id)
+    )
+    session_counts = {UserId(owner): int(n) for owner, n in counts}
+    each_fn = sa.func.jsonb_each_text if dialect == "postgresql" else sa.func.json_each
+    each = each_fn(kernels.c.occupied_slots).table_valued("key", "value")
+    rows = await conn.execute(
+        sa.select(
+            sessions.c.owner_id, each.c.key, sa.func.sum(sa.cast(each.c.value, sa.BigInteger))
+        )
+        .select_from(
+            sessions.join(kernels, kernels.c.session_id == sessions.c.id).join(each, sa.true())
+        )
+        .where(
+            sessions.c.resource_group == group,
+            sessions.c.status.in_(holding),
+            kernels.c.occupied_slots.is_not(None),
+        )
+        .group_by(sessions.c.owner_id, each.c.key)
+    )
+    slots: dict[UserId, dict[str, int]] = {}
+    for owner, slot, amount in rows:
+        slots.setdefault(UserId(owner), {})[slot] = int(amount)
+    return session_counts, slots
+
+
+async def read_dependencies(
+    conn: AsyncConnection, dialect: Dialect, session_ids: Collection[SessionId]
+) -> dict[SessionId, list[tuple[uuid.UUID, str | None, str | None]]]:
+    """For each session that has dependencies: (dependency id, its status, its result)."""
+    if not session_ids:
+        return {}
+    dep = sessions.alias("dependency")
+    rows = await conn.execute(
+        sa.select(
+            session_dependencies.c.session_id,
+            session_dependencies.c.depends_on,
+            dep.c.status,
+            dep.c.result,
+        )
+        .select_from(
+            session_dependencies.outerjoin(dep, dep.c.id == session_dependencies.c.depends_on)
+        )
+        .where(in_values(dialect, session_dependencies.c.session_id, session_ids))
+    )
+    found: dict[SessionId, list[tuple[uuid.UUID, str | None, str | None]]] = {}
+    for sid, depends_on, status, result in rows:
+        found.setdefault(SessionId(sid), []).append((depends_on, status, result))
+    return found
