@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from corral.cli import bench, db, states
+from corral.cli import bench, db, explain, states
 
 app = typer.Typer(
     name="corral",
@@ -13,6 +13,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.command("states")(states.states_command)
+app.command("explain")(explain.explain_command)
 app.add_typer(bench.app, name="bench")
 app.add_typer(db.app, name="db")
 

@@ -61,7 +61,9 @@ class AgentChooser:
         """Agent rows for each kernel, or None (and nothing taken) if the request does not fit.
 
         Single-node: one agent holds the sum of all kernels. Multi-node: one agent per kernel,
-        distinct agents preferred. Agents in `avoid` (they failed this session) come last.
+        distinct agents preferred, largest kernels first (so a small kernel cannot take the only
+        agent a large one fits on). Agents in `avoid` (they failed this session) come last of
+        all, after sharing an agent between kernels.
         """
         if not multi_node:
             need = per_kernel.sum(axis=0)
@@ -70,18 +72,22 @@ class AgentChooser:
                 return None
             self._take(agent, need)
             return [agent] * per_kernel.shape[0]
-        chosen: list[int] = []
+        order = np.argsort(-(per_kernel @ self._weights), kind="stable")
+        chosen: dict[int, int] = {}
         used = np.zeros(len(self.pool.ids), dtype=bool)
-        for row in per_kernel:
+        turn = self._next
+        for kernel in order:
+            row = per_kernel[kernel]
             agent = self._choose(self.fits(row), avoid, used)
             if agent is None:
-                for taken, taken_row in zip(chosen, per_kernel, strict=False):
-                    self._give(taken, taken_row)
+                for taken_kernel, taken in chosen.items():
+                    self._give(taken, per_kernel[taken_kernel])
+                self._next = turn
                 return None
             self._take(agent, row)
             used[agent] = True
-            chosen.append(agent)
-        return chosen
+            chosen[int(kernel)] = agent
+        return [chosen[k] for k in range(per_kernel.shape[0])]
 
     def agent_ids(self, rows: Sequence[int]) -> list[AgentId]:
         """The agent ids of pool rows."""
@@ -108,13 +114,15 @@ class AgentChooser:
     ) -> int | None:
         if not candidates.any():
             return None
+        # Preference: a fresh healthy agent, then sharing a healthy one, then a fresh agent that
+        # failed this session before; anything that fits only as the last resort.
         tiers: list[BoolArray] = []
         if used is not None and avoid is not None:
             tiers.append(candidates & ~used & ~avoid)
-        if used is not None:
-            tiers.append(candidates & ~used)
         if avoid is not None:
             tiers.append(candidates & ~avoid)
+        if used is not None:
+            tiers.append(candidates & ~used)
         for tier in tiers:
             if tier.any():
                 return self._pick(tier)

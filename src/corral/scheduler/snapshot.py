@@ -7,7 +7,7 @@ from datetime import datetime
 
 import numpy as np
 
-from corral.domain.resource_group import ResourceGroupOptions
+from corral.domain.resource_group import ResourceGroupOptions, Sequencer
 from corral.domain.status import SessionStatus
 from corral.domain.types import AgentId
 from corral.scheduler.types import AgentPool, DependencyState, GroupSnapshot, OwnerUsage
@@ -25,10 +25,16 @@ from corral.store.scheduling import (
 async def load_snapshot(
     db: Database, group: str, now: datetime, *, limit: int | None = None
 ) -> GroupSnapshot:
-    """Read everything placement needs for `group`, in one read transaction (one snapshot)."""
+    """Read everything placement needs for `group`, in one read transaction (one snapshot).
+
+    `limit` caps the candidates at the first sessions in the group's order; a DRF group's
+    window is taken oldest first within each priority, since its order depends on usage.
+    """
     async with db.read() as conn:
         options = ResourceGroupOptions.model_validate(await read_group_options(conn, group))
-        pending = await read_candidates(conn, group, now, limit=limit)
+        pending = await read_candidates(
+            conn, group, now, limit=limit, newest_first=options.sequencer is Sequencer.LIFO
+        )
         pool = build_pool(await read_agent_slots(conn, group))
         counts, slots = await read_owner_usage(conn, db.dialect, group)
         dependencies = await read_dependencies(conn, db.dialect, [s.id for s in pending])

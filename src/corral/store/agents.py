@@ -119,14 +119,30 @@ def fit_claims(
     the keys accepted before it; a slot the agent does not have has capacity 0. The ledger is
     not modified.
     """
-    by_key: dict[K, list[Claim[K]]] = defaultdict(list)
-    for claim in claims:
-        by_key[claim.key].append(claim)
     free: dict[tuple[AgentId, str], int] = {
         (agent_id, slot): capacity - occupied
         for agent_id, slots in ledger.items()
         for slot, (capacity, occupied) in slots.items()
     }
+    # Fast path, the common case: the whole plan fits what is free, so every key is accepted.
+    total: dict[AgentId, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for claim in claims:
+        per_agent = total[claim.agent_id]
+        for slot, amount in claim.slots.items():
+            per_agent[slot] += amount
+    if all(
+        amount <= 0 or free.get((agent_id, slot), 0) >= amount
+        for agent_id, slots in total.items()
+        for slot, amount in slots.items()
+    ):
+        keys = list(dict.fromkeys(claim.key for claim in claims))
+        return keys, {
+            agent: {s: a for s, a in cells.items() if a} for agent, cells in total.items()
+        }
+
+    by_key: dict[K, list[Claim[K]]] = defaultdict(list)
+    for claim in claims:
+        by_key[claim.key].append(claim)
     accepted: list[K] = []
     deltas: dict[AgentId, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for key, key_claims in by_key.items():

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects.postgresql import JSONB
 
 from corral.domain.results import SchedulingResult
 from corral.domain.session import MilliSlots
@@ -14,12 +18,62 @@ from corral.domain.status import SESSION_TRANSITIONS, KernelStatus, SessionStatu
 from corral.domain.types import AgentId, KernelId, SessionId
 from corral.store._sql import in_values
 from corral.store.agents import Claim, apply_slot_deltas, fit_claims, lock_ledger
-from corral.store.database import Database
+from corral.store.database import Database, Dialect
 from corral.store.history import record_kernel_history, record_session_history
 from corral.store.sessions import lock_sessions
 from corral.store.tables import agents, kernels, sessions
 
 PHASE = "ScheduleNewSessions"
+
+
+def _place_kernels(dialect: Dialect, placed: Sequence[KernelPlacement], now: datetime) -> sa.Update:
+    """One set-based UPDATE giving every placed kernel its agent and occupied slots.
+
+    The per-kernel values travel as one parameter set (arrays on PostgreSQL, one JSON object on
+    SQLite) joined in `UPDATE ... FROM`, instead of one parameter row per kernel.
+    """
+    kernel_key: sa.ColumnElement[Any]
+    agent: sa.ColumnElement[Any]
+    slots: sa.ColumnElement[Any]
+    if dialect == "postgresql":
+        rows = (
+            sa.func.unnest(
+                sa.bindparam(
+                    None, [k.kernel_id for k in placed], type_=postgresql.ARRAY(sa.Uuid())
+                ),
+                sa.bindparam(
+                    None, [k.agent_id for k in placed], type_=postgresql.ARRAY(sa.String())
+                ),
+                sa.bindparam(
+                    None,
+                    [json.dumps(dict(k.slots)) for k in placed],
+                    type_=postgresql.ARRAY(sa.String()),
+                ),
+            )
+            .table_valued("kid", "agent", "slots")
+            .render_derived(name="placed")
+        )
+        kernel_key = rows.c.kid
+        agent = rows.c.agent
+        slots = sa.cast(rows.c.slots, JSONB)
+    else:
+        payload = json.dumps({k.kernel_id.hex: [k.agent_id, dict(k.slots)] for k in placed})
+        each = sa.func.json_each(sa.bindparam(None, payload, type_=sa.String())).table_valued(
+            "key", "value"
+        )
+        kernel_key = each.c.key
+        agent = sa.func.json_extract(each.c.value, "$[0]")
+        slots = sa.func.json_extract(each.c.value, "$[1]")
+    return (
+        kernels.update()
+        .where(kernels.c.id == kernel_key, kernels.c.status == KernelStatus.PENDING.value)
+        .values(
+            status=KernelStatus.SCHEDULED.value,
+            status_changed_at=now,
+            agent_id=agent,
+            occupied_slots=slots,
+        )
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,23 +185,7 @@ async def commit_placements(
             )
         )
         placed_kernels = [k for p in plan if p.session_id in accepted_set for k in p.kernels]
-        await conn.execute(
-            kernels.update()
-            .where(
-                kernels.c.id == sa.bindparam("kid"),
-                kernels.c.status == KernelStatus.PENDING.value,
-            )
-            .values(
-                status=KernelStatus.SCHEDULED.value,
-                status_changed_at=now,
-                agent_id=sa.bindparam("agent"),
-                occupied_slots=sa.bindparam("slots", type_=kernels.c.occupied_slots.type),
-            ),
-            [
-                {"kid": k.kernel_id, "agent": k.agent_id, "slots": dict(k.slots)}
-                for k in placed_kernels
-            ],
-        )
+        await conn.execute(_place_kernels(dialect, placed_kernels, now))
         await apply_slot_deltas(conn, deltas)
         await record_kernel_history(
             conn,

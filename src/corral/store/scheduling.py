@@ -53,9 +53,18 @@ async def read_group_options(conn: AsyncConnection, group: str) -> dict[str, Any
 
 
 async def read_candidates(
-    conn: AsyncConnection, group: str, now: datetime, *, limit: int | None = None
+    conn: AsyncConnection,
+    group: str,
+    now: datetime,
+    *,
+    limit: int | None = None,
+    newest_first: bool = False,
 ) -> list[SessionWithKernels]:
-    """PENDING sessions of the group that may be placed now: due, not deactivated."""
+    """PENDING sessions of the group that may be placed now: due, not deactivated.
+
+    With `limit`, the window is the first `limit` sessions in the group's order: priority
+    first, then oldest first (or newest first for LIFO), ties by id, as the sequencers order.
+    """
     due = sa.select(sessions.c.id).where(
         sessions.c.status == SessionStatus.PENDING.value,
         sessions.c.resource_group == group,
@@ -64,7 +73,8 @@ async def read_candidates(
         sa.or_(sessions.c.starts_at.is_(None), sessions.c.starts_at <= now),
     )
     if limit is not None:
-        due = due.order_by(sessions.c.priority.desc(), sessions.c.created_at).limit(limit)
+        age = sessions.c.created_at.desc() if newest_first else sessions.c.created_at.asc()
+        due = due.order_by(sessions.c.priority.desc(), age, sessions.c.id).limit(limit)
     return await load_with_kernels(conn, sessions.c.id.in_(due.scalar_subquery()))
 
 

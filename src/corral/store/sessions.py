@@ -7,8 +7,9 @@ domain's transition table before anything is sent to the database.
 
 from __future__ import annotations
 
+import json
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -463,7 +464,7 @@ async def load_with_kernels(
             s.requeue_active,
             s.phase,
             s.phase_attempts,
-            s.failed_agents,
+            sa.cast(s.failed_agents, sa.Text),
             s.creation_id,
             k.id,
             k.cluster_role,
@@ -471,8 +472,8 @@ async def load_with_kernels(
             k.agent_id,
             k.status,
             k.status_changed_at,
-            k.requested_slots,
-            k.occupied_slots,
+            sa.cast(k.requested_slots, sa.Text),
+            sa.cast(k.occupied_slots, sa.Text),
             k.exit_code,
             k.failure_cause,
         )
@@ -480,13 +481,25 @@ async def load_with_kernels(
         .where(where)
         .order_by(s.created_at, s.id, k.cluster_index)
     )
+    # JSON comes back as text and is decoded once per distinct value: a batch repeats a few
+    # request shapes thousands of times. The decoded values are shared: read-only.
+    decoded: dict[str, Any] = {}
+
+    def load_json(raw: str | None) -> Any:
+        if raw is None:
+            return None
+        value = decoded.get(raw)
+        if value is None:
+            value = decoded[raw] = json.loads(raw)
+        return value
+
     result: list[SessionWithKernels] = []
     pending_kernels: list[KernelRecord] = []
     head: tuple[Any, ...] | None = None
     for row in rows:
         if head is None or row[0] != head[0]:
             if head is not None:
-                result.append(_session(head, pending_kernels))
+                result.append(_session(head, pending_kernels, load_json))
             head, pending_kernels = tuple(row[:_SESSION_COLUMNS]), []
         pending_kernels.append(
             KernelRecord(
@@ -497,18 +510,20 @@ async def load_with_kernels(
                 agent_id=AgentId(row[22]) if row[22] is not None else None,
                 status=KernelStatus(row[23]),
                 status_changed_at=row[24],
-                requested_slots=row[25],
-                occupied_slots=row[26],
+                requested_slots=load_json(row[25]),
+                occupied_slots=load_json(row[26]),
                 exit_code=row[27],
                 failure_cause=row[28],
             )
         )
     if head is not None:
-        result.append(_session(head, pending_kernels))
+        result.append(_session(head, pending_kernels, load_json))
     return result
 
 
-def _session(head: tuple[Any, ...], kernel_records: list[KernelRecord]) -> SessionWithKernels:
+def _session(
+    head: tuple[Any, ...], kernel_records: list[KernelRecord], load_json: Callable[[Any], Any]
+) -> SessionWithKernels:
     return SessionWithKernels(
         id=SessionId(head[0]),
         name=head[1],
@@ -527,7 +542,7 @@ def _session(head: tuple[Any, ...], kernel_records: list[KernelRecord]) -> Sessi
         requeue_active=head[14],
         phase=head[15],
         phase_attempts=head[16],
-        failed_agents=tuple(AgentId(a) for a in head[17]),
+        failed_agents=tuple(AgentId(a) for a in load_json(head[17])),
         creation_id=head[18],
         kernels=tuple(kernel_records),
     )

@@ -7,6 +7,9 @@ import uuid
 from collections import Counter, defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
 
 from corral.domain.results import SchedulingResult, TransitionStatus
 from corral.domain.session import MilliSlots, NewSession, SessionWithKernels
@@ -16,7 +19,8 @@ from corral.store.agents import NewAgent, insert_agents, read_ledger
 from corral.store.database import Database
 from corral.store.placements import KernelPlacement, SessionPlacement, commit_placements
 from corral.store.sessions import SessionRepository, StatusChange
-from corral.store.tables import users
+from corral.store.tables import agents as agents_table
+from corral.store.tables import resource_groups, session_history, sessions, users
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -190,3 +194,80 @@ def assert_kernels_follow_sessions(found: Sequence[SessionWithKernels]) -> None:
                 assert k.occupied_slots is None
             if s.status is SessionStatus.PENDING:
                 assert (k.status, k.agent_id) == (KernelStatus.PENDING, None)
+
+
+async def update_sessions(db: Database, ids: Collection[SessionId], **values: Any) -> None:
+    """Write columns of these sessions directly, as another phase or an operator would have."""
+    async with db.transaction() as conn:
+        await conn.execute(sessions.update().where(sessions.c.id.in_(list(ids))).values(**values))
+
+
+async def update_agents(db: Database, ids: Collection[AgentId], **values: Any) -> None:
+    """Write columns of these agents directly (status LOST, schedulable false, ...)."""
+    async with db.transaction() as conn:
+        await conn.execute(
+            agents_table.update().where(agents_table.c.id.in_(list(ids))).values(**values)
+        )
+
+
+async def add_group(db: Database, name: str, options: Mapping[str, Any] | None = None) -> None:
+    """A resource group row with these scheduling options (default: none set)."""
+    async with db.transaction() as conn:
+        await conn.execute(
+            resource_groups.insert().values(name=name, options=dict(options or {}), created_at=NOW)
+        )
+
+
+async def set_group_options(db: Database, name: str, options: Mapping[str, Any]) -> None:
+    """Replace the stored scheduling options of a resource group."""
+    async with db.transaction() as conn:
+        await conn.execute(
+            resource_groups.update()
+            .where(resource_groups.c.name == name)
+            .values(options=dict(options))
+        )
+
+
+async def add_dependent(
+    db: Database,
+    owner: UserId,
+    depends_on: Sequence[SessionId],
+    *,
+    cpu_milli: int = 1000,
+    group: str = "default",
+) -> SessionId:
+    """A PENDING single-kernel session that depends on `depends_on`."""
+    session_id = SessionId(uuid.uuid4())
+    await SessionRepository(db).insert(
+        [
+            NewSession(
+                id=session_id,
+                owner_id=owner,
+                type="BATCH",
+                resource_group=group,
+                cluster_mode="single-node",
+                cluster_size=1,
+                spec={"image": "python", "command": ["true"]},
+                kernel_slots={"cpu": cpu_milli},
+                dependencies=tuple(depends_on),
+            )
+        ],
+        NOW,
+    )
+    return session_id
+
+
+async def history_rows(db: Database, phase: str) -> list[tuple[SessionId, str, str | None, int]]:
+    """(session, result, to_status, attempts) of every session history row of `phase`."""
+    async with db.read() as conn:
+        rows = await conn.execute(
+            sa.select(
+                session_history.c.session_id,
+                session_history.c.result,
+                session_history.c.to_status,
+                session_history.c.attempts,
+            )
+            .where(session_history.c.phase == phase)
+            .order_by(session_history.c.id)
+        )
+        return [(SessionId(sid), result, to, attempts) for sid, result, to, attempts in rows]

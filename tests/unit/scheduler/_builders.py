@@ -149,6 +149,17 @@ def pool(
     )
 
 
+def cpu_pool(
+    free: Mapping[str, int], *, capacity: int = 8, usable: Iterable[str] | None = None
+) -> AgentPool:
+    """Agents of `capacity` cpus each, in the given order, with `free[id]` whole cpus free."""
+    return pool(
+        {a: {"cpu": capacity * CPU} for a in free},
+        occupied={a: {"cpu": (capacity - n) * CPU} for a, n in free.items()},
+        usable=usable,
+    )
+
+
 def usage(sessions: int = 0, slots: Mapping[str, int] | None = None) -> OwnerUsage:
     """What an owner holds now: `usage(2, {"cpu": 4 * CPU})`."""
     return OwnerUsage(sessions=sessions, slots=dict(slots or {}))
