@@ -56,9 +56,9 @@ async def run_schedule_bench(
 ) -> ScheduleBenchResult:
     """Create agents and pending sessions (not timed), then time one pass: load, place, commit.
 
-    Agents have 64 cpu and 256 GiB; sessions ask 1 to 4 cpu and 1 to 8 GiB per kernel, from
-    50 owners at priorities 0 to 2, so the cluster holds them all and every session can be placed.
-    Multi-node when `cluster_size` > 1.
+    Agents have 64 cpu and 256 GiB per kernel of cluster size; sessions ask 1 to 4 cpu and 1 to
+    8 GiB per kernel, from 50 owners at priorities 0 to 2, so the cluster holds them all and
+    every session can be placed. Multi-node when `cluster_size` > 1.
     """
     rng = random.Random(seed)
     now = datetime.now(UTC)
@@ -76,7 +76,7 @@ async def run_schedule_bench(
             db,
             [
                 NewAgent(AgentId(f"node-{i:05d}"), f"10.{i // 250}.{i % 250}.1",
-                         {"cpu": 64_000, "mem": 256 * GIB_MILLI})
+                         {"cpu": 64_000 * cluster_size, "mem": 256 * GIB_MILLI * cluster_size})
                 for i in range(agents)
             ],
             now,

@@ -259,7 +259,10 @@ kernels = sa.Table(
     ),
     sa.Column("cluster_role", sa.String(STATUS_LEN), nullable=False),
     sa.Column("cluster_index", sa.Integer(), nullable=False),
-    sa.Column("agent_id", sa.String(NAME_LEN), sa.ForeignKey("agents.id"), nullable=True),
+    # No foreign key: the placement commit checks, under lock, that the agent exists and is
+    # ALIVE, and agents are never deleted (they end TERMINATED); a key check here would lock
+    # the agent row once per placed kernel (60 of 215 ms when placing 10,000 kernels).
+    sa.Column("agent_id", sa.String(NAME_LEN), nullable=True),
     sa.Column("status", sa.String(STATUS_LEN), nullable=False),
     sa.Column("status_info", sa.String(512), nullable=True),
     sa.Column("status_changed_at", UTCDateTime(), nullable=False),

@@ -376,9 +376,6 @@ def upgrade() -> None:
             name=op.f("ck_kernels_status_valid"),
         ),
         sa.ForeignKeyConstraint(
-            ["agent_id"], ["agents.id"], name=op.f("fk_kernels_agent_id_agents")
-        ),
-        sa.ForeignKeyConstraint(
             ["session_id"],
             ["sessions.id"],
             name=op.f("fk_kernels_session_id_sessions"),
