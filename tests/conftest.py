@@ -25,6 +25,7 @@ from corral.store.migrate import upgrade
 POSTGRES_URL = os.environ.get(
     "CORRAL_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
 )
+REDIS_URL = os.environ.get("CORRAL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 _skipped: dict[str, int] = {}
@@ -41,6 +42,25 @@ def _postgres_reachable() -> str | None:
                 await conn.execute(sa.text("SELECT 1"))
         finally:
             await db.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(probe(), timeout=5))
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return None
+
+
+@functools.cache
+def _redis_reachable() -> str | None:
+    """None when the test Redis answers, else the reason it does not (probed once)."""
+    import redis.asyncio as aioredis
+
+    async def probe() -> None:
+        client = aioredis.from_url(REDIS_URL)
+        try:
+            await client.ping()
+        finally:
+            await client.aclose()
 
     try:
         asyncio.run(asyncio.wait_for(probe(), timeout=5))
@@ -71,6 +91,25 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 def postgres_unreachable() -> str | None:
     """Why the PostgreSQL test server cannot be used, or None when it can."""
     return _postgres_reachable()
+
+
+@pytest.fixture(scope="session")
+def redis_unreachable() -> str | None:
+    """Why the Redis test server cannot be used, or None when it can."""
+    return _redis_reachable()
+
+
+@pytest.fixture
+def redis_url(redis_unreachable: str | None) -> str:
+    """The test Redis URL (skips, or fails in CI, when Redis is down)."""
+    require_server("Redis", redis_unreachable)
+    return REDIS_URL
+
+
+@pytest.fixture
+def namespace() -> str:
+    """A key/channel prefix unique to this test, so tests sharing a server never collide."""
+    return f"corral-test-{uuid.uuid4().hex[:12]}"
 
 
 @pytest.fixture(scope="session")

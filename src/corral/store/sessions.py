@@ -432,8 +432,8 @@ async def lock_sessions(
         in_values(dialect, sessions.c.id, ids)
     )
     if dialect == "postgresql":
-        query = query.where(sessions.c.status.in_(allowed))
-    rows = await conn.execute(query.order_by(sessions.c.id).with_for_update())
+        query = query.where(sessions.c.status.in_(allowed)).order_by(sessions.c.id)
+    rows = await conn.execute(query.with_for_update())
     return {SessionId(sid): SessionStatus(status) for sid, status in rows if status in allowed}
 
 

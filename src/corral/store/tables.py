@@ -381,3 +381,13 @@ events = sa.Table(
     sa.Index(None, "entity_type", "entity_id"),
     sa.Index(None, "created_at"),
 )
+
+
+# Hints for the PostgreSQL hint bus: a set hint is a row; consuming it deletes the row. NOTIFY
+# wakes waiting managers at once; the row keeps a hint set for whoever looks next.
+hints = sa.Table(
+    "hints",
+    metadata,
+    sa.Column("name", sa.String(128), primary_key=True),
+    sa.Column("set_at", UTCDateTime(), nullable=False),
+)
