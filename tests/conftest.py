@@ -13,8 +13,10 @@ import functools
 import os
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 import sqlalchemy as sa
@@ -29,6 +31,22 @@ REDIS_URL = os.environ.get("CORRAL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 _skipped: dict[str, int] = {}
+T = TypeVar("T")
+
+
+def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a self-contained coroutine to completion from synchronous fixture code.
+
+    A fixture may be set up from inside a running event loop (an async fixture asking for it
+    with `request.getfixturevalue`), where `asyncio.run` is not allowed: then the coroutine runs
+    on a fresh loop in a worker thread. It must open and close its own connections.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 @functools.cache
@@ -44,7 +62,7 @@ def _postgres_reachable() -> str | None:
             await db.close()
 
     try:
-        asyncio.run(asyncio.wait_for(probe(), timeout=5))
+        run_sync(asyncio.wait_for(probe(), timeout=5))
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}".splitlines()[0]
     return None
@@ -63,7 +81,7 @@ def _redis_reachable() -> str | None:
             await client.aclose()
 
     try:
-        asyncio.run(asyncio.wait_for(probe(), timeout=5))
+        run_sync(asyncio.wait_for(probe(), timeout=5))
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}".splitlines()[0]
     return None
@@ -80,10 +98,11 @@ def require_server(kind: str, reason: str | None) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    for kind, count in sorted(_skipped.items()):
+    if _skipped:
+        missing = ", ".join(f"{kind} ({count} tests)" for kind, count in sorted(_skipped.items()))
         terminalreporter.write_line(
-            f"corral: {kind} not reachable, {count} {kind} test variant(s) skipped "
-            "(CI=true turns this into a failure)"
+            f"corral: skipped the variants that need a server that is not reachable: {missing}; "
+            "with CI=true this is a failure"
         )
 
 
@@ -130,9 +149,9 @@ def postgres_template() -> Iterator[str | None]:
         finally:
             await db.close()
 
-    asyncio.run(create())
+    run_sync(create())
     yield name
-    asyncio.run(_admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    run_sync(_admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 async def _admin_execute(*statements: str) -> None:
@@ -158,29 +177,40 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
         finally:
             await db.close()  # the last connection to close checkpoints the WAL into the file
 
-    asyncio.run(create())
+    run_sync(create())
     return path
 
 
+async def create_postgres_database(template: str | None) -> str:
+    """A new database on the test server (a clone of `template`, or empty); returns its URL."""
+    name = f"corral_t_{uuid.uuid4().hex[:16]}"
+    clone = f' TEMPLATE "{template}"' if template else ""
+    await _admin_execute(f'CREATE DATABASE "{name}"{clone}')
+    return sa.make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
+
+
+async def drop_postgres_database(url: str) -> None:
+    """Drop a database made by create_postgres_database, whoever is still connected."""
+    await _admin_execute(f'DROP DATABASE IF EXISTS "{sa.make_url(url).database}" WITH (FORCE)')
+
+
+@pytest.fixture
+def postgres_database_url(postgres_template: str | None) -> Iterator[str]:
+    """The URL of a fresh, migrated PostgreSQL database (skips, or fails in CI, without one)."""
+    require_server("PostgreSQL", None if postgres_template else _postgres_reachable())
+    url = run_sync(create_postgres_database(postgres_template))
+    yield url
+    run_sync(drop_postgres_database(url))
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def database_url(
-    request: pytest.FixtureRequest,
-    tmp_path: Path,
-    sqlite_template: Path,
-    postgres_template: str | None,
-) -> Iterator[str]:
+def database_url(request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Path) -> str:
     """The URL of a fresh, migrated database: a SQLite file, or a PostgreSQL database."""
     if request.param == "sqlite":
         path = tmp_path / "corral.db"
         shutil.copyfile(sqlite_template, path)
-        yield f"sqlite:///{path}"
-        return
-    require_server("PostgreSQL", None if postgres_template else _postgres_reachable())
-    assert postgres_template is not None
-    name = f"corral_t_{uuid.uuid4().hex[:16]}"
-    asyncio.run(_admin_execute(f'CREATE DATABASE "{name}" TEMPLATE "{postgres_template}"'))
-    yield str(sa.make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False))
-    asyncio.run(_admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        return f"sqlite:///{path}"
+    return str(request.getfixturevalue("postgres_database_url"))
 
 
 @pytest.fixture
@@ -191,3 +221,17 @@ async def db(database_url: str) -> AsyncIterator[Database]:
         yield database
     finally:
         await database.close()
+
+
+@pytest.fixture
+async def two_writers(postgres_database_url: str) -> AsyncIterator[tuple[Database, Database]]:
+    """Two Database objects (two pools) on one PostgreSQL database: truly concurrent writers.
+
+    PostgreSQL only: SQLite serialises writers (BEGIN IMMEDIATE), so there is no race to test.
+    """
+    first, second = Database.open(postgres_database_url), Database.open(postgres_database_url)
+    try:
+        yield first, second
+    finally:
+        await first.close()
+        await second.close()

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,17 +16,7 @@ from corral.store.database import Database
 from corral.store.migrate import upgrade
 from corral.store.sessions import SessionRepository
 from corral.store.tables import users
-
-
-def corral(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "corral", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+from tests.e2e._cli import corral
 
 
 async def make_database(path: Path) -> list[SessionId]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
@@ -32,23 +31,6 @@ KERNEL_CPU = 1000
 WINDOWS = [(4, 7), (6, 3), (5, 5)]
 MAX_ROUNDS = 12
 
-# Writers only race on PostgreSQL; SQLite serialises them (BEGIN IMMEDIATE), so this module
-# runs on PostgreSQL alone.
-pytestmark = pytest.mark.parametrize(
-    "database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
-)
-
-
-@pytest.fixture
-async def two_schedulers(database_url: str) -> AsyncIterator[tuple[Database, Database]]:
-    """Two Database objects (two pools) on one database, so their passes truly overlap."""
-    first, second = Database.open(database_url), Database.open(database_url)
-    try:
-        yield first, second
-    finally:
-        await first.close()
-        await second.close()
-
 
 def assert_commit_covers_plan(result: PassResult) -> None:
     """Every planned session was placed, no longer fit, or was stale: exactly one of them."""
@@ -59,10 +41,10 @@ def assert_commit_covers_plan(result: PassResult) -> None:
 
 
 async def test_concurrent_passes_never_overcommit_or_place_twice(
-    two_schedulers: tuple[Database, Database],
+    two_writers: tuple[Database, Database],
 ) -> None:
     """Racing passes keep the ledger exact, place each session once, and fill what fits."""
-    first, second = two_schedulers
+    first, second = two_writers
     agents = await add_agents(first, [{"cpu": 4000}] * 8)
     capacity = sum(cap["cpu"] for cap in agents.values())
     ids: list[SessionId] = []

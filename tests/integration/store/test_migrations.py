@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from alembic.migration import MigrationContext
 from corral.store.database import Database
 from corral.store.migrate import current_revision, head_revision, upgrade
 from corral.store.tables import metadata, resource_groups
-from tests.conftest import POSTGRES_URL, _admin_execute, require_server
+from tests.conftest import create_postgres_database, drop_postgres_database, require_server
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
@@ -28,12 +27,11 @@ async def empty_db(
         await db.close()
         return
     require_server("PostgreSQL", postgres_unreachable)
-    name = f"corral_e_{uuid.uuid4().hex[:16]}"
-    await _admin_execute(f'CREATE DATABASE "{name}"')
-    db = Database.open(sa.make_url(POSTGRES_URL).set(database=name))
+    url = await create_postgres_database(template=None)
+    db = Database.open(url)
     yield db
     await db.close()
-    await _admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await drop_postgres_database(url)
 
 
 async def test_migrations_on_empty_database_match_the_models(empty_db: Database) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -40,24 +40,6 @@ K = KernelStatus
 # (phase, result, to_status) of the history rows that place a session or kernel, and release it
 PLACED_ROW = [SCHEDULE_PHASE, "SUCCESS", "SCHEDULED"]
 RELEASED_ROW = [RELEASE.phase, "GIVE_UP", "PENDING"]
-
-
-# Writers only race on PostgreSQL; SQLite serialises them (BEGIN IMMEDIATE), so this module
-# runs on PostgreSQL alone.
-pytestmark = pytest.mark.parametrize(
-    "database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
-)
-
-
-@pytest.fixture
-async def two_writers(database_url: str) -> AsyncIterator[tuple[Database, Database]]:
-    """Two Database objects (two pools) on one database, so their transactions truly overlap."""
-    first, second = Database.open(database_url), Database.open(database_url)
-    try:
-        yield first, second
-    finally:
-        await first.close()
-        await second.close()
 
 
 async def busy_cluster(
