@@ -1,0 +1,181 @@
+"""The PostgreSQL event bus: NOTIFY on publish, LISTEN on one dedicated asyncpg connection.
+
+A notification carries the event's JSON, or only {"id": N} when the JSON is too large for a
+NOTIFY payload (the server's limit is 8,000 bytes); the listener then reads the row from the
+events table, so such events must have been appended (and committed) before publish().
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import asyncpg
+import sqlalchemy as sa
+
+from corral.domain.events import Event
+from corral.infra.events._listener import ListeningBus
+from corral.store.database import Database
+from corral.store.events import read_events_by_id
+
+logger = logging.getLogger(__name__)
+
+NOTIFY_LIMIT_BYTES = 7_000
+_IDENTIFIER_MAX = 63  # PostgreSQL truncates longer identifiers
+_PLAIN = re.compile(r"[a-z_][a-z0-9_]*")
+
+# One statement, one transaction: the notifications go out on commit, in this order.
+_NOTIFY = sa.text(
+    "SELECT pg_notify(:channel, payload)"
+    " FROM unnest(CAST(:payloads AS text[])) WITH ORDINALITY AS t(payload, n) ORDER BY n"
+)
+
+
+def channel_name(prefix: str) -> str:
+    """The NOTIFY channel of `prefix`: `<prefix>_events`, made a plain identifier.
+
+    A prefix that needs changing gets a digest of itself appended, so two prefixes never
+    share a channel because they sanitise alike ("a-b" and "a_b").
+    """
+    plain = f"{prefix}_events"
+    if _PLAIN.fullmatch(plain) and len(plain) <= _IDENTIFIER_MAX:
+        return plain
+    cleaned = re.sub(r"[^a-z0-9_]", "_", prefix.lower())[:40]
+    digest = hashlib.sha256(prefix.encode()).hexdigest()[:10]
+    return f"e_{cleaned}_{digest}_events"
+
+
+@dataclass(slots=True)
+class _Listener:
+    connection: asyncpg.Connection
+    # Payloads in arrival order; None once the connection is gone.
+    inbox: asyncio.Queue[str | None]
+
+
+class PostgresEventBus(ListeningBus[_Listener]):
+    """Events fanned out with NOTIFY `<prefix>_events` to every manager on one database."""
+
+    transient_errors = (
+        OSError,
+        TimeoutError,
+        asyncpg.PostgresError,
+        asyncpg.InterfaceError,
+        sa.exc.DBAPIError,
+    )
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        prefix: str = "corral",
+        ping_interval_s: float = 30.0,
+        backoff_base_s: float = 0.05,
+        backoff_cap_s: float = 10.0,
+    ) -> None:
+        if db.dialect != "postgresql":
+            raise ValueError("the postgres event bus needs a Database on PostgreSQL")
+        super().__init__(prefix, backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s)
+        self._db = db
+        self.channel = channel_name(prefix)
+        self._ping_interval_s = ping_interval_s
+        # asyncpg wants a plain libpq-style DSN, without SQLAlchemy's driver suffix.
+        self._dsn = db.url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+    @classmethod
+    async def open(cls, db: Database, *, prefix: str = "corral") -> PostgresEventBus:
+        """A bus already listening (so it gets every event published after this returns)."""
+        bus = cls(db, prefix=prefix)
+        await bus._start()
+        return bus
+
+    async def publish(self, events: Sequence[Event]) -> None:
+        self._check_open()
+        if not events:
+            return
+        payloads = [_notification(event) for event in events]
+        async with self._db.transaction() as conn:
+            await conn.execute(_NOTIFY, {"channel": self.channel, "payloads": payloads})
+
+    async def close(self) -> None:
+        await self._stop_listening()
+
+    async def _connect(self) -> _Listener:
+        connection = await asyncpg.connect(
+            self._dsn, server_settings={"application_name": "corral-events"}
+        )
+        inbox: asyncio.Queue[str | None] = asyncio.Queue()
+        try:
+            connection.add_termination_listener(lambda _conn: inbox.put_nowait(None))
+            await connection.add_listener(
+                self.channel, lambda _conn, _pid, _channel, payload: inbox.put_nowait(payload)
+            )
+        except BaseException:
+            connection.terminate()
+            raise
+        return _Listener(connection, inbox)
+
+    async def _pump(self, listener: _Listener) -> None:
+        while True:
+            try:
+                first = await asyncio.wait_for(listener.inbox.get(), self._ping_interval_s)
+            except TimeoutError:
+                # A half-open TCP connection stays silent: only a query can tell it is gone.
+                await asyncio.wait_for(
+                    listener.connection.execute("SELECT 1"), self._ping_interval_s
+                )
+                continue
+            batch = [first]
+            while not listener.inbox.empty():
+                batch.append(listener.inbox.get_nowait())
+            lost = None in batch
+            self._deliver(await self._decode([p for p in batch if p is not None]))
+            if lost:
+                return
+
+    async def _decode(self, payloads: list[str]) -> list[Event]:
+        """Events of these notifications, in order, fetching the ones sent by id only."""
+        decoded: list[Event | int] = []
+        for payload in payloads:
+            try:
+                data = json.loads(payload)
+                decoded.append(data["id"] if data.keys() == {"id"} else Event.from_json(payload))
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                logger.error(
+                    "events.bad_notification",
+                    extra={"bus": self.prefix, "error": type(exc).__name__, "size": len(payload)},
+                )
+        wanted = [item for item in decoded if isinstance(item, int)]
+        fetched = await read_events_by_id(self._db, wanted) if wanted else {}
+        events: list[Event] = []
+        for item in decoded:
+            if isinstance(item, Event):
+                events.append(item)
+            elif item in fetched:
+                events.append(fetched[item])
+            else:
+                logger.error("events.row_missing", extra={"bus": self.prefix, "event_id": item})
+        return events
+
+    async def _disconnect(self, listener: _Listener) -> None:
+        try:
+            await listener.connection.close(timeout=5)
+        except BaseException:
+            listener.connection.terminate()
+            raise
+
+
+def _notification(event: Event) -> str:
+    text = event.to_json()
+    if len(text.encode()) <= NOTIFY_LIMIT_BYTES:
+        return text
+    if event.id is None:
+        raise ValueError(
+            f"event {event.kind!r} is too large for NOTIFY ({len(text.encode())} bytes) and has "
+            "no id; append it with append_events and publish the returned event"
+        )
+    return json.dumps({"id": event.id})

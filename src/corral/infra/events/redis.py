@@ -1,0 +1,115 @@
+"""The Redis event bus: PUBLISH `<prefix>:events`, one pub/sub listener per bus."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+import redis.asyncio as aioredis
+import redis.exceptions
+from redis.asyncio.client import PubSub
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from corral.domain.events import Event
+from corral.infra.events._listener import ListeningBus
+
+logger = logging.getLogger(__name__)
+
+SUBSCRIBE_TIMEOUT_S = 10.0
+
+
+class RedisEventBus(ListeningBus[PubSub]):
+    """Events fanned out with Redis pub/sub to every manager on one Redis."""
+
+    transient_errors = (
+        OSError,
+        TimeoutError,
+        redis.exceptions.ConnectionError,
+        redis.exceptions.TimeoutError,
+    )
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "corral",
+        ping_interval_s: float = 30.0,
+        backoff_base_s: float = 0.05,
+        backoff_cap_s: float = 10.0,
+    ) -> None:
+        super().__init__(prefix, backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s)
+        self.channel = f"{prefix}:events"
+        self._ping_interval_s = ping_interval_s
+        self._publisher = aioredis.from_url(url)
+        # No silent retries on the listening connection: redis-py would reconnect and
+        # resubscribe without a word, and subscribers would never learn of the gap.
+        self._subscriber = aioredis.from_url(
+            url,
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=int(ping_interval_s),
+            client_name=self.channel,  # names the listener in CLIENT LIST
+        )
+
+    @classmethod
+    async def open(cls, url: str, *, prefix: str = "corral") -> RedisEventBus:
+        """A bus already subscribed (so it gets every event published after this returns)."""
+        bus = cls(url, prefix=prefix)
+        try:
+            await bus._start()
+        except BaseException:
+            await bus._close_clients()
+            raise
+        return bus
+
+    async def publish(self, events: Sequence[Event]) -> None:
+        self._check_open()
+        if not events:
+            return
+        async with self._publisher.pipeline(transaction=False) as pipe:
+            for event in events:
+                pipe.publish(self.channel, event.to_json())
+            await pipe.execute()
+
+    async def close(self) -> None:
+        await self._stop_listening()
+        await self._close_clients()
+
+    async def _close_clients(self) -> None:
+        await self._publisher.aclose()
+        await self._subscriber.aclose()
+
+    async def _connect(self) -> PubSub:
+        pubsub = self._subscriber.pubsub()
+        try:
+            await pubsub.subscribe(self.channel)
+            # PUBLISH only reaches connections whose SUBSCRIBE the server has processed.
+            async with asyncio.timeout(SUBSCRIBE_TIMEOUT_S):
+                message = None
+                while message is None or message["type"] != "subscribe":
+                    message = await pubsub.get_message(timeout=None)
+        except BaseException:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            raise
+        return pubsub
+
+    async def _pump(self, pubsub: PubSub) -> None:
+        while True:
+            # The timeout makes redis-py PING an idle connection (health_check_interval).
+            message = await pubsub.get_message(
+                ignore_subscribe_messages=True, timeout=self._ping_interval_s
+            )
+            if message is None or message.get("type") != "message":
+                continue
+            try:
+                event = Event.from_json(message["data"])
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                logger.error(
+                    "events.bad_message", extra={"bus": self.prefix, "error": type(exc).__name__}
+                )
+                continue
+            self._deliver([event])
+
+    async def _disconnect(self, pubsub: PubSub) -> None:
+        await pubsub.aclose()  # type: ignore[no-untyped-call]

@@ -1,0 +1,270 @@
+"""The EventBus contract, run against the in-process, PostgreSQL and Redis buses."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+
+import pytest
+import redis.asyncio as aioredis
+import sqlalchemy as sa
+
+from corral.domain.events import DROPPED_KIND, Event
+from corral.infra.events import (
+    EventBus,
+    EventBusClosedError,
+    EventBusError,
+    Subscription,
+    open_event_bus,
+)
+from corral.store.database import Database
+from corral.store.events import append_events
+from tests.conftest import REDIS_URL, require_server
+
+DEADLINE_S = 10.0
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
+POSTGRES = pytest.param("postgres", marks=pytest.mark.postgres)
+REDIS = pytest.param("redis", marks=pytest.mark.redis)
+KINDS = ["memory", POSTGRES, REDIS]
+LISTENING_KINDS = [POSTGRES, REDIS]
+
+OpenBus = Callable[..., Awaitable[EventBus]]
+
+
+def ev(n: int, **payload: object) -> Event:
+    """Event number `n` (its id, and `n` in its payload)."""
+    return Event(
+        id=n,
+        kind="session.status_changed",
+        entity_type="session",
+        entity_id=f"s-{n}",
+        owner_id=uuid.UUID(int=n),
+        payload={"n": n, **payload},
+        created_at=NOW,
+    )
+
+
+async def take(subscription: Subscription, count: int) -> list[Event]:
+    """The next `count` events of `subscription` (failing past the deadline)."""
+    async with asyncio.timeout(DEADLINE_S):
+        return [await anext(subscription) for _ in range(count)]
+
+
+async def drain(subscription: Subscription) -> list[Event]:
+    """Every event until the subscription ends (failing past the deadline)."""
+    async with asyncio.timeout(DEADLINE_S):
+        return [event async for event in subscription]
+
+
+@pytest.fixture(params=KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    """Which bus implementation the test runs against."""
+    return str(request.param)
+
+
+@pytest.fixture
+async def pg_db(kind: str, request: pytest.FixtureRequest) -> AsyncIterator[Database | None]:
+    """A fresh migrated PostgreSQL database for the postgres bus (None for the others)."""
+    if kind != "postgres":
+        yield None
+        return
+    db = Database.open(request.getfixturevalue("postgres_database_url"))
+    yield db
+    await db.close()
+
+
+@pytest.fixture
+async def open_bus(
+    kind: str, pg_db: Database | None, redis_unreachable: str | None, namespace: str
+) -> AsyncIterator[OpenBus]:
+    """Opens buses of `kind` (default prefix: the test's namespace); all closed afterwards.
+
+    In-process buses only share events within one bus object, so for memory every call with
+    the same prefix returns the same bus.
+    """
+    if kind == "redis":
+        require_server("Redis", redis_unreachable)
+    opened: dict[str, EventBus] = {}
+    buses: list[EventBus] = []
+
+    async def open_(prefix: str = namespace) -> EventBus:
+        if kind == "memory" and prefix in opened:
+            return opened[prefix]
+        bus = await open_event_bus(kind, prefix=prefix, db=pg_db, redis_url=REDIS_URL)  # type: ignore[arg-type]
+        opened[prefix] = bus
+        buses.append(bus)
+        return bus
+
+    yield open_
+    for bus in buses:
+        await bus.close()
+
+
+async def test_subscriber_on_another_bus_gets_events_in_publish_order(open_bus: OpenBus) -> None:
+    """Events published on bus A reach a subscriber of bus B, in publish order."""
+    a, b = await open_bus(), await open_bus()
+    async with b.subscribe() as subscription:
+        await a.publish([ev(1), ev(2), ev(3)])
+        await a.publish([])
+        await a.publish([ev(4)])
+        assert await take(subscription, 4) == [ev(1), ev(2), ev(3), ev(4)]
+
+
+async def test_every_subscriber_gets_every_event(open_bus: OpenBus) -> None:
+    """Two subscribers of one bus both receive all events."""
+    a, b = await open_bus(), await open_bus()
+    async with b.subscribe() as first, b.subscribe() as second:
+        await a.publish([ev(1), ev(2)])
+        assert await take(first, 2) == await take(second, 2) == [ev(1), ev(2)]
+
+
+async def test_events_published_before_subscribing_are_not_delivered(open_bus: OpenBus) -> None:
+    """A subscription starts with the first event the bus receives after it subscribed."""
+    a, b = await open_bus(), await open_bus()
+    async with b.subscribe() as witness:
+        await a.publish([ev(1)])
+        assert await take(witness, 1) == [ev(1)]  # so b has received ev(1)
+        async with b.subscribe() as late:
+            await a.publish([ev(2)])
+            assert await take(late, 1) == [ev(2)]
+
+
+async def test_slow_subscriber_keeps_the_newest_and_gets_one_dropped_marker(
+    open_bus: OpenBus,
+) -> None:
+    """A full buffer drops the oldest events; one marker counts them and says where to re-read."""
+    a, b = await open_bus(), await open_bus()
+    async with b.subscribe() as fast, b.subscribe(maxsize=3) as slow:
+        await a.publish([ev(n) for n in range(1, 11)])
+        await take(fast, 10)  # so the slow subscriber has been offered all ten
+        marker, *kept = await take(slow, 4)
+        assert kept == [ev(8), ev(9), ev(10)]
+        assert (marker.kind, marker.entity_type) == (DROPPED_KIND, "bus")
+        assert marker.payload == {
+            "reason": "overflow",
+            "dropped": 7,
+            "last_delivered_id": None,
+            "after_id": 0,
+        }
+        await a.publish([ev(n) for n in range(11, 16)])
+        await take(fast, 5)
+        marker, *kept = await take(slow, 4)
+        assert kept == [ev(13), ev(14), ev(15)]
+        assert marker.payload["dropped"] == 2
+        assert marker.payload["last_delivered_id"] == marker.payload["after_id"] == 10
+
+
+async def test_close_ends_subscriptions_and_is_idempotent(open_bus: OpenBus) -> None:
+    """close() stops a waiting iterator; a second close() is harmless; the bus refuses use."""
+    b = await open_bus()
+    async with b.subscribe() as subscription:
+        waiting = asyncio.create_task(drain(subscription))
+        await b.close()
+        assert await waiting == []
+        await b.close()
+    with pytest.raises(EventBusClosedError):
+        await b.publish([ev(1)])
+    with pytest.raises(EventBusClosedError):
+        async with b.subscribe():
+            pass
+
+
+async def test_prefixes_isolate_buses(open_bus: OpenBus, namespace: str) -> None:
+    """A bus only gets the events published under its own prefix."""
+    x_pub, x_sub = await open_bus(f"{namespace}-x"), await open_bus(f"{namespace}-x")
+    y_pub, y_sub = await open_bus(f"{namespace}-y"), await open_bus(f"{namespace}-y")
+    async with x_sub.subscribe() as on_x, y_sub.subscribe() as on_y:
+        await x_pub.publish([ev(1)])
+        await y_pub.publish([ev(2)])  # published after ev(1), so it would arrive after it
+        assert await take(on_y, 1) == [ev(2)]
+        assert await take(on_x, 1) == [ev(1)]
+
+
+@pytest.mark.parametrize("kind", [POSTGRES])
+async def test_large_events_arrive_whole(open_bus: OpenBus, pg_db: Database) -> None:
+    """An event too large for a NOTIFY payload is fetched by id, keeping its place in order."""
+    a, b = await open_bus(), await open_bus()
+    big = Event(
+        kind="route.health",
+        entity_type="route",
+        entity_id="r-1",
+        payload={"log": "x" * 20_000, "nested": {"at": NOW}},
+        created_at=NOW,
+    )
+    async with pg_db.transaction() as conn:
+        appended = await append_events(conn, [ev(0), big, ev(0)], NOW)
+    async with b.subscribe() as subscription:
+        await a.publish(appended)
+        assert await take(subscription, 3) == appended
+    assert appended[1].payload["nested"] == {"at": NOW.isoformat()}
+    with pytest.raises(ValueError, match="append it"):
+        await a.publish([big])
+
+
+@pytest.mark.parametrize("kind", LISTENING_KINDS)
+async def test_reconnect_delivers_a_dropped_marker_then_resumes(
+    open_bus: OpenBus, kind: str, pg_db: Database | None, namespace: str
+) -> None:
+    """After losing its connection the bus reconnects, marks the gap, and delivers again."""
+    a, b = await open_bus(), await open_bus()
+    async with b.subscribe() as subscription:
+        await a.publish([ev(1)])
+        assert await take(subscription, 1) == [ev(1)]
+        await _sever_listeners(kind, pg_db, namespace)
+        [marker] = await take(subscription, 1)
+        assert marker.kind == DROPPED_KIND
+        assert marker.payload == {
+            "reason": "reconnect",
+            "dropped": None,
+            "last_delivered_id": 1,
+            "after_id": 1,
+        }
+        await a.publish([ev(2)])
+        assert await take(subscription, 1) == [ev(2)]
+
+
+@pytest.mark.parametrize("kind", LISTENING_KINDS)
+async def test_dead_listener_fails_subscriptions(
+    open_bus: OpenBus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listener that dies of an unexpected error ends subscriptions with EventBusError."""
+    a, b = await open_bus(), await open_bus()
+
+    def broken(cls: type[Event], text: str | bytes) -> Event:
+        raise RuntimeError("decoder bug")
+
+    async with b.subscribe() as subscription:
+        monkeypatch.setattr(Event, "from_json", classmethod(broken))
+        await a.publish([ev(1)])
+        with pytest.raises(EventBusError, match="decoder bug"):
+            await take(subscription, 1)
+    with pytest.raises(EventBusError):
+        async with b.subscribe():
+            pass
+
+
+async def _sever_listeners(kind: str, db: Database | None, namespace: str) -> None:
+    """Cut the listening connections of this test's buses, server side."""
+    if kind == "postgres":
+        assert db is not None
+        async with db.transaction() as conn:
+            killed = await conn.scalar(
+                sa.text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND application_name = 'corral-events'"
+                )
+            )
+        assert killed == 2
+        return
+    client = aioredis.from_url(REDIS_URL)
+    try:
+        name = f"{namespace}:events"
+        clients = await client.client_list(_type="pubsub")
+        ids = [c["id"] for c in clients if c["name"] == name]
+        assert len(ids) == 2
+        for client_id in ids:
+            await client.client_kill_filter(_id=client_id)
+    finally:
+        await client.aclose()
