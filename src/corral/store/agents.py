@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -94,20 +94,11 @@ async def lock_ledger(
     if not ids:
         return {}
     rows = await conn.execute(
-        sa.select(
-            agent_slots.c.agent_id,
-            agent_slots.c.slot_name,
-            agent_slots.c.capacity,
-            agent_slots.c.occupied,
-        )
-        .where(in_values(dialect, agent_slots.c.agent_id, ids))
+        _LEDGER_ROWS.where(in_values(dialect, agent_slots.c.agent_id, ids))
         .order_by(agent_slots.c.agent_id, agent_slots.c.slot_name)
         .with_for_update()
     )
-    ledger: Ledger = {AgentId(agent_id): {} for agent_id in ids}
-    for agent_id, slot_name, capacity, occupied in rows:
-        ledger[AgentId(agent_id)][slot_name] = [capacity, occupied]
-    return ledger
+    return _ledger(rows, {AgentId(agent_id): {} for agent_id in ids})
 
 
 def fit_claims(
@@ -185,15 +176,16 @@ async def apply_slot_deltas(
 async def read_ledger(db: Database) -> Ledger:
     """Every agent's capacity and occupancy (for checks and listings)."""
     async with db.read() as conn:
-        rows = await conn.execute(
-            sa.select(
-                agent_slots.c.agent_id,
-                agent_slots.c.slot_name,
-                agent_slots.c.capacity,
-                agent_slots.c.occupied,
-            )
-        )
-        ledger: Ledger = defaultdict(dict)
-        for agent_id, slot_name, capacity, occupied in rows:
-            ledger[AgentId(agent_id)][slot_name] = [capacity, occupied]
-        return dict(ledger)
+        return _ledger(await conn.execute(_LEDGER_ROWS), {})
+
+
+_LEDGER_ROWS = sa.select(
+    agent_slots.c.agent_id, agent_slots.c.slot_name, agent_slots.c.capacity, agent_slots.c.occupied
+)
+
+
+def _ledger(rows: Iterable[Any], ledger: Ledger) -> Ledger:
+    """Fill `ledger` from (agent, slot, capacity, occupied) rows."""
+    for agent_id, slot_name, capacity, occupied in rows:
+        ledger.setdefault(AgentId(agent_id), {})[slot_name] = [capacity, occupied]
+    return ledger
