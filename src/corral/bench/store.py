@@ -14,7 +14,8 @@ from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import AgentId, SessionId, UserId
 from corral.store.agents import NewAgent, insert_agents, read_ledger
 from corral.store.placements import KernelPlacement, SessionPlacement, commit_placements
-from corral.store.sessions import SessionRepository, StatusChange
+from corral.store.sessions import SessionRepository
+from corral.store.status_changes import StatusChange
 from corral.store.tables import users
 
 S, K, R = SessionStatus, KernelStatus, SchedulingResult

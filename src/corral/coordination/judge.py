@@ -17,7 +17,7 @@ from corral.domain.results import HandlerResult, ResultNote, SchedulingResult, S
 from corral.domain.session import SessionWithKernels
 from corral.domain.status import SessionStatus
 from corral.domain.types import SessionId
-from corral.store.sessions import StatusChange
+from corral.store.status_changes import StatusChange
 
 DEFAULT_MAX_ATTEMPTS = 5  # the spec README's default limit per phase
 

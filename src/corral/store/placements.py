@@ -20,7 +20,7 @@ from corral.store._sql import in_values
 from corral.store.agents import Claim, apply_slot_deltas, fit_claims, lock_ledger
 from corral.store.database import Database, Dialect
 from corral.store.history import record_kernel_history, record_session_history
-from corral.store.sessions import lock_sessions
+from corral.store.status_changes import lock_sessions
 from corral.store.tables import agents, kernels, sessions
 
 PHASE = "ScheduleNewSessions"

@@ -18,7 +18,8 @@ from corral.domain.types import AgentId, SessionId, UserId
 from corral.store.agents import NewAgent, insert_agents, read_ledger
 from corral.store.database import Database
 from corral.store.placements import KernelPlacement, SessionPlacement, commit_placements
-from corral.store.sessions import SessionRepository, StatusChange
+from corral.store.sessions import SessionRepository
+from corral.store.status_changes import StatusChange
 from corral.store.tables import agents as agents_table
 from corral.store.tables import resource_groups, session_history, sessions, users
 

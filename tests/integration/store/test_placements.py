@@ -12,7 +12,8 @@ from corral.store import tables
 from corral.store.agents import NewAgent, apply_slot_deltas, insert_agents, read_ledger
 from corral.store.database import Database
 from corral.store.placements import commit_placements
-from corral.store.sessions import SessionRepository, StatusChange
+from corral.store.sessions import SessionRepository
+from corral.store.status_changes import StatusChange
 from tests.integration.store._factories import (
     NOW,
     PREPARE,

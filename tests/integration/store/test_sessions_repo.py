@@ -14,7 +14,8 @@ from corral.domain.types import AgentId, SessionId
 from corral.store.agents import NewAgent, insert_agents, read_ledger
 from corral.store.database import Database
 from corral.store.placements import commit_placements
-from corral.store.sessions import SessionRepository, StatusChange
+from corral.store.sessions import SessionRepository
+from corral.store.status_changes import StatusChange
 from corral.store.tables import kernel_history, kernels, resource_groups, session_history
 from tests.integration.store._factories import (
     NOW,

@@ -19,7 +19,8 @@ from corral.store._sql import in_values
 from corral.store.database import Database
 from corral.store.placements import PHASE as SCHEDULE_PHASE
 from corral.store.placements import PlacementOutcome, SessionPlacement, commit_placements
-from corral.store.sessions import SessionRepository, StatusChange
+from corral.store.sessions import SessionRepository
+from corral.store.status_changes import StatusChange
 from corral.store.tables import kernel_history, session_history
 from tests.integration.store._factories import (
     NOW,

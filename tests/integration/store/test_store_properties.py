@@ -28,7 +28,8 @@ from corral.store._sql import in_values
 from corral.store.agents import read_ledger
 from corral.store.database import Database
 from corral.store.placements import PlacementOutcome, SessionPlacement, commit_placements
-from corral.store.sessions import SessionRepository, StatusChange
+from corral.store.sessions import SessionRepository
+from corral.store.status_changes import StatusChange
 from corral.store.tables import agent_slots, kernel_history, kernels, session_history, sessions
 from tests.integration.store._factories import (
     CANCEL,

@@ -1,0 +1,310 @@
+"""Guarded status changes of sessions and their kernels, with history and slot release.
+
+One `apply_changes` call is one transaction. Every change is checked against the domain's
+transition table before anything is written, touches only sessions still in the expected
+status (the guard; the rest are reported stale), moves their kernels along the kernel table,
+gives back the slots of kernels that go back to PENDING or end, and writes the history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from corral.domain.results import ResultNote, SchedulingResult, TransitionStatus
+from corral.domain.status import (
+    KERNEL_TERMINAL,
+    KERNEL_TRANSITIONS,
+    SESSION_TERMINAL,
+    SESSION_TRANSITIONS,
+    KernelStatus,
+    SessionStatus,
+)
+from corral.domain.types import AgentId, SessionId
+from corral.store._sql import IdBatch, id_batch, in_values
+from corral.store.agents import apply_slot_deltas
+from corral.store.database import Database, Dialect
+from corral.store.history import record_kernel_history, record_session_history
+from corral.store.tables import kernels, sessions
+
+# Results after which the agents that held the session count as having failed it.
+_FAILED_RESULTS = frozenset({SchedulingResult.EXPIRED, SchedulingResult.GIVE_UP})
+
+
+@dataclass(frozen=True, slots=True)
+class StatusChange:
+    """One judged outcome for a batch of sessions: a guarded move plus its history.
+
+    Only sessions whose current status is in `expected` are touched (the guard); the rest were
+    moved by someone else and are reported back as stale. With `target` None (or both of its
+    fields None) only history is written. `count_attempt` adds one to the sessions' attempts in
+    `phase` (failed attempts that keep their status).
+    """
+
+    session_ids: Sequence[SessionId]
+    phase: str
+    result: SchedulingResult
+    expected: frozenset[SessionStatus]
+    target: TransitionStatus | None = None
+    notes: Mapping[SessionId, ResultNote] = field(default_factory=dict)
+    count_attempt: bool = False
+
+    def validate(self) -> None:
+        """Raise IllegalTransitionError if the declared move breaks the session table."""
+        if self.target is not None and self.target.session is not None:
+            SESSION_TRANSITIONS.check(self.expected - {self.target.session}, self.target.session)
+
+
+@dataclass(slots=True)
+class AppliedChanges:
+    """What an `apply` actually did."""
+
+    # session id → (status before, status after), for every session that passed its guard
+    sessions: dict[SessionId, tuple[SessionStatus, SessionStatus]] = field(default_factory=dict)
+    # how many kernels changed status
+    kernels_moved: int = 0
+    # sessions named in a change whose guard failed (moved concurrently)
+    stale: set[SessionId] = field(default_factory=set)
+
+    def moved(self) -> dict[SessionId, tuple[SessionStatus, SessionStatus]]:
+        """Only the sessions whose status changed."""
+        return {sid: move for sid, move in self.sessions.items() if move[0] != move[1]}
+
+
+async def apply_changes(
+    db: Database, changes: Sequence[StatusChange], now: datetime
+) -> AppliedChanges:
+    """Apply judged changes in one transaction: guarded moves, slot release, history."""
+    for change in changes:
+        change.validate()
+    applied = AppliedChanges()
+    async with db.transaction() as conn:
+        for change in changes:
+            await _apply_one(conn, db.dialect, change, now, applied)
+    return applied
+
+
+async def lock_sessions(
+    conn: AsyncConnection,
+    dialect: Dialect,
+    ids: Collection[SessionId],
+    statuses: Collection[SessionStatus],
+) -> dict[SessionId, SessionStatus]:
+    """The sessions among `ids` whose status is one of `statuses`, locked for this transaction.
+
+    PostgreSQL locks them (FOR UPDATE, in id order, so concurrent writers cannot deadlock).
+    SQLite writers are serialised by BEGIN IMMEDIATE; there the status is checked here rather
+    than in SQL, because without statistics SQLite would pick the status index and scan every
+    session in that status to find a small batch.
+    """
+    allowed = {s.value for s in statuses}
+    query = sa.select(sessions.c.id, sessions.c.status).where(
+        in_values(dialect, sessions.c.id, ids)
+    )
+    if dialect == "postgresql":
+        query = query.where(sessions.c.status.in_(allowed)).order_by(sessions.c.id)
+    rows = await conn.execute(query.with_for_update())
+    return {SessionId(sid): SessionStatus(status) for sid, status in rows if status in allowed}
+
+
+async def _apply_one(
+    conn: AsyncConnection,
+    dialect: Dialect,
+    change: StatusChange,
+    now: datetime,
+    applied: AppliedChanges,
+) -> None:
+    ids = list(dict.fromkeys(change.session_ids))
+    if not ids:
+        return
+    current = await lock_sessions(conn, dialect, ids, change.expected)
+    applied.stale.update(sid for sid in ids if sid not in current)
+    if not current:
+        return
+
+    target = change.target or TransitionStatus()
+    after = {sid: target.session or status for sid, status in current.items()}
+    moving_list = [sid for sid, status in current.items() if after[sid] != status]
+    staying_list = [sid for sid, status in current.items() if after[sid] == status]
+    # Encoded once, shared by every statement below.
+    passed = id_batch(dialect, current)
+    moving = passed if len(moving_list) == len(passed) else id_batch(dialect, moving_list)
+    staying = id_batch(dialect, staying_list)
+    to_status = target.session.value if target.session is not None else None
+    # History first: it reads the statuses being left straight from the rows.
+    for group, group_moves in ((moving, True), (staying, False)):
+        await record_session_history(
+            conn,
+            dialect,
+            group,
+            phase=change.phase,
+            result=change.result.value,
+            to_status=to_status,
+            now=now,
+            moving=group_moves,
+            notes=change.notes,
+        )
+    if target.kernel is not None:
+        applied.kernels_moved += await _move_kernels(
+            conn, dialect, passed, target.kernel, change, now
+        )
+    if target.session is not None and moving:
+        await conn.execute(
+            sessions.update()
+            .where(in_values(dialect, sessions.c.id, moving))
+            .values(**_session_move_values(target.session, now))
+        )
+    if change.count_attempt and staying:
+        await conn.execute(
+            sessions.update()
+            .where(in_values(dialect, sessions.c.id, staying))
+            .values(
+                phase=change.phase,
+                phase_attempts=sa.case(
+                    (sessions.c.phase == change.phase, sessions.c.phase_attempts + 1),
+                    else_=1,
+                ),
+            )
+        )
+    await _write_notes(conn, change, current, target)
+    for sid, status in current.items():
+        applied.sessions[sid] = (status, after[sid])
+
+
+async def _write_notes(
+    conn: AsyncConnection,
+    change: StatusChange,
+    current: Mapping[SessionId, SessionStatus],
+    target: TransitionStatus,
+) -> None:
+    noted = [sid for sid in current if sid in change.notes]
+    if not noted:
+        return
+    records_cause = target.session in SESSION_TERMINAL
+    await conn.execute(
+        sessions.update()
+        .where(sessions.c.id == sa.bindparam("sid"))
+        .values(
+            status_info=sa.bindparam("info"),
+            failure_cause=sa.bindparam("cause") if records_cause else sessions.c.failure_cause,
+        ),
+        [
+            {
+                "sid": sid,
+                "info": change.notes[sid].message[:512],
+                "cause": change.notes[sid].code,
+            }
+            for sid in noted
+        ],
+    )
+
+
+async def _move_kernels(
+    conn: AsyncConnection,
+    dialect: Dialect,
+    session_ids: IdBatch,
+    to: KernelStatus,
+    change: StatusChange,
+    now: datetime,
+) -> int:
+    """Move the sessions' kernels to `to`; return how many moved.
+
+    Only kernels whose status may legally move to `to` are touched: a kernel that already
+    ended (or already is there) keeps its status. The session rows are locked already, and
+    every writer locks sessions before their kernels, so kernel locks cannot deadlock.
+    """
+    sources = [s.value for s in KERNEL_TRANSITIONS.sources(to)]
+    scope = sa.and_(
+        in_values(dialect, kernels.c.session_id, session_ids),
+        kernels.c.status.in_(sources),
+    )
+    await record_kernel_history(
+        conn,
+        dialect,
+        session_ids,
+        sources,
+        phase=change.phase,
+        result=change.result.value,
+        to_status=to.value,
+        now=now,
+    )
+    gives_back = to is KernelStatus.PENDING or to in KERNEL_TERMINAL
+    held = await _held_slots(conn, dialect, scope) if gives_back else {}
+    if to is KernelStatus.PENDING and change.result in _FAILED_RESULTS:
+        await _remember_failed_agents(conn, dialect, scope)
+    values: dict[str, Any] = {"status": to.value, "status_changed_at": now}
+    if gives_back:
+        values["occupied_slots"] = sa.null()
+    if to is KernelStatus.PENDING:
+        values["agent_id"] = None
+    moved = await conn.execute(kernels.update().where(scope).values(**values))
+    await apply_slot_deltas(conn, held)
+    return int(moved.rowcount)
+
+
+async def _held_slots(
+    conn: AsyncConnection, dialect: Dialect, scope: sa.ColumnElement[bool]
+) -> dict[AgentId, dict[str, int]]:
+    """Negative deltas giving back what the kernels in `scope` occupy, summed in SQL."""
+    each_fn = sa.func.jsonb_each_text if dialect == "postgresql" else sa.func.json_each
+    each = each_fn(kernels.c.occupied_slots).table_valued("key", "value")
+    rows = await conn.execute(
+        sa.select(kernels.c.agent_id, each.c.key, sa.func.sum(sa.cast(each.c.value, sa.BigInteger)))
+        .select_from(kernels.join(each, sa.true()))
+        .where(scope, kernels.c.agent_id.is_not(None), kernels.c.occupied_slots.is_not(None))
+        .group_by(kernels.c.agent_id, each.c.key)
+    )
+    deltas: dict[AgentId, dict[str, int]] = {}
+    for agent_id, slot, amount in rows:
+        deltas.setdefault(AgentId(agent_id), {})[slot] = -int(amount)
+    return deltas
+
+
+async def _remember_failed_agents(
+    conn: AsyncConnection, dialect: Dialect, scope: sa.ColumnElement[bool]
+) -> None:
+    """Add the agents holding the kernels in `scope` to their sessions' failed agents."""
+    rows = await conn.execute(
+        sa.select(kernels.c.session_id, kernels.c.agent_id).where(
+            scope, kernels.c.agent_id.is_not(None)
+        )
+    )
+    holders: dict[SessionId, list[str]] = {}
+    for sid, agent_id in rows:
+        holders.setdefault(SessionId(sid), []).append(agent_id)
+    if not holders:
+        return
+    known = await conn.execute(
+        sa.select(sessions.c.id, sessions.c.failed_agents).where(
+            in_values(dialect, sessions.c.id, holders)
+        )
+    )
+    updates = []
+    for sid, failed in known:
+        merged = list(dict.fromkeys([*failed, *holders[SessionId(sid)]]))
+        updates.append({"sid": sid, "failed": merged})
+    await conn.execute(
+        sessions.update()
+        .where(sessions.c.id == sa.bindparam("sid"))
+        .values(failed_agents=sa.bindparam("failed", type_=sessions.c.failed_agents.type)),
+        updates,
+    )
+
+
+def _session_move_values(to: SessionStatus, now: datetime) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "status": to.value,
+        "status_changed_at": now,
+        "phase": None,
+        "phase_attempts": 0,
+    }
+    if to is SessionStatus.RUNNING:
+        values["started_at"] = now
+    if to in SESSION_TERMINAL:
+        values["terminated_at"] = now
+    return values
