@@ -43,17 +43,7 @@ class SessionRepository:
         if not new_sessions:
             return
         async with self.db.transaction() as conn:
-            await conn.execute(sessions.insert(), [_session_row(s, now) for s in new_sessions])
-            await conn.execute(
-                kernels.insert(), [row for s in new_sessions for row in _kernel_rows(s, now)]
-            )
-            deps = [
-                {"session_id": s.id, "depends_on": dep}
-                for s in new_sessions
-                for dep in s.dependencies
-            ]
-            if deps:
-                await conn.execute(session_dependencies.insert(), deps)
+            await insert_sessions(conn, new_sessions, now)
 
     async def load(
         self,
@@ -164,6 +154,21 @@ def _kernel_rows(s: NewSession, now: datetime) -> list[dict[str, Any]]:
         }
         for index in range(s.cluster_size)
     ]
+
+
+async def insert_sessions(
+    conn: AsyncConnection, new_sessions: Sequence[NewSession], now: datetime
+) -> None:
+    """Create sessions, their PENDING kernels and dependencies, in the caller's transaction."""
+    if not new_sessions:
+        return
+    await conn.execute(sessions.insert(), [_session_row(s, now) for s in new_sessions])
+    await conn.execute(
+        kernels.insert(), [row for s in new_sessions for row in _kernel_rows(s, now)]
+    )
+    deps = [{"session_id": s.id, "depends_on": d} for s in new_sessions for d in s.dependencies]
+    if deps:
+        await conn.execute(session_dependencies.insert(), deps)
 
 
 # The load query selects this many session columns, then the kernel's.

@@ -8,7 +8,7 @@ gives back the slots of kernels that go back to PENDING or end, and writes the h
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -77,15 +77,25 @@ class AppliedChanges:
 
 
 async def apply_changes(
-    db: Database, changes: Sequence[StatusChange], now: datetime
+    db: Database,
+    changes: Sequence[StatusChange],
+    now: datetime,
+    *,
+    on_applied: Callable[[AsyncConnection, AppliedChanges], Awaitable[None]] | None = None,
 ) -> AppliedChanges:
-    """Apply judged changes in one transaction: guarded moves, slot release, history."""
+    """Apply judged changes in one transaction: guarded moves, slot release, history.
+
+    `on_applied` runs last inside the same transaction, with what was applied: the place to
+    append the events that describe the change, so the change and its audit log commit together.
+    """
     for change in changes:
         change.validate()
     applied = AppliedChanges()
     async with db.transaction() as conn:
         for change in changes:
             await _apply_one(conn, db.dialect, change, now, applied)
+        if on_applied is not None:
+            await on_applied(conn, applied)
     return applied
 
 

@@ -1,0 +1,177 @@
+"""SessionController on SQLite and PostgreSQL: mark in one transaction, hint, event, return."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+import sqlalchemy as sa
+
+from corral.controller.sessions import SessionController, SubmissionError
+from corral.coordination.hints import Hint
+from corral.domain.spec import SessionSpec
+from corral.domain.status import KernelStatus, SessionStatus
+from corral.domain.types import SessionId
+from corral.infra.events import EventBus, open_event_bus
+from corral.infra.hints import HintBus, open_hint_bus
+from corral.store.database import Database
+from corral.store.events import read_events
+from corral.store.placements import commit_placements
+from corral.store.sessions import SessionRepository
+from corral.store.tables import sessions
+from tests.integration.store._factories import add_agents, add_user, placement
+
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+def spec(**fields: object) -> SessionSpec:
+    """A small valid batch spec with `fields` on top."""
+    return SessionSpec.model_validate(
+        {"image": "python", "command": ["python", "-c", "print(1)"], **fields}
+    )
+
+
+@pytest.fixture
+async def buses() -> AsyncIterator[tuple[HintBus, EventBus]]:
+    """In-process hint and event buses."""
+    hints, events = await open_hint_bus("memory"), await open_event_bus("memory")
+    yield hints, events
+    await hints.close()
+    await events.close()
+
+
+@pytest.fixture
+def controller(db: Database, buses: tuple[HintBus, EventBus]) -> SessionController:
+    """A controller on the test database with a fixed clock."""
+    return SessionController(db, buses[0], buses[1], clock=lambda: NOW)
+
+
+async def test_enqueue_writes_pending_session_kernels_event_and_sets_the_hint(
+    db: Database, controller: SessionController, buses: tuple[HintBus, EventBus]
+) -> None:
+    """A submission is PENDING with its kernels, logged as an event, and wakes the scheduler."""
+    hints, events = buses
+    owner = await add_user(db)
+    async with events.subscribe() as live:
+        submitted = await controller.enqueue(
+            spec(resources={"cpu": "2", "mem": "1g"}, cluster_size=2, name="train"), owner
+        )
+        published = await asyncio.wait_for(anext(live), timeout=5)
+    assert submitted.created
+    [session] = await SessionRepository(db).get([submitted.session_id])
+    assert (session.status, session.name, session.owner_id) == (
+        SessionStatus.PENDING,
+        "train",
+        owner,
+    )
+    assert [k.status for k in session.kernels] == [KernelStatus.PENDING] * 2
+    assert session.kernels[0].requested_slots == {"cpu": 2000, "mem": 1024**3 * 1000}
+    assert await hints.consume(Hint.SCHEDULE)
+    [logged] = await read_events(db, entity_id=str(submitted.session_id))
+    assert (logged.kind, logged.owner_id, logged.payload["status"]) == (
+        "session.created",
+        owner,
+        "PENDING",
+    )
+    assert published.id == logged.id
+
+
+async def test_same_creation_id_from_the_same_owner_returns_the_first_session(
+    db: Database, controller: SessionController
+) -> None:
+    """Resubmitting with a creation_id is idempotent per owner; another owner gets their own."""
+    owner, other = await add_user(db), await add_user(db)
+    first = await controller.enqueue(spec(creation_id="job-42"), owner)
+    again = await controller.enqueue(spec(creation_id="job-42"), owner)
+    theirs = await controller.enqueue(spec(creation_id="job-42"), other)
+    assert (again.session_id, again.created) == (first.session_id, False)
+    assert theirs.created and theirs.session_id != first.session_id
+    async with db.read() as conn:
+        count = await conn.scalar(
+            sa.select(sa.func.count()).where(sessions.c.creation_id == "job-42")
+        )
+    assert count == 2
+
+
+async def test_concurrent_submissions_with_one_creation_id_make_one_session(
+    db: Database, buses: tuple[HintBus, EventBus]
+) -> None:
+    """Racing submissions of the same creation_id all return the one session that was made."""
+    owner = await add_user(db)
+    controller = SessionController(db, buses[0], clock=lambda: NOW)
+    results = await asyncio.gather(
+        *(controller.enqueue(spec(creation_id="race"), owner) for _ in range(5))
+    )
+    assert len({r.session_id for r in results}) == 1
+    assert sum(r.created for r in results) == 1
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"resource_group": "nowhere"}, "resource_group"),
+        ({"dependencies": [str(uuid.uuid4())]}, "dependencies"),
+    ],
+)
+async def test_references_that_do_not_exist_are_refused_naming_the_field(
+    db: Database, controller: SessionController, fields: dict[str, object], field: str
+) -> None:
+    """An unknown resource group or dependency is refused, and nothing is written."""
+    owner = await add_user(db)
+    with pytest.raises(SubmissionError) as info:
+        await controller.enqueue(spec(**fields), owner)
+    assert info.value.field == field
+    assert await SessionRepository(db).load([SessionStatus.PENDING]) == []
+
+
+async def test_another_owners_session_is_not_a_valid_dependency(
+    db: Database, controller: SessionController
+) -> None:
+    """Depending on someone else's session is refused as if it did not exist."""
+    owner, other = await add_user(db), await add_user(db)
+    theirs = await controller.enqueue(spec(), other)
+    with pytest.raises(SubmissionError, match="dependencies"):
+        await controller.enqueue(spec(dependencies=[str(theirs.session_id)]), owner)
+
+
+async def test_terminate_cancels_pending_marks_started_and_ignores_ended(
+    db: Database, controller: SessionController, buses: tuple[HintBus, EventBus]
+) -> None:
+    """PENDING → CANCELLED (cause user_cancelled), SCHEDULED → TERMINATING, the rest no-op."""
+    hints, _ = buses
+    owner = await add_user(db)
+    pending = (await controller.enqueue(spec(), owner)).session_id
+    started = (await controller.enqueue(spec(), owner)).session_id
+    agents = await add_agents(db, [{"cpu": 8000, "mem": 10**15}])
+    [loaded] = await SessionRepository(db).get([started])
+    assert (await commit_placements(db, [placement(loaded, list(agents))], NOW)).placed
+    unknown = SessionId(uuid.uuid4())
+
+    outcome = await controller.mark_terminate([pending, started, unknown], "not needed")
+    assert (outcome.cancelled, outcome.terminating, outcome.unchanged) == (
+        [pending],
+        [started],
+        [unknown],
+    )
+    state = {s.id: s for s in await SessionRepository(db).get([pending, started])}
+    assert state[pending].status is SessionStatus.CANCELLED
+    assert state[pending].kernels[0].status is KernelStatus.CANCELLED
+    assert state[started].status is SessionStatus.TERMINATING
+    assert await hints.consume(Hint.TERMINATE)
+    async with db.read() as conn:
+        cause = await conn.scalar(
+            sa.select(sessions.c.failure_cause).where(sessions.c.id == pending)
+        )
+    assert cause == "user_cancelled"
+    logged = [e for e in await read_events(db) if e.kind == "session.status_changed"]
+    assert {(e.entity_id, e.payload["to"]) for e in logged} == {
+        (str(pending), "CANCELLED"),
+        (str(started), "TERMINATING"),
+    }
+
+    again = await controller.mark_terminate([pending, started], "twice")
+    assert again.unchanged == [pending, started]
+    assert not await hints.consume(Hint.TERMINATE)
