@@ -1,0 +1,1 @@
+"""The session coordinator's handlers (spec document 1)."""

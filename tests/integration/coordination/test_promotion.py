@@ -1,0 +1,95 @@
+"""Promotion handlers run by the coordinator on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+
+from corral.coordination.promotion import run_promotion
+from corral.domain.status import KernelStatus, SessionStatus
+from corral.domain.types import SessionId
+from corral.handlers.sessions.promotions import (
+    DetectTermination,
+    PromoteToPrepared,
+    PromoteToRunning,
+)
+from corral.store.database import Database
+from corral.store.sessions import SessionRepository
+from corral.store.tables import kernels, session_history
+from tests.integration.store._factories import NOW, add_session_ids, add_user, update_sessions
+
+S, K = SessionStatus, KernelStatus
+
+
+async def two_kernel_sessions(
+    db: Database, status: SessionStatus, kernel_states: Sequence[tuple[K, K]]
+) -> list[SessionId]:
+    """One 2-kernel session in `status` per pair of kernel statuses."""
+    ids = await add_session_ids(db, await add_user(db), len(kernel_states), cluster_size=2)
+    await update_sessions(db, ids, status=status.value)
+    for sid, states in zip(ids, kernel_states, strict=True):
+        async with db.transaction() as conn:
+            for index, state in enumerate(states):
+                await conn.execute(
+                    kernels.update()
+                    .where(kernels.c.session_id == sid, kernels.c.cluster_index == index)
+                    .values(status=state.value)
+                )
+    return ids
+
+
+async def statuses(db: Database, ids: Sequence[SessionId]) -> list[SessionStatus]:
+    """The sessions' statuses, in the order of `ids`."""
+    by_id = {s.id: s.status for s in await SessionRepository(db).get(ids)}
+    return [by_id[sid] for sid in ids]
+
+
+async def test_prepared_only_when_no_kernel_is_still_preparing(db: Database) -> None:
+    """NOT_ANY: a session is PREPARED once every kernel passed PULLING; kernels are untouched."""
+    ready, pulling = await two_kernel_sessions(
+        db, S.PREPARING, [(K.PREPARED, K.PREPARED), (K.PREPARED, K.PULLING)]
+    )
+    applied = await run_promotion(db, PromoteToPrepared(), NOW)
+    assert applied.moved() == {ready: (S.PREPARING, S.PREPARED)}
+    assert await statuses(db, [ready, pulling]) == [S.PREPARED, S.PREPARING]
+    [session] = await SessionRepository(db).get([ready])
+    assert [k.status for k in session.kernels] == [K.PREPARED, K.PREPARED]
+    async with db.read() as conn:
+        rows = (
+            await conn.execute(
+                sa.select(session_history.c.phase, session_history.c.to_status).where(
+                    session_history.c.session_id == ready
+                )
+            )
+        ).all()
+    assert [tuple(r) for r in rows] == [("PromoteToPrepared", "PREPARED")]
+
+
+async def test_running_only_when_every_kernel_runs(db: Database) -> None:
+    """A CREATING session with one kernel still CREATING stays; all RUNNING promotes it."""
+    up, starting = await two_kernel_sessions(
+        db, S.CREATING, [(K.RUNNING, K.RUNNING), (K.RUNNING, K.CREATING)]
+    )
+    await run_promotion(db, PromoteToRunning(), NOW)
+    assert await statuses(db, [up, starting]) == [S.RUNNING, S.CREATING]
+
+
+async def test_any_ended_kernel_sends_a_running_session_to_terminating(db: Database) -> None:
+    """ANY: one kernel that ended (success or failure) is enough to start terminating."""
+    ended, failed, running = await two_kernel_sessions(
+        db,
+        S.RUNNING,
+        [(K.TERMINATED, K.RUNNING), (K.RUNNING, K.ERROR), (K.RUNNING, K.RUNNING)],
+    )
+    applied = await run_promotion(db, DetectTermination(), NOW)
+    assert set(applied.moved()) == {ended, failed}
+    assert await statuses(db, [ended, failed, running]) == [S.TERMINATING, S.TERMINATING, S.RUNNING]
+
+
+async def test_nothing_to_promote_is_a_no_op(db: Database) -> None:
+    """Without targets or matches, nothing is written."""
+    assert (await run_promotion(db, PromoteToRunning(), NOW)).sessions == {}
+    [waiting] = await two_kernel_sessions(db, S.CREATING, [(K.CREATING, K.CREATING)])
+    assert (await run_promotion(db, PromoteToRunning(), NOW)).sessions == {}
+    assert await statuses(db, [waiting]) == [S.CREATING]
