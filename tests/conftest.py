@@ -13,7 +13,7 @@ import functools
 import os
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -61,11 +61,7 @@ def _postgres_reachable() -> str | None:
         finally:
             await db.close()
 
-    try:
-        run_sync(asyncio.wait_for(probe(), timeout=5))
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}".splitlines()[0]
-    return None
+    return _unreachable_reason(probe)
 
 
 @functools.cache
@@ -80,6 +76,11 @@ def _redis_reachable() -> str | None:
         finally:
             await client.aclose()
 
+    return _unreachable_reason(probe)
+
+
+def _unreachable_reason(probe: Callable[[], Coroutine[Any, Any, None]]) -> str | None:
+    """None when `probe` completes within 5 s, else the first line of why it did not."""
     try:
         run_sync(asyncio.wait_for(probe(), timeout=5))
     except Exception as exc:

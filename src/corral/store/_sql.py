@@ -58,3 +58,13 @@ def in_values(
         "value"
     )
     return column.in_(sa.select(each.c.value))
+
+
+def slot_entries(dialect: Dialect, column: sa.ColumnElement[Any]) -> Any:
+    """The (key, value) rows of a JSON slot map column, to join and sum slot by slot in SQL.
+
+    `jsonb_each_text` on PostgreSQL, `json_each` on SQLite; join it `ON true` to the table
+    holding `column`, and cast `value` to an integer to add the amounts up.
+    """
+    each_fn = sa.func.jsonb_each_text if dialect == "postgresql" else sa.func.json_each
+    return each_fn(column).table_valued("key", "value")

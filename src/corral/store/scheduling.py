@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from corral.domain.session import SessionWithKernels
 from corral.domain.status import SESSION_OCCUPYING, SessionStatus
 from corral.domain.types import AgentId, SessionId, UserId
-from corral.store._sql import in_values
+from corral.store._sql import in_values, slot_entries
 from corral.store.database import Dialect
 from corral.store.sessions import load_with_kernels
 from corral.store.tables import (
@@ -109,8 +109,7 @@ async def read_owner_usage(
         .group_by(sessions.c.owner_id)
     )
     session_counts = {UserId(owner): int(n) for owner, n in counts}
-    each_fn = sa.func.jsonb_each_text if dialect == "postgresql" else sa.func.json_each
-    each = each_fn(kernels.c.occupied_slots).table_valued("key", "value")
+    each = slot_entries(dialect, kernels.c.occupied_slots)
     rows = await conn.execute(
         sa.select(
             sessions.c.owner_id, each.c.key, sa.func.sum(sa.cast(each.c.value, sa.BigInteger))

@@ -26,7 +26,7 @@ from corral.domain.status import (
     SessionStatus,
 )
 from corral.domain.types import AgentId, SessionId
-from corral.store._sql import IdBatch, id_batch, in_values
+from corral.store._sql import IdBatch, id_batch, in_values, slot_entries
 from corral.store.agents import apply_slot_deltas
 from corral.store.database import Database, Dialect
 from corral.store.history import record_kernel_history, record_session_history
@@ -261,8 +261,7 @@ async def _held_slots(
     conn: AsyncConnection, dialect: Dialect, scope: sa.ColumnElement[bool]
 ) -> dict[AgentId, dict[str, int]]:
     """Negative deltas giving back what the kernels in `scope` occupy, summed in SQL."""
-    each_fn = sa.func.jsonb_each_text if dialect == "postgresql" else sa.func.json_each
-    each = each_fn(kernels.c.occupied_slots).table_valued("key", "value")
+    each = slot_entries(dialect, kernels.c.occupied_slots)
     rows = await conn.execute(
         sa.select(kernels.c.agent_id, each.c.key, sa.func.sum(sa.cast(each.c.value, sa.BigInteger)))
         .select_from(kernels.join(each, sa.true()))
