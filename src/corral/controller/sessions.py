@@ -9,7 +9,7 @@ the rows anyway.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -27,7 +27,7 @@ from corral.infra.events import EventBus
 from corral.infra.hints import HintBus
 from corral.store._sql import in_values
 from corral.store.database import Database
-from corral.store.events import append_events
+from corral.store.events import append_events, append_session_moves
 from corral.store.sessions import insert_sessions
 from corral.store.status_changes import AppliedChanges, StatusChange, apply_changes
 from corral.store.tables import resource_groups, sessions
@@ -150,17 +150,8 @@ class SessionController:
 
         async def record(conn: AsyncConnection, applied: AppliedChanges) -> None:
             moves = applied.moved()
-            owners = await _owners(conn, self.db, list(moves))
-            appended.extend(
-                await append_events(
-                    conn,
-                    [
-                        _status_event(sid, owners.get(sid), before, after, reason, now)
-                        for sid, (before, after) in moves.items()
-                    ],
-                    now,
-                )
-            )
+            reasons = dict.fromkeys(moves, reason)
+            appended.extend(await append_session_moves(conn, self.db.dialect, moves, reasons, now))
 
         applied = await apply_changes(self.db, changes, now, on_applied=record)
         outcome = TerminateOutcome()
@@ -249,35 +240,3 @@ def _created_event(new: NewSession, spec: SessionSpec, now: datetime) -> Event:
         },
         created_at=now,
     )
-
-
-def _status_event(
-    sid: SessionId,
-    owner: uuid.UUID | None,
-    before: SessionStatus,
-    after: SessionStatus,
-    reason: str,
-    now: datetime,
-) -> Event:
-    return Event(
-        id=None,
-        kind="session.status_changed",
-        entity_type="session",
-        entity_id=str(sid),
-        owner_id=owner,
-        payload={"from": before.value, "to": after.value, "reason": reason},
-        created_at=now,
-    )
-
-
-async def _owners(
-    conn: AsyncConnection, db: Database, ids: Sequence[SessionId]
-) -> dict[SessionId, uuid.UUID]:
-    if not ids:
-        return {}
-    rows = await conn.execute(
-        sa.select(sessions.c.id, sessions.c.owner_id).where(
-            in_values(db.dialect, sessions.c.id, ids)
-        )
-    )
-    return {SessionId(sid): owner for sid, owner in rows}

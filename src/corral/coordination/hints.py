@@ -1,12 +1,74 @@
-"""The hint names: which coordinator task a hint wakes."""
+"""The hint names: which coordinator task a hint wakes, and which hints a kernel report sets."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
+
+from corral.domain.status import KERNEL_TERMINAL, SESSION_TERMINAL, KernelStatus, SessionStatus
 
 
 class Hint(StrEnum):
     """A hint per task of the session coordinator; setting one only wakes the task early."""
 
     SCHEDULE = "schedule"
+    PREPARE = "prepare"
+    START = "start"
     TERMINATE = "terminate"
+    PROMOTE_PREPARED = "promote-prepared"
+    PROMOTE_RUNNING = "promote-running"
+    DETECT_TERMINATION = "detect-termination"
+    PROMOTE_TERMINATED = "promote-terminated"
+    # Not a coordinator task: agents' desired kernels changed (wakes assignment long-polls).
+    ASSIGNMENTS = "assignments"
+
+
+_AFTER_KERNEL_MOVE: dict[KernelStatus, frozenset[Hint]] = {
+    KernelStatus.PULLING: frozenset({Hint.PROMOTE_PREPARED}),
+    KernelStatus.PREPARED: frozenset({Hint.PROMOTE_PREPARED}),
+    KernelStatus.RUNNING: frozenset({Hint.PROMOTE_RUNNING}),
+    KernelStatus.TERMINATING: frozenset({Hint.DETECT_TERMINATION}),
+    **{
+        status: frozenset({Hint.DETECT_TERMINATION, Hint.PROMOTE_TERMINATED})
+        for status in KERNEL_TERMINAL
+    },
+}
+_AFTER_STAGE_FAILURE: dict[KernelStatus, Hint] = {
+    KernelStatus.PREPARING: Hint.PREPARE,
+    KernelStatus.PULLING: Hint.PREPARE,
+    KernelStatus.PREPARED: Hint.START,
+    KernelStatus.CREATING: Hint.START,
+}
+
+
+def hints_after_report(
+    moved_to: Iterable[KernelStatus], failed_stages: Iterable[KernelStatus] = ()
+) -> set[Hint]:
+    """The tasks to wake after agents moved kernels into `moved_to` or failed these stages."""
+    hints: set[Hint] = set()
+    for status in moved_to:
+        hints |= _AFTER_KERNEL_MOVE.get(status, frozenset())
+    for status in failed_stages:
+        if status in _AFTER_STAGE_FAILURE:
+            hints.add(_AFTER_STAGE_FAILURE[status])
+    return hints
+
+
+_AFTER_SESSION_MOVE: dict[SessionStatus, frozenset[Hint]] = {
+    SessionStatus.PENDING: frozenset({Hint.SCHEDULE, Hint.ASSIGNMENTS}),
+    SessionStatus.SCHEDULED: frozenset({Hint.PREPARE}),
+    SessionStatus.PREPARING: frozenset({Hint.ASSIGNMENTS}),
+    SessionStatus.PREPARED: frozenset({Hint.START}),
+    SessionStatus.CREATING: frozenset({Hint.ASSIGNMENTS}),
+    SessionStatus.TERMINATING: frozenset({Hint.TERMINATE}),
+    # An ended session frees capacity and may unblock sessions that depend on it.
+    **{status: frozenset({Hint.SCHEDULE, Hint.ASSIGNMENTS}) for status in SESSION_TERMINAL},
+}
+
+
+def hints_after_moves(moved_to: Iterable[SessionStatus]) -> set[Hint]:
+    """The next phases to wake after sessions moved into `moved_to`."""
+    hints: set[Hint] = set()
+    for status in moved_to:
+        hints |= _AFTER_SESSION_MOVE.get(status, frozenset())
+    return hints

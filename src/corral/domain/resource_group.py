@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, PositiveInt, field_validator
+from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt, field_validator
 
 from corral.domain.slots import ResourceSlots
 
@@ -32,6 +32,19 @@ class Ordering(StrEnum):
     BEST_EFFORT = "best_effort"  # smaller ones may pass it
 
 
+# The lifecycle handlers whose attempts and time a group may limit (their names are the phases).
+LIMITED_PHASES = ("ScheduleNewSessions", "PrepareSessions", "StartSessions", "TerminateSessions")
+
+
+class PhaseLimitOptions(BaseModel):
+    """A group's override of one handler's limits; a field left out keeps the default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_attempts: PositiveInt | None = None
+    timeout_s: PositiveFloat | None = None
+
+
 class ResourceGroupOptions(BaseModel):
     """The scheduling options of one resource group; every field has a safe default."""
 
@@ -44,6 +57,20 @@ class ResourceGroupOptions(BaseModel):
     max_sessions_per_owner: PositiveInt | None = None
     # Total slots one owner may occupy at once in this group (None: no limit).
     max_slots_per_owner: ResourceSlots | None = None
+
+    # Per lifecycle handler (by name): failed attempts before giving up, seconds before expiry.
+    # E.g. {"ScheduleNewSessions": {"timeout_s": 3600}} cancels sessions pending over an hour.
+    phase_limits: dict[str, PhaseLimitOptions] = {}
+
+    @field_validator("phase_limits")
+    @classmethod
+    def _known_phases(cls, value: dict[str, PhaseLimitOptions]) -> dict[str, PhaseLimitOptions]:
+        unknown = sorted(set(value) - set(LIMITED_PHASES))
+        if unknown:
+            raise ValueError(
+                f"unknown phase {', '.join(unknown)}; use one of {', '.join(LIMITED_PHASES)}"
+            )
+        return value
 
     @field_validator("max_slots_per_owner")
     @classmethod

@@ -6,12 +6,25 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import AgentId, KernelId, SessionId, UserId
 
 # Resource amounts in milli-units (1 cpu = 1000; 1 byte = 1000), as the store keeps them.
 MilliSlots = Mapping[str, int]
+
+
+class KernelIntent(StrEnum):
+    """What the manager wants an agent to do with a kernel: its desired state.
+
+    Handlers write it (with a generation bumped on every request) and bump the agent's
+    assignment revision; the agent reads it from its assignments and reconciles.
+    """
+
+    PREPARE = "PREPARE"  # fetch the image/environment, make the kernel ready to start
+    RUN = "RUN"  # start the prepared kernel
+    STOP = "STOP"  # stop it (if running) and report how it ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +42,10 @@ class KernelRecord:
     occupied_slots: MilliSlots | None
     exit_code: int | None
     failure_cause: str | None
+    desired_state: KernelIntent | None = None
+    desired_generation: int = 0
+    # The agent's last attempt at the current stage failed with this cause (it may be retried).
+    stage_failure: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +72,7 @@ class SessionWithKernels:
     failed_agents: tuple[AgentId, ...]
     creation_id: str | None
     kernels: tuple[KernelRecord, ...]
+    started_at: datetime | None = None
 
     def requested_total(self) -> dict[str, int]:
         """The sum of all kernels' requested slots (milli-units)."""

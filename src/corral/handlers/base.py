@@ -9,11 +9,17 @@ promotion handler does nothing itself: it declares which kernel statuses to chec
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
-from corral.domain.results import HandlerResult, KernelMatchType, StatusTransitions
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from corral.domain.results import HandlerResult, KernelMatchType, ResultNote, StatusTransitions
 from corral.domain.session import SessionWithKernels
 from corral.domain.status import KernelStatus, SessionStatus
+from corral.domain.types import SessionId
+from corral.store.status_changes import AppliedChanges
 
 
 class LifecycleHandler(ABC):
@@ -39,9 +45,21 @@ class LifecycleHandler(ABC):
     def status_transitions(cls) -> StatusTransitions:
         """Where success, retry, expiry and give-up take a session and its kernels."""
 
+    # True when `execute` itself commits its successes (the scheduler's placement commit):
+    # the coordinator then judges and applies only the rest.
+    commits_successes: ClassVar[bool] = False
+
     @abstractmethod
     async def execute(self, targets: Sequence[SessionWithKernels]) -> HandlerResult:
         """Act on `targets`; sort them into successes, failures and skips (with notes)."""
+
+    async def on_applied(self, conn: AsyncConnection, applied: AppliedChanges) -> None:
+        """Runs inside the transaction that applies the judged result, after the moves.
+
+        The place for writes that must commit together with the statuses, such as the
+        kernels' desired state for the agents. Nothing by default.
+        """
+        return None
 
 
 class SessionPromotionHandler(ABC):
@@ -71,3 +89,20 @@ class SessionPromotionHandler(ABC):
     @abstractmethod
     def success_session_status(cls) -> SessionStatus:
         """Where a promoted session goes."""
+
+    def endings(self, promoted: Sequence[SessionWithKernels]) -> Mapping[SessionId, Ending]:
+        """Per promoted session, a different end than `success_session_status` (default none).
+
+        Only PromoteToTerminated uses it: a session ends TERMINATED, ERROR or CANCELLED.
+        """
+        return {}
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How a session ends: its terminal status, result, exit code and (for ERROR) the cause."""
+
+    status: SessionStatus
+    result: str
+    exit_code: int | None = None
+    note: ResultNote | None = None

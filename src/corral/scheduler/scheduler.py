@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from sqlalchemy.ext.asyncio import AsyncConnection
+
 from corral.domain.results import HandlerResult, ResultNote
+from corral.domain.types import SessionId
 from corral.scheduler.planner import place_sessions
 from corral.scheduler.snapshot import load_snapshot
 from corral.scheduler.types import Outcome, Plan
@@ -52,15 +56,23 @@ class PassResult:
 
 
 async def schedule_group(
-    db: Database, group: str, now: datetime, *, limit: int | None = None
+    db: Database,
+    group: str,
+    now: datetime,
+    *,
+    limit: int | None = None,
+    on_committed: Callable[[AsyncConnection, list[SessionId]], Awaitable[None]] | None = None,
 ) -> PassResult:
-    """Place what fits in `group` now and commit it; sessions that lost a race stay PENDING."""
+    """Place what fits in `group` now and commit it; sessions that lost a race stay PENDING.
+
+    `on_committed` runs inside the commit's transaction with the sessions placed.
+    """
     started = time.perf_counter()
     snapshot = await load_snapshot(db, group, now, limit=limit)
     loaded = time.perf_counter()
     plan = place_sessions(snapshot)
     planned = time.perf_counter()
-    committed = await commit_placements(db, plan.placements, now)
+    committed = await commit_placements(db, plan.placements, now, on_committed=on_committed)
     done = time.perf_counter()
     return PassResult(
         plan=plan,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -12,9 +12,14 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.domain.events import Event, jsonable_payload
+from corral.domain.status import SessionStatus
+from corral.domain.types import SessionId
 from corral.store._sql import in_values
-from corral.store.database import Database
+from corral.store.database import Database, Dialect
 from corral.store.tables import events as events_table
+from corral.store.tables import sessions
+
+SESSION_STATUS_CHANGED = "session.status_changed"
 
 _c = events_table.c
 # One multi-row INSERT per batch (insertmanyvalues) on both backends. PostgreSQL gets the ids
@@ -99,4 +104,37 @@ def _event(row: sa.RowMapping) -> Event:
         owner_id=row["owner_id"],
         payload=payload if payload is not None else {},
         created_at=row["created_at"],
+    )
+
+
+async def append_session_moves(
+    conn: AsyncConnection,
+    dialect: Dialect,
+    moves: Mapping[SessionId, tuple[SessionStatus, SessionStatus]],
+    reasons: Mapping[SessionId, str],
+    now: datetime,
+) -> list[Event]:
+    """Append one `session.status_changed` event per move (with its reason); return them."""
+    if not moves:
+        return []
+    rows = await conn.execute(
+        sa.select(sessions.c.id, sessions.c.owner_id).where(
+            in_values(dialect, sessions.c.id, list(moves))
+        )
+    )
+    owners = {SessionId(sid): owner for sid, owner in rows}
+    return await append_events(
+        conn,
+        [
+            Event(
+                kind=SESSION_STATUS_CHANGED,
+                entity_type="session",
+                entity_id=str(sid),
+                owner_id=owners.get(sid),
+                payload={"from": before.value, "to": after.value, "reason": reasons.get(sid, "")},
+                created_at=now,
+            )
+            for sid, (before, after) in moves.items()
+        ],
+        now,
     )

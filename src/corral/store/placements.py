@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -11,6 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.domain.results import SchedulingResult
 from corral.domain.session import MilliSlots
@@ -106,9 +107,17 @@ class PlacementOutcome:
 
 
 async def commit_placements(
-    db: Database, plan: Sequence[SessionPlacement], now: datetime, *, message: str = ""
+    db: Database,
+    plan: Sequence[SessionPlacement],
+    now: datetime,
+    *,
+    message: str = "",
+    on_committed: Callable[[AsyncConnection, list[SessionId]], Awaitable[None]] | None = None,
 ) -> PlacementOutcome:
     """Apply a plan in one transaction; sessions that no longer fit stay PENDING, untouched.
+
+    `on_committed` runs last in the same transaction with the sessions placed (e.g. to append
+    the events describing the placement, so they commit together).
 
     Lock order is ledger rows, then sessions, then kernels; every other writer that touches
     the ledger takes sessions and kernels first only for sessions that are not PENDING, so the
@@ -199,5 +208,7 @@ async def commit_placements(
             message=sa.literal("placed on ") + kernels.c.agent_id,
             recorded_from=KernelStatus.PENDING.value,
         )
+        if on_committed is not None:
+            await on_committed(conn, accepted)
     outcome.placed = accepted
     return outcome

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.domain.results import KernelMatchType
-from corral.domain.session import KernelRecord, NewSession, SessionWithKernels
+from corral.domain.session import KernelIntent, KernelRecord, NewSession, SessionWithKernels
 from corral.domain.status import (
     KernelStatus,
     SessionStatus,
@@ -210,6 +210,10 @@ async def load_with_kernels(
             sa.cast(k.occupied_slots, sa.Text),
             k.exit_code,
             k.failure_cause,
+            k.desired_state,
+            k.desired_generation,
+            k.stage_failure,
+            s.started_at,
         )
         .select_from(sessions.join(kernels, k.session_id == s.id))
         .where(where)
@@ -234,7 +238,7 @@ async def load_with_kernels(
         if head is None or row[0] != head[0]:
             if head is not None:
                 result.append(_session(head, pending_kernels, load_json))
-            head, pending_kernels = tuple(row[:_SESSION_COLUMNS]), []
+            head, pending_kernels = (*row[:_SESSION_COLUMNS], row[32]), []
         pending_kernels.append(
             KernelRecord(
                 id=KernelId(row[19]),
@@ -248,6 +252,9 @@ async def load_with_kernels(
                 occupied_slots=load_json(row[26]),
                 exit_code=row[27],
                 failure_cause=row[28],
+                desired_state=KernelIntent(row[29]) if row[29] is not None else None,
+                desired_generation=row[30],
+                stage_failure=row[31],
             )
         )
     if head is not None:
@@ -279,4 +286,5 @@ def _session(
         failed_agents=tuple(AgentId(a) for a in load_json(head[17])),
         creation_id=head[18],
         kernels=tuple(kernel_records),
+        started_at=head[19],
     )

@@ -28,6 +28,7 @@ from corral.domain.status import (
 from corral.domain.types import AgentId, SessionId
 from corral.store._sql import IdBatch, id_batch, in_values, slot_entries
 from corral.store.agents import apply_slot_deltas
+from corral.store.assignments import bump_revisions
 from corral.store.database import Database, Dialect
 from corral.store.history import record_kernel_history, record_session_history
 from corral.store.tables import kernels, sessions
@@ -251,9 +252,13 @@ async def _move_kernels(
     if gives_back:
         values["occupied_slots"] = sa.null()
     if to is KernelStatus.PENDING:
-        values["agent_id"] = None
+        # The kernel starts over: no agent, nothing asked of anyone.
+        values.update(agent_id=None, desired_state=None, stage_failure=None)
     moved = await conn.execute(kernels.update().where(scope).values(**values))
     await apply_slot_deltas(conn, held)
+    # Kernels taken away from their agents (re-scheduled, or ended by the manager): the agents
+    # learn it from their assignments and stop what they still run.
+    await bump_revisions(conn, dialect, set(held))
     return int(moved.rowcount)
 
 

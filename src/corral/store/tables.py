@@ -274,6 +274,11 @@ kernels = sa.Table(
     sa.Column("runtime_info", JSONType, nullable=False),
     sa.Column("exit_code", sa.Integer(), nullable=True),
     sa.Column("failure_cause", sa.String(NAME_LEN), nullable=True),
+    # What the manager wants the agent to do (KernelIntent), bumped generation per request, and
+    # the cause of the agent's last failed attempt at the current stage (retryable, not ERROR).
+    sa.Column("desired_state", sa.String(STATUS_LEN), nullable=True),
+    sa.Column("desired_generation", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("stage_failure", sa.String(NAME_LEN), nullable=True),
     _status_check("status", KernelStatus),
     sa.UniqueConstraint("session_id", "cluster_index"),
     # No index names `status`, and pages keep 20 % free: status changes are then HOT updates

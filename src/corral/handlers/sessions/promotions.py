@@ -1,20 +1,33 @@
-"""Promotion handlers of the session lifecycle, exactly as spec document 1's table gives them.
+"""Promotion handlers of the session lifecycle, as spec document 1's table gives them.
 
-PromoteToTerminated is not here yet: corral ends a session in TERMINATED, ERROR (a kernel
-failed) or CANCELLED (it never ran), so its promotion comes with the terminate flow.
+Two corral additions, both from DESIGN.md's lifecycles: DetectTermination also watches the
+statuses before RUNNING (a kernel can end before its session runs: a lost agent, a failed
+start; the spec's table would only notice once the session reached RUNNING, after starting the
+healthy kernels for nothing), and PromoteToTerminated ends a session in TERMINATED (it ran),
+ERROR (a kernel failed; the cause is kept) or CANCELLED (it never ran).
 """
 
 from __future__ import annotations
 
-from corral.domain.results import KernelMatchType
+from collections.abc import Mapping, Sequence
+
+from corral.domain.results import KernelMatchType, ResultNote
+from corral.domain.session import SessionWithKernels
 from corral.domain.status import (
+    KERNEL_NON_TERMINAL,
     KERNEL_NOT_YET_PREPARED,
     KERNEL_NOT_YET_RUNNING,
     KERNEL_TERMINAL,
     KernelStatus,
     SessionStatus,
 )
-from corral.handlers.base import SessionPromotionHandler
+from corral.domain.types import SessionId
+from corral.handlers.base import Ending, SessionPromotionHandler
+
+RESULT_SUCCESS = "success"
+RESULT_FAILURE = "failure"
+RESULT_CANCELLED = "cancelled"
+KERNEL_FAILED = "kernel_failed"
 
 
 class PromoteToPrepared(SessionPromotionHandler):
@@ -66,7 +79,7 @@ class PromoteToRunning(SessionPromotionHandler):
 
 
 class DetectTermination(SessionPromotionHandler):
-    """RUNNING → TERMINATING as soon as any kernel has ended."""
+    """RUNNING (or earlier, once placed) → TERMINATING as soon as any kernel has ended."""
 
     @classmethod
     def name(cls) -> str:
@@ -74,7 +87,15 @@ class DetectTermination(SessionPromotionHandler):
 
     @property
     def target_session_statuses(self) -> frozenset[SessionStatus]:
-        return frozenset({SessionStatus.RUNNING})
+        return frozenset(
+            {
+                SessionStatus.SCHEDULED,
+                SessionStatus.PREPARING,
+                SessionStatus.PREPARED,
+                SessionStatus.CREATING,
+                SessionStatus.RUNNING,
+            }
+        )
 
     @property
     def check_kernel_statuses(self) -> frozenset[KernelStatus]:
@@ -89,8 +110,60 @@ class DetectTermination(SessionPromotionHandler):
         return SessionStatus.TERMINATING
 
 
+class PromoteToTerminated(SessionPromotionHandler):
+    """TERMINATING → TERMINATED, ERROR or CANCELLED once no kernel is still alive."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "PromoteToTerminated"
+
+    @property
+    def target_session_statuses(self) -> frozenset[SessionStatus]:
+        return frozenset({SessionStatus.TERMINATING})
+
+    @property
+    def check_kernel_statuses(self) -> frozenset[KernelStatus]:
+        return KERNEL_NON_TERMINAL
+
+    @property
+    def match_type(self) -> KernelMatchType:
+        return KernelMatchType.NOT_ANY
+
+    @classmethod
+    def success_session_status(cls) -> SessionStatus:
+        return SessionStatus.TERMINATED
+
+    def endings(self, promoted: Sequence[SessionWithKernels]) -> Mapping[SessionId, Ending]:
+        return {session.id: session_ending(session) for session in promoted}
+
+
+def session_ending(session: SessionWithKernels) -> Ending:
+    """How a session whose kernels all ended ends (DESIGN.md "Lifecycles").
+
+    ERROR if a kernel failed (with its cause); CANCELLED if nothing ever ran; else TERMINATED,
+    with the main kernel's exit code and a result of success exactly when that code is 0.
+    """
+    kernels = sorted(session.kernels, key=lambda k: (k.cluster_role != "main", k.cluster_index))
+    failed = [k for k in kernels if k.status is KernelStatus.ERROR]
+    if failed:
+        cause = failed[0].failure_cause or KERNEL_FAILED
+        return Ending(
+            SessionStatus.ERROR,
+            RESULT_FAILURE,
+            failed[0].exit_code,
+            ResultNote(cause, f"kernel {failed[0].cluster_index} failed: {cause}"),
+        )
+    ran = session.started_at is not None or any(k.exit_code is not None for k in kernels)
+    if not ran:
+        return Ending(SessionStatus.CANCELLED, RESULT_CANCELLED)
+    exit_code = kernels[0].exit_code if kernels else None
+    result = RESULT_SUCCESS if exit_code == 0 else RESULT_FAILURE
+    return Ending(SessionStatus.TERMINATED, result, exit_code)
+
+
 PROMOTION_HANDLERS: tuple[SessionPromotionHandler, ...] = (
     PromoteToPrepared(),
     PromoteToRunning(),
     DetectTermination(),
+    PromoteToTerminated(),
 )

@@ -1,0 +1,236 @@
+"""The session coordinator: runs the eight session handlers, judges, applies, wakes what is next.
+
+A lifecycle run: load the handler's targets in one query → `execute` → judge the result (a pure
+function, `judge.py`) → apply the judged changes in one transaction (guarded writes, merged
+history, attempts, the handler's own writes, the events describing every move) → set the hints
+of the next phases and publish the events. A promotion run matches kernels in one query and
+promotes in one transaction. Locks and timing belong to the loops (`loop.py`), not here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from corral.coordination.hints import Hint, hints_after_moves
+from corral.coordination.judge import PhaseLimits, judge
+from corral.coordination.promotion import run_promotion
+from corral.coordination.tasks import Task, TaskRun
+from corral.domain.events import Event
+from corral.domain.resource_group import ResourceGroupOptions
+from corral.domain.results import SchedulingResult
+from corral.domain.session import SessionWithKernels
+from corral.domain.status import SessionStatus
+from corral.domain.types import SessionId
+from corral.handlers.base import LifecycleHandler, SessionPromotionHandler
+from corral.handlers.sessions.prepare import PrepareSessions
+from corral.handlers.sessions.promotions import PROMOTION_HANDLERS
+from corral.handlers.sessions.schedule import ScheduleNewSessions
+from corral.handlers.sessions.start import StartSessions
+from corral.handlers.sessions.terminate import TerminateSessions
+from corral.infra.events import EventBus
+from corral.infra.hints import HintBus
+from corral.store._sql import in_values
+from corral.store.database import Database
+from corral.store.events import append_session_moves
+from corral.store.sessions import SessionRepository
+from corral.store.status_changes import AppliedChanges, apply_changes
+from corral.store.tables import resource_groups
+
+# Per handler: failed attempts before giving up (the spec README's 5) and seconds in the phase
+# before it expires. A PENDING session never expires unless its group sets a timeout.
+DEFAULT_LIMITS: Mapping[str, PhaseLimits] = {
+    ScheduleNewSessions.name(): PhaseLimits(),
+    PrepareSessions.name(): PhaseLimits(timeout_s=900.0),  # image pulls can be slow
+    StartSessions.name(): PhaseLimits(timeout_s=300.0),
+    TerminateSessions.name(): PhaseLimits(timeout_s=300.0),
+}
+
+_HINTS: Mapping[str, Hint] = {
+    ScheduleNewSessions.name(): Hint.SCHEDULE,
+    PrepareSessions.name(): Hint.PREPARE,
+    StartSessions.name(): Hint.START,
+    TerminateSessions.name(): Hint.TERMINATE,
+    "PromoteToPrepared": Hint.PROMOTE_PREPARED,
+    "PromoteToRunning": Hint.PROMOTE_RUNNING,
+    "DetectTermination": Hint.DETECT_TERMINATION,
+    "PromoteToTerminated": Hint.PROMOTE_TERMINATED,
+}
+# Runs of these write agents' desired state (and may have re-asked for a failed stage).
+_ASKS_AGENTS = frozenset({PrepareSessions.name(), StartSessions.name(), TerminateSessions.name()})
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class SessionCoordinator:
+    """The session lifecycle's handler registry and the runs the loops drive."""
+
+    def __init__(
+        self,
+        db: Database,
+        hints: HintBus,
+        events: EventBus | None = None,
+        *,
+        clock: Callable[[], datetime] = _utcnow,
+        limits: Mapping[str, PhaseLimits] = DEFAULT_LIMITS,
+        lock_prefix: str = "sessions",
+    ) -> None:
+        self.db = db
+        self.hints = hints
+        self.events = events
+        self.clock = clock
+        self.limits = {**DEFAULT_LIMITS, **limits}
+        self.lock_prefix = lock_prefix
+        self.repository = SessionRepository(db)
+        self.lifecycle: tuple[LifecycleHandler, ...] = (
+            ScheduleNewSessions(db, clock, on_placed=self._record_placed),
+            PrepareSessions(db),
+            StartSessions(db),
+            TerminateSessions(db),
+        )
+        self.promotions: tuple[SessionPromotionHandler, ...] = PROMOTION_HANDLERS
+        self._placed_events: list[Event] = []
+
+    def tasks(self) -> list[Task]:
+        """One task per handler, each woken by its own hint and run under its own lock."""
+        tasks = [self._task(h.name(), self._lifecycle_run(h)) for h in self.lifecycle]
+        tasks += [self._task(h.name(), self._promotion_run(h)) for h in self.promotions]
+        return tasks
+
+    async def run_lifecycle(self, handler: LifecycleHandler) -> TaskRun:
+        """One run of a lifecycle handler over all its current targets."""
+        started = time.perf_counter()
+        name = handler.name()
+        targets = await self.repository.load(
+            handler.target_session_statuses, kernel_statuses=handler.target_kernel_statuses
+        )
+        if not targets:
+            return TaskRun(name)
+        self._placed_events = []
+        result = await handler.execute(targets)
+        now = self.clock()
+        group_limits = await self._group_limits(name, {s.resource_group for s in targets})
+        default = self.limits.get(name, PhaseLimits())
+
+        def limits(session: SessionWithKernels) -> PhaseLimits:
+            return group_limits.get(session.resource_group, default)
+
+        changes = judge(
+            phase=name,
+            expected=handler.target_session_statuses,
+            transitions=handler.status_transitions(),
+            targets=targets,
+            result=result,
+            limits=limits,
+            now=now,
+        )
+        if handler.commits_successes:
+            changes = [c for c in changes if c.result is not SchedulingResult.SUCCESS]
+        appended: list[Event] = list(self._placed_events)
+        reasons = {sid: note.message for sid, note in result.notes.items()}
+
+        async def record(conn: AsyncConnection, applied: AppliedChanges) -> None:
+            await handler.on_applied(conn, applied)
+            appended.extend(await self._record_moves(conn, applied.moved(), reasons, name))
+
+        applied = await apply_changes(self.db, changes, now, on_applied=record)
+        moved = dict(applied.moved())
+        if handler.commits_successes:
+            moved.update(
+                (sid, (SessionStatus.PENDING, SessionStatus.SCHEDULED)) for sid in result.successes
+            )
+        hints = hints_after_moves(after for _, after in moved.values())
+        if name in _ASKS_AGENTS:
+            hints.add(Hint.ASSIGNMENTS)
+        await self._post_process(hints, appended)
+        return TaskRun(
+            name,
+            targets=len(targets),
+            changed=len(moved),
+            duration_ms=(time.perf_counter() - started) * 1000,
+        )
+
+    async def run_promotion(self, handler: SessionPromotionHandler) -> TaskRun:
+        """One run of a promotion handler: match kernels, promote, wake the next phase."""
+        started = time.perf_counter()
+        name = handler.name()
+        appended: list[Event] = []
+
+        async def record(conn: AsyncConnection, applied: AppliedChanges) -> None:
+            appended.extend(await self._record_moves(conn, applied.moved(), {}, name))
+
+        applied = await run_promotion(self.db, handler, self.clock(), on_applied=record)
+        moved = applied.moved()
+        await self._post_process(hints_after_moves(after for _, after in moved.values()), appended)
+        return TaskRun(
+            name,
+            targets=len(applied.sessions) + len(applied.stale),
+            changed=len(moved),
+            duration_ms=(time.perf_counter() - started) * 1000,
+        )
+
+    async def run_all(self) -> int:
+        """Every task once, in lifecycle order; the number of sessions moved (for tests, tools)."""
+        changed = 0
+        for task in self.tasks():
+            changed += (await task.run()).changed
+        return changed
+
+    def _task(self, name: str, run: Callable[[], Awaitable[TaskRun]]) -> Task:
+        return Task(name=name, hint=_HINTS[name].value, run=run, lock=f"{self.lock_prefix}.{name}")
+
+    def _lifecycle_run(self, handler: LifecycleHandler) -> Callable[[], Awaitable[TaskRun]]:
+        return lambda: self.run_lifecycle(handler)
+
+    def _promotion_run(self, handler: SessionPromotionHandler) -> Callable[[], Awaitable[TaskRun]]:
+        return lambda: self.run_promotion(handler)
+
+    async def _record_placed(self, conn: AsyncConnection, placed: list[SessionId]) -> None:
+        """Events for sessions the scheduler placed, inside the placement's transaction."""
+        moves = dict.fromkeys(placed, (SessionStatus.PENDING, SessionStatus.SCHEDULED))
+        self._placed_events.extend(
+            await self._record_moves(conn, moves, {}, ScheduleNewSessions.name())
+        )
+
+    async def _record_moves(
+        self,
+        conn: AsyncConnection,
+        moves: Mapping[SessionId, tuple[SessionStatus, SessionStatus]],
+        reasons: Mapping[SessionId, str],
+        phase: str,
+    ) -> list[Event]:
+        full = {sid: reasons.get(sid) or phase for sid in moves}
+        return await append_session_moves(conn, self.db.dialect, moves, full, self.clock())
+
+    async def _post_process(self, hints: set[Hint], events: Sequence[Event]) -> None:
+        if hints:
+            await self.hints.set(*sorted(h.value for h in hints))
+        if events and self.events is not None:
+            await self.events.publish(events)
+
+    async def _group_limits(self, phase: str, groups: set[str]) -> dict[str, PhaseLimits]:
+        """Limits per resource group for `phase`, where a group overrides the default."""
+        default = self.limits.get(phase, PhaseLimits())
+        async with self.db.read() as conn:
+            rows = await conn.execute(
+                sa.select(resource_groups.c.name, resource_groups.c.options).where(
+                    in_values(self.db.dialect, resource_groups.c.name, groups)
+                )
+            )
+            stored = {name: options for name, options in rows}
+        limits: dict[str, PhaseLimits] = {}
+        for group, options in stored.items():
+            override = ResourceGroupOptions.model_validate(options).phase_limits.get(phase)
+            if override is None:
+                continue
+            limits[group] = PhaseLimits(
+                max_attempts=override.max_attempts or default.max_attempts,
+                timeout_s=override.timeout_s if override.timeout_s else default.timeout_s,
+            )
+        return limits

@@ -1,0 +1,220 @@
+"""The dual loop that drives one coordinator task: a short loop woken by hints, a long loop forced.
+
+Short loop: every `short_interval_s`, or as soon as the task's hint is pushed (then a debounce, so
+a burst of hints becomes one batch), run the task if the hint could be consumed. Long loop: every
+`long_interval_s`, run the task whatever the hints say. A lost hint or a dead hint bus costs
+latency, never correctness (DESIGN.md, "Coordination").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from corral.coordination.tasks import Task, TaskRun
+from corral.infra.hints import HintBus, HintBusError
+from corral.infra.locks import LockManager, LockManagerClosedError
+
+__all__ = ["DualLoop"]
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+
+class _Outcome(enum.Enum):
+    RAN = "ran"
+    SKIPPED = "skipped"  # no hint, not forced: nothing to do
+    BUSY = "busy"  # someone else holds the task's lock, so they run it
+    FAILED = "failed"  # the run (or taking its lock) raised
+
+
+class DualLoop:
+    """Runs one task when its hint is set (short loop) and every long interval (long loop)."""
+
+    def __init__(
+        self,
+        task: Task,
+        hints: HintBus,
+        locks: LockManager,
+        *,
+        short_interval_s: float = 2.0,
+        long_interval_s: float = 60.0,
+        debounce_s: float = 0.005,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not short_interval_s > 0:
+            raise ValueError(f"short_interval_s must be > 0 seconds, got {short_interval_s!r}")
+        if not long_interval_s > 0:
+            raise ValueError(f"long_interval_s must be > 0 seconds, got {long_interval_s!r}")
+        if short_interval_s > long_interval_s:
+            raise ValueError(
+                f"short_interval_s ({short_interval_s!r}) must not exceed "
+                f"long_interval_s ({long_interval_s!r}); the long loop is the slow safety net"
+            )
+        if not debounce_s >= 0:
+            raise ValueError(f"debounce_s must be >= 0 seconds (0 disables it), got {debounce_s!r}")
+        self.task = task
+        self._hints = hints
+        self._locks = locks
+        self._short_interval_s = short_interval_s
+        self._long_interval_s = long_interval_s
+        self._debounce_s = debounce_s
+        self._clock = clock
+        # Counters for metrics and tests. `runs` counts completed runs, forced ones included.
+        self.runs = 0
+        self.forced_runs = 0  # completed runs the long loop forced
+        self.failures = 0  # runs (or lock attempts) that raised
+        self.attempts = 0  # times the loop decided whether to run (a hint check or a forced run)
+        self.wakes = 0  # times a set hint woke the short loop
+        self.lock_busy = 0  # attempts that found the task's lock held elsewhere
+        self.last_run: TaskRun | None = None
+        self._running = False
+        self._stopping = False
+        self._idle_task: asyncio.Task[Any] | None = None
+        self._hints_down = False
+
+    async def run(self) -> None:
+        """Drive the task until stop(); a run raising an Exception is logged and retried."""
+        if self._running:
+            raise RuntimeError(f"the loop of task {self.task.name!r} is already running")
+        self._running = True
+        next_forced_at = self._clock() + self._long_interval_s
+        pause = False  # after a failure or a busy lock: wait, don't answer a set hint at once
+        retry = False  # a failed run's work is still owed, hint or not
+        try:
+            while not self._stopping:
+                timeout_s = max(0.0, min(self._short_interval_s, next_forced_at - self._clock()))
+                if pause or self._hints_down:
+                    # A hint still set would make wait() return at once: sleep, don't spin.
+                    await self._idle(asyncio.sleep(timeout_s), None)
+                elif await self._wait_for_hint(timeout_s) and not self._stopping:
+                    self.wakes += 1
+                    await self._idle(asyncio.sleep(self._debounce_s), None)
+                if self._stopping:
+                    break
+                forced = self._clock() >= next_forced_at
+                outcome = await self._attempt(forced=forced, retry=retry)
+                if forced:
+                    # Ran, failed, or left to the lock's holder: the long loop did its part.
+                    next_forced_at = self._clock() + self._long_interval_s
+                retry = outcome is _Outcome.FAILED or (retry and outcome is _Outcome.BUSY)
+                pause = outcome in (_Outcome.FAILED, _Outcome.BUSY)
+        finally:
+            self._running = False
+
+    @property
+    def running(self) -> bool:
+        """Whether run() is in progress."""
+        return self._running
+
+    def stop(self) -> None:
+        """Make run() return once the run in progress (if any) is done; idempotent."""
+        self._stopping = True
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+
+    async def _attempt(self, *, forced: bool, retry: bool) -> _Outcome:
+        self.attempts += 1
+        lock = self.task.lock
+        if lock is None:
+            return await self._consume_and_run(forced=forced, retry=retry)
+        try:
+            # The lock before the hint: a manager that cannot run the task must leave the hint
+            # set for the one that can.
+            async with self._locks.hold(lock) as held:
+                if not held:
+                    self.lock_busy += 1
+                    return _Outcome.BUSY
+                return await self._consume_and_run(forced=forced, retry=retry)
+        except LockManagerClosedError:
+            raise  # closed under a running loop: a shutdown-order bug, not a transient failure
+        except Exception as exc:
+            # The lock's server is down: like a failed run, retried after a short interval.
+            self.failures += 1
+            logger.warning("coordinator.lock_failed", extra=self._log_fields(exc), exc_info=exc)
+            return _Outcome.FAILED
+
+    async def _consume_and_run(self, *, forced: bool, retry: bool) -> _Outcome:
+        # Consumed even when forced, so the run does not repeat right after for the same hint.
+        hinted = await self._consume()
+        if not (hinted or forced or retry):
+            return _Outcome.SKIPPED
+        try:
+            result = await self.task.run()
+        except Exception as exc:
+            self.failures += 1
+            logger.warning("coordinator.task_failed", extra=self._log_fields(exc), exc_info=exc)
+            return _Outcome.FAILED
+        self.runs += 1
+        if forced:
+            self.forced_runs += 1
+        self.last_run = result
+        logger.debug(
+            "coordinator.task_ran",
+            extra={
+                **self._log_fields(),
+                "forced": forced,
+                "targets": result.targets,
+                "changed": result.changed,
+                "duration_ms": result.duration_ms,
+            },
+        )
+        return _Outcome.RAN
+
+    async def _wait_for_hint(self, timeout_s: float) -> bool:
+        """Whether the hint is set (or was pushed) within `timeout_s`; False when hints are down."""
+        try:
+            woken = await self._idle(self._hints.wait([self.task.hint], timeout_s), False)
+        except HintBusError as exc:
+            self._hints_failed(exc)
+            await self._idle(asyncio.sleep(timeout_s), None)
+            return False
+        self._hints_working()
+        return woken
+
+    async def _consume(self) -> bool:
+        try:
+            consumed = await self._hints.consume(self.task.hint)
+        except HintBusError as exc:
+            self._hints_failed(exc)
+            return False
+        self._hints_working()
+        return consumed
+
+    async def _idle(self, waiting: Coroutine[Any, Any, _T], on_stop: _T) -> _T:
+        """The result of `waiting`, or `on_stop` as soon as stop() is called."""
+        if self._stopping:
+            waiting.close()
+            return on_stop
+        idle = asyncio.create_task(waiting, name=f"loop-idle-{self.task.name}")
+        self._idle_task = idle
+        try:
+            await asyncio.wait([idle])
+        finally:
+            self._idle_task = None
+            idle.cancel()  # a no-op when done; when run() itself is cancelled, don't leave it
+        if idle.cancelled():
+            return on_stop
+        return idle.result()
+
+    def _hints_failed(self, error: HintBusError) -> None:
+        # Logged once per outage, not on every short tick.
+        if not self._hints_down:
+            self._hints_down = True
+            logger.warning("coordinator.hints_unavailable", extra=self._log_fields(error))
+
+    def _hints_working(self) -> None:
+        if self._hints_down:
+            self._hints_down = False
+            logger.info("coordinator.hints_restored", extra=self._log_fields())
+
+    def _log_fields(self, error: BaseException | None = None) -> dict[str, object]:
+        fields: dict[str, object] = {"task": self.task.name, "hint": self.task.hint}
+        if error is not None:
+            fields["error"] = type(error).__name__
+        return fields

@@ -1,0 +1,43 @@
+"""Assembling a manager's coordination: the session coordinator's tasks, a dual loop each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from corral.coordination.coordinator import SessionCoordinator
+from corral.coordination.loop import DualLoop
+from corral.coordination.orchestrator import Orchestrator
+from corral.infra.hints import HintBus
+from corral.infra.locks import LockManager
+
+
+@dataclass(frozen=True, slots=True)
+class LoopIntervals:
+    """How often the loops run: hinted (short), always (long), and the burst debounce."""
+
+    short_interval_s: float = 2.0
+    long_interval_s: float = 60.0
+    debounce_s: float = 0.005
+
+
+def session_orchestrator(
+    coordinator: SessionCoordinator,
+    hints: HintBus,
+    locks: LockManager,
+    *,
+    intervals: LoopIntervals = LoopIntervals(),
+    grace_period_s: float = 10.0,
+) -> Orchestrator:
+    """An orchestrator running one dual loop per session task (run it, or `async with` it)."""
+    loops = [
+        DualLoop(
+            task,
+            hints,
+            locks,
+            short_interval_s=intervals.short_interval_s,
+            long_interval_s=intervals.long_interval_s,
+            debounce_s=intervals.debounce_s,
+        )
+        for task in coordinator.tasks()
+    ]
+    return Orchestrator(loops, grace_period_s=grace_period_s)

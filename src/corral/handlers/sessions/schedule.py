@@ -1,0 +1,74 @@
+"""ScheduleNewSessions: place PENDING sessions on agents, wrapping the scheduler."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from corral.domain.results import HandlerResult, StatusTransitions, TransitionStatus
+from corral.domain.session import SessionWithKernels
+from corral.domain.status import KernelStatus, SessionStatus
+from corral.domain.types import SessionId
+from corral.handlers.base import LifecycleHandler
+from corral.scheduler.scheduler import schedule_group
+from corral.store.database import Database
+
+OnPlaced = Callable[[AsyncConnection, list[SessionId]], Awaitable[None]]
+
+
+class ScheduleNewSessions(LifecycleHandler):
+    """PENDING → SCHEDULED: one scheduling pass per resource group with pending sessions.
+
+    The placement commit moves the placed sessions itself (one transaction with the slots they
+    occupy), so the coordinator only judges the rest: failures that no retry can fix give up at
+    once (CANCELLED, with the scheduler's reason), skips are recorded, and a PENDING timeout,
+    when configured, cancels what waited too long.
+    """
+
+    commits_successes = True
+
+    def __init__(
+        self,
+        db: Database,
+        clock: Callable[[], datetime],
+        *,
+        on_placed: OnPlaced | None = None,
+    ) -> None:
+        self.db = db
+        self.clock = clock
+        self.on_placed = on_placed
+
+    @classmethod
+    def name(cls) -> str:
+        return "ScheduleNewSessions"
+
+    @property
+    def target_session_statuses(self) -> frozenset[SessionStatus]:
+        return frozenset({SessionStatus.PENDING})
+
+    @property
+    def target_kernel_statuses(self) -> frozenset[KernelStatus] | None:
+        return frozenset({KernelStatus.PENDING})
+
+    @classmethod
+    def status_transitions(cls) -> StatusTransitions:
+        cancel = TransitionStatus(SessionStatus.CANCELLED, KernelStatus.CANCELLED)
+        return StatusTransitions(
+            success=TransitionStatus(SessionStatus.SCHEDULED, KernelStatus.SCHEDULED),
+            need_retry=None,
+            expired=cancel,
+            give_up=cancel,
+        )
+
+    async def execute(self, targets: Sequence[SessionWithKernels]) -> HandlerResult:
+        result = HandlerResult()
+        for group in sorted({s.resource_group for s in targets}):
+            passed = await schedule_group(self.db, group, self.clock(), on_committed=self.on_placed)
+            part = passed.handler_result()
+            result.successes.extend(part.successes)
+            result.failures.extend(part.failures)
+            result.skipped.extend(part.skipped)
+            result.notes.update(part.notes)
+        return result

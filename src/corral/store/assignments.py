@@ -1,0 +1,164 @@
+"""Agents' assignments: the kernels' desired state that handlers write and agents read.
+
+The manager never calls an agent. A handler that wants a kernel prepared, started or stopped
+writes the kernel's `desired_state` (bumping its `desired_generation`) and bumps the agent's
+`assignment_revision` in the same transaction; the agent, long-polling on its revision, reads
+its whole assignment and reconciles. Writing a desired state that is already there changes
+nothing and bumps nothing, so handlers may repeat a request freely.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from corral.domain.session import KernelIntent, MilliSlots
+from corral.domain.status import KERNEL_TERMINAL, KernelStatus
+from corral.domain.types import AgentId, KernelId, SessionId
+from corral.store._sql import IdBatch, in_values
+from corral.store.database import Database, Dialect
+from corral.store.tables import agents, kernels, sessions
+
+AGENT_ALIVE = "ALIVE"
+
+
+async def request_kernels(
+    conn: AsyncConnection,
+    dialect: Dialect,
+    session_ids: Collection[SessionId] | IdBatch,
+    intent: KernelIntent,
+    statuses: Collection[KernelStatus],
+    *,
+    again: bool = False,
+) -> set[AgentId]:
+    """Ask the agents of these sessions' kernels in `statuses` for `intent`; bump their revisions.
+
+    Only kernels whose desired state differs (or, with `again`, whose last attempt failed) are
+    written: each gets a new generation and its stage failure cleared. Returns the agents bumped.
+    """
+    if not session_ids:
+        return set()
+    changed = kernels.c.desired_state.is_distinct_from(intent.value)
+    if again:
+        changed = sa.or_(changed, kernels.c.stage_failure.is_not(None))
+    rows = await conn.execute(
+        kernels.update()
+        .where(
+            in_values(dialect, kernels.c.session_id, session_ids),
+            kernels.c.status.in_([s.value for s in statuses]),
+            kernels.c.agent_id.is_not(None),
+            changed,
+        )
+        .values(
+            desired_state=intent.value,
+            desired_generation=kernels.c.desired_generation + 1,
+            stage_failure=None,
+        )
+        .returning(kernels.c.agent_id)
+    )
+    bumped = {AgentId(agent_id) for (agent_id,) in rows}
+    await bump_revisions(conn, dialect, bumped)
+    return bumped
+
+
+async def bump_revisions(
+    conn: AsyncConnection, dialect: Dialect, agent_ids: Collection[AgentId]
+) -> None:
+    """Tell these agents their assignments changed (their long-polls answer at once)."""
+    if not agent_ids:
+        return
+    await conn.execute(
+        agents.update()
+        .where(in_values(dialect, agents.c.id, sorted(agent_ids)))
+        .values(assignment_revision=agents.c.assignment_revision + 1)
+    )
+
+
+async def agent_statuses(
+    conn: AsyncConnection, dialect: Dialect, agent_ids: Collection[AgentId]
+) -> dict[AgentId, str]:
+    """Each agent's status (ALIVE, LOST, TERMINATED); unknown agents are left out."""
+    if not agent_ids:
+        return {}
+    rows = await conn.execute(
+        sa.select(agents.c.id, agents.c.status).where(in_values(dialect, agents.c.id, agent_ids))
+    )
+    return {AgentId(agent_id): status for agent_id, status in rows}
+
+
+@dataclass(frozen=True, slots=True)
+class AssignedKernel:
+    """One kernel an agent is responsible for, with what the manager wants of it."""
+
+    id: KernelId
+    session_id: SessionId
+    cluster_role: str
+    cluster_index: int
+    cluster_size: int
+    status: KernelStatus
+    desired_state: KernelIntent | None
+    desired_generation: int
+    stage_failure: str | None
+    occupied_slots: MilliSlots
+    spec: dict[str, Any]  # image, command, env, resources, type: as the user submitted them
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """Everything an agent should hold now, at `revision`: its full desired state."""
+
+    agent_id: AgentId
+    revision: int
+    kernels: tuple[AssignedKernel, ...]
+
+
+async def read_assignment(db: Database, agent_id: AgentId) -> Assignment | None:
+    """The agent's revision and every non-terminal kernel placed on it (None: no such agent)."""
+    async with db.read() as conn:
+        revision = await conn.scalar(
+            sa.select(agents.c.assignment_revision).where(agents.c.id == agent_id)
+        )
+        if revision is None:
+            return None
+        rows = await conn.execute(
+            sa.select(
+                kernels.c.id,
+                kernels.c.session_id,
+                kernels.c.cluster_role,
+                kernels.c.cluster_index,
+                sessions.c.cluster_size,
+                kernels.c.status,
+                kernels.c.desired_state,
+                kernels.c.desired_generation,
+                kernels.c.stage_failure,
+                kernels.c.occupied_slots,
+                sessions.c.spec,
+            )
+            .select_from(kernels.join(sessions, sessions.c.id == kernels.c.session_id))
+            .where(
+                kernels.c.agent_id == agent_id,
+                kernels.c.status.not_in([s.value for s in KERNEL_TERMINAL]),
+            )
+            .order_by(kernels.c.session_id, kernels.c.cluster_index)
+        )
+        assigned = tuple(
+            AssignedKernel(
+                id=KernelId(row[0]),
+                session_id=SessionId(row[1]),
+                cluster_role=row[2],
+                cluster_index=row[3],
+                cluster_size=row[4],
+                status=KernelStatus(row[5]),
+                desired_state=KernelIntent(row[6]) if row[6] is not None else None,
+                desired_generation=row[7],
+                stage_failure=row[8],
+                occupied_slots=row[9] or {},
+                spec=row[10],
+            )
+            for row in rows
+        )
+    return Assignment(agent_id=agent_id, revision=int(revision), kernels=assigned)

@@ -1,0 +1,212 @@
+"""Agents' reports of kernel progress, checked against the kernel transition table.
+
+This is the store side of the agent protocol: an agent reports, for kernels placed on it, a
+new status (with exit code, failure cause, runtime info), or that its attempt at the current
+stage failed and may be retried. A batch is all or nothing: one impossible report (a kernel not
+placed on this agent, a move the kernel table forbids) rejects the batch and changes nothing.
+Reports are idempotent: a status the kernel already has changes nothing but runtime info.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from corral.domain.results import SchedulingResult
+from corral.domain.status import KERNEL_TERMINAL, KERNEL_TRANSITIONS, KernelStatus
+from corral.domain.types import AgentId, KernelId, SessionId
+from corral.store._sql import in_values
+from corral.store.agents import apply_slot_deltas
+from corral.store.database import Database
+from corral.store.tables import kernel_history, kernels
+
+PHASE_AGENT = "agent"
+# Stages an agent may fail and the manager retry (PrepareSessions, StartSessions).
+RETRYABLE_STAGES = frozenset(
+    {KernelStatus.PREPARING, KernelStatus.PULLING, KernelStatus.PREPARED, KernelStatus.CREATING}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class KernelReport:
+    """One kernel's progress as its agent saw it."""
+
+    kernel_id: KernelId
+    status: KernelStatus
+    exit_code: int | None = None
+    failure_cause: str | None = None
+    message: str | None = None
+    runtime_info: Mapping[str, Any] | None = None
+    # The attempt at the current stage failed (status unchanged); the manager may ask again.
+    stage_failed: bool = False
+
+
+class KernelReportConflictError(ValueError):
+    """A report batch the store refused as a whole; `conflicts` says why, per kernel."""
+
+    def __init__(self, conflicts: Mapping[KernelId, str]) -> None:
+        self.conflicts = dict(conflicts)
+        detail = "; ".join(f"{kid}: {why}" for kid, why in self.conflicts.items())
+        super().__init__(f"{len(self.conflicts)} kernel report(s) refused: {detail}")
+
+
+@dataclass(slots=True)
+class ReportOutcome:
+    """What a report batch changed."""
+
+    moved: dict[KernelId, tuple[KernelStatus, KernelStatus]] = field(default_factory=dict)
+    stage_failures: dict[KernelId, KernelStatus] = field(default_factory=dict)
+    sessions: set[SessionId] = field(default_factory=set)  # sessions of kernels that changed
+
+    def moved_to(self) -> set[KernelStatus]:
+        """The statuses kernels moved into."""
+        return {after for _, after in self.moved.values()}
+
+
+async def apply_kernel_reports(
+    db: Database, agent_id: AgentId, reports: Sequence[KernelReport], now: datetime
+) -> ReportOutcome:
+    """Apply an agent's batch of reports in one transaction, or raise and change nothing."""
+    outcome = ReportOutcome()
+    if not reports:
+        return outcome
+    ids = list(dict.fromkeys(r.kernel_id for r in reports))
+    async with db.transaction() as conn:
+        query = sa.select(
+            kernels.c.id,
+            kernels.c.session_id,
+            kernels.c.agent_id,
+            kernels.c.status,
+            kernels.c.occupied_slots,
+            kernels.c.stage_failure,
+        ).where(in_values(db.dialect, kernels.c.id, ids))
+        if db.dialect == "postgresql":
+            query = query.order_by(kernels.c.id).with_for_update()
+        current: dict[KernelId, tuple[Any, ...]] = {
+            KernelId(row[0]): tuple(row) for row in await conn.execute(query)
+        }
+        conflicts: dict[KernelId, str] = {}
+        status_now: dict[KernelId, KernelStatus] = {}
+        for report in reports:
+            why = _refusal(agent_id, report, current.get(report.kernel_id), status_now)
+            if why is not None:
+                conflicts[report.kernel_id] = why
+            elif not report.stage_failed:
+                status_now[report.kernel_id] = report.status
+        if conflicts:
+            raise KernelReportConflictError(conflicts)
+
+        updates: list[dict[str, Any]] = []
+        history: list[dict[str, Any]] = []
+        releases: dict[AgentId, dict[str, int]] = {}
+        for report in reports:
+            row = current[report.kernel_id]
+            before = KernelStatus(row[3])
+            values = _report_values(report, before, now)
+            if values is None:
+                continue
+            updates.append({"kid": report.kernel_id, **values})
+            outcome.sessions.add(SessionId(row[1]))
+            if report.stage_failed:
+                outcome.stage_failures[report.kernel_id] = before
+                continue
+            outcome.moved[report.kernel_id] = (before, report.status)
+            history.append(_history_row(report, row[1], before, now))
+            if report.status in KERNEL_TERMINAL and row[4]:
+                held = releases.setdefault(agent_id, {})
+                for slot, amount in row[4].items():
+                    held[slot] = held.get(slot, 0) - int(amount)
+            # A later report in the same batch starts where this one left the kernel.
+            held_after = None if report.status in KERNEL_TERMINAL else row[4]
+            current[report.kernel_id] = (*row[:3], report.status.value, held_after, None)
+        await _write(conn, updates)
+        if history:
+            await conn.execute(kernel_history.insert(), history)
+        await apply_slot_deltas(conn, releases)
+    return outcome
+
+
+def _refusal(
+    agent_id: AgentId,
+    report: KernelReport,
+    row: Any,
+    status_now: Mapping[KernelId, KernelStatus],
+) -> str | None:
+    if row is None:
+        return "no such kernel"
+    if row[2] != agent_id:
+        return f"not placed on agent {agent_id}"
+    before = status_now.get(report.kernel_id, KernelStatus(row[3]))
+    if report.stage_failed:
+        if report.status is not before or before not in RETRYABLE_STAGES:
+            return (
+                f"a failed stage must name the kernel's current status {before.value}, "
+                f"one of {', '.join(sorted(s.value for s in RETRYABLE_STAGES))}"
+            )
+        return None
+    if report.status is not before and not KERNEL_TRANSITIONS.allowed(before, report.status):
+        return f"cannot move from {before.value} to {report.status.value}"
+    return None
+
+
+def _report_values(
+    report: KernelReport, before: KernelStatus, now: datetime
+) -> dict[str, Any] | None:
+    """The column values a report writes (None: nothing to write)."""
+    values: dict[str, Any] = {}
+    if report.runtime_info is not None:
+        values["runtime_info"] = dict(report.runtime_info)
+    if report.stage_failed:
+        values["stage_failure"] = report.failure_cause or "stage_failed"
+        values["status_info"] = (report.message or "")[:512]
+    elif report.status is not before:
+        values["status"] = report.status.value
+        values["status_changed_at"] = now
+        values["stage_failure"] = None
+        if report.exit_code is not None:
+            values["exit_code"] = report.exit_code
+        if report.failure_cause is not None:
+            values["failure_cause"] = report.failure_cause
+        if report.message is not None:
+            values["status_info"] = report.message[:512]
+        if report.status in KERNEL_TERMINAL:
+            values["occupied_slots"] = None
+    return values or None
+
+
+async def _write(conn: Any, updates: list[dict[str, Any]]) -> None:
+    """One executemany per set of columns written (statements differ by their columns)."""
+    by_columns: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for update in updates:
+        columns = tuple(sorted(c for c in update if c != "kid"))
+        # Bound names must differ from column names (SQLAlchemy reserves those for VALUES).
+        by_columns.setdefault(columns, []).append({f"v_{k}": v for k, v in update.items()})
+    for columns, params in by_columns.items():
+        await conn.execute(
+            kernels.update()
+            .where(kernels.c.id == sa.bindparam("v_kid"))
+            .values({c: sa.bindparam(f"v_{c}", type_=kernels.c[c].type) for c in columns}),
+            params,
+        )
+
+
+def _history_row(
+    report: KernelReport, session_id: Any, before: KernelStatus, now: datetime
+) -> dict[str, Any]:
+    return {
+        "kernel_id": report.kernel_id,
+        "session_id": session_id,
+        "phase": PHASE_AGENT,
+        "from_status": before.value,
+        "to_status": report.status.value,
+        "result": SchedulingResult.SUCCESS.value,
+        "error_code": report.failure_cause,
+        "message": report.message or "",
+        "attempts": 1,
+        "created_at": now,
+        "updated_at": now,
+    }

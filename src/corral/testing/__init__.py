@@ -1,0 +1,1 @@
+"""Test helpers shipped with corral: drive whole lifecycles without processes."""

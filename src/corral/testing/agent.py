@@ -1,0 +1,144 @@
+"""A test agent: plays agents through the store operations the agent protocol uses.
+
+It reads each agent's assignment (the kernels' desired state) and answers with kernel reports,
+exactly as the agent daemon does over HTTP, but in-process and instantly: preparing goes
+PREPARING → PULLING → PREPARED, starting CREATING → RUNNING, stopping ends the kernel. Knobs
+make agents fail preparation or start, ignore their assignments, or let kernels exit at once;
+`exit` and `crash` end running kernels on demand. Used by the lifecycle tests and
+`corral bench latency`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from corral.coordination.hints import Hint, hints_after_report
+from corral.domain.session import KernelIntent
+from corral.domain.status import KernelStatus
+from corral.domain.types import AgentId, KernelId
+from corral.infra.hints import HintBus
+from corral.store.assignments import AssignedKernel, read_assignment
+from corral.store.database import Database
+from corral.store.kernel_reports import KernelReport, apply_kernel_reports
+
+K = KernelStatus
+STOPPED_EXIT_CODE = -15  # as if stopped by SIGTERM
+_BEFORE_RUNNING = frozenset({K.SCHEDULED, K.PREPARING, K.PULLING, K.PREPARED, K.CREATING})
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class TestAgent:
+    """Instant agents for `agent_ids`, reporting through `apply_kernel_reports`."""
+
+    __test__ = False  # not a pytest test class
+
+    db: Database
+    agent_ids: Collection[AgentId]
+    hints: HintBus | None = None
+    clock: Callable[[], datetime] = _utcnow
+    # Kernels on these agents fail preparation (a stage failure the manager may retry).
+    fail_prepare_on: set[AgentId] = field(default_factory=set)
+    # Kernels on these agents fail to start.
+    fail_start_on: set[AgentId] = field(default_factory=set)
+    # These agents never act on their assignments (as if hung).
+    unresponsive: set[AgentId] = field(default_factory=set)
+    # The exit code a kernel ends with right after it started (None: it keeps running).
+    exit_code: Callable[[AssignedKernel], int | None] = lambda kernel: None
+    reports: int = 0  # reports applied so far
+
+    async def step(self) -> int:
+        """Reconcile every agent once; return how many reports were applied."""
+        applied = 0
+        for agent_id in sorted(self.agent_ids):
+            if agent_id in self.unresponsive:
+                continue
+            assignment = await read_assignment(self.db, agent_id)
+            if assignment is None:
+                continue
+            reports = [r for k in assignment.kernels for r in self._reconcile(agent_id, k)]
+            applied += await self._report(agent_id, reports)
+        return applied
+
+    async def exit(self, kernel_ids: Iterable[KernelId], exit_code: int = 0) -> None:
+        """Running kernels exit with `exit_code`."""
+        await self._end(kernel_ids, exit_code=exit_code)
+
+    async def crash(self, kernel_ids: Iterable[KernelId], cause: str = "kernel_crashed") -> None:
+        """Kernels fail (ERROR with `cause`) wherever they are."""
+        await self._end(kernel_ids, failure_cause=cause)
+
+    async def run(self, stop: asyncio.Event, *, interval_s: float = 1.0) -> None:
+        """Reconcile whenever the manager hints that assignments changed, until `stop` is set."""
+        if self.hints is None:
+            raise ValueError("TestAgent.run needs a hint bus to wake on")
+        while not stop.is_set():
+            await self.hints.wait([Hint.ASSIGNMENTS.value], interval_s)
+            await self.hints.consume(Hint.ASSIGNMENTS.value)
+            await self.step()
+
+    def _reconcile(self, agent_id: AgentId, kernel: AssignedKernel) -> list[KernelReport]:
+        kid, status, intent = kernel.id, kernel.status, kernel.desired_state
+        if intent is KernelIntent.STOP:
+            if status in _BEFORE_RUNNING:
+                return [KernelReport(kid, K.CANCELLED, message="stopped before it ran")]
+            return [KernelReport(kid, K.TERMINATED, exit_code=STOPPED_EXIT_CODE)]
+        if kernel.stage_failure is not None:
+            return []  # reported; waiting for the manager to ask again
+        if intent is KernelIntent.PREPARE and status in (K.PREPARING, K.PULLING):
+            if agent_id in self.fail_prepare_on:
+                return [_stage_failure(kid, status, "image_pull_failure")]
+            pulled = [] if status is K.PULLING else [KernelReport(kid, K.PULLING)]
+            return [*pulled, KernelReport(kid, K.PREPARED)]
+        if intent is KernelIntent.RUN and status is K.CREATING:
+            if agent_id in self.fail_start_on:
+                return [_stage_failure(kid, status, "kernel_start_failure")]
+            started = [KernelReport(kid, K.RUNNING, runtime_info={"host": str(agent_id)})]
+            code = self.exit_code(kernel)
+            if code is not None:
+                started.append(KernelReport(kid, K.TERMINATED, exit_code=code))
+            return started
+        return []
+
+    async def _end(
+        self,
+        kernel_ids: Iterable[KernelId],
+        *,
+        exit_code: int | None = None,
+        failure_cause: str | None = None,
+    ) -> None:
+        wanted = set(kernel_ids)
+        for agent_id in sorted(self.agent_ids):
+            assignment = await read_assignment(self.db, agent_id)
+            if assignment is None:
+                continue
+            status = K.ERROR if failure_cause is not None else K.TERMINATED
+            batch = [
+                KernelReport(k.id, status, exit_code=exit_code, failure_cause=failure_cause)
+                for k in assignment.kernels
+                if k.id in wanted
+            ]
+            await self._report(agent_id, batch)
+
+    async def _report(self, agent_id: AgentId, reports: list[KernelReport]) -> int:
+        if not reports:
+            return 0
+        outcome = await apply_kernel_reports(self.db, agent_id, reports, self.clock())
+        self.reports += len(reports)
+        if self.hints is not None:
+            hints = hints_after_report(outcome.moved_to(), outcome.stage_failures.values())
+            if hints:
+                await self.hints.set(*sorted(h.value for h in hints))
+        return len(reports)
+
+
+def _stage_failure(kid: KernelId, status: KernelStatus, cause: str) -> KernelReport:
+    return KernelReport(
+        kid, status, failure_cause=cause, message=f"test agent: {cause}", stage_failed=True
+    )

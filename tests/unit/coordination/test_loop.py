@@ -1,0 +1,310 @@
+"""The dual loop against DESIGN.md "Coordination": hints wake it, the long loop forces it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from corral.coordination.loop import DualLoop
+from corral.coordination.tasks import Task, TaskRun
+from corral.infra.hints.memory import MemoryHintBus
+from corral.infra.locks.memory import MemoryLockManager
+
+HINT = "schedule"
+LOCK = "schedule-lock"
+NEVER_S = 3600.0  # an interval no test waits for
+
+
+async def eventually(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Return as soon as `predicate()` holds; fail the test if it does not within `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        assert loop.time() < deadline, f"condition still false after {timeout_s} s"
+        await asyncio.sleep(0.001)
+
+
+class FakeClock:
+    """The loop's clock, moved by hand: the long loop comes due only when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Recorder:
+    """A task's run: counts calls, raises the queued errors first, can hold a run open."""
+
+    def __init__(self, *errors: BaseException) -> None:
+        self.calls = 0
+        self.errors = list(errors)
+        self.started = asyncio.Event()
+        self.gate: asyncio.Event | None = None  # when set, each run waits for it
+        self.during_run: Callable[[], Any] | None = None  # awaited inside each run
+
+    async def __call__(self) -> TaskRun:
+        self.calls += 1
+        self.started.set()
+        if self.during_run is not None:
+            await self.during_run()
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.errors:
+            raise self.errors.pop(0)
+        return TaskRun(task=HINT, targets=self.calls)
+
+
+def make_loop(
+    recorder: Recorder,
+    hints: MemoryHintBus,
+    locks: MemoryLockManager | None = None,
+    *,
+    lock: str | None = LOCK,
+    **intervals: Any,
+) -> DualLoop:
+    """A loop over one task named and hinted "schedule"."""
+    task = Task(name=HINT, hint=HINT, run=recorder, lock=lock)
+    return DualLoop(task, hints, locks or MemoryLockManager(), **intervals)
+
+
+@asynccontextmanager
+async def running(loop: DualLoop) -> AsyncIterator[asyncio.Task[None]]:
+    """Run `loop` in the background; stop it on exit and surface any crash."""
+    task = asyncio.create_task(loop.run())
+    await eventually(lambda: loop.running)  # its long deadline is now set from the clock
+    try:
+        yield task
+    finally:
+        loop.stop()
+        await asyncio.wait_for(task, 5)
+
+
+async def is_set(hints: MemoryHintBus, name: str = HINT) -> bool:
+    """Whether the hint is set, without clearing it."""
+    return await hints.wait([name], 0)
+
+
+async def test_a_pushed_hint_runs_the_task_at_once() -> None:
+    """A pushed hint runs the task without waiting for a tick, and is consumed by the run."""
+    hints, recorder = MemoryHintBus(), Recorder()
+    loop = make_loop(recorder, hints, short_interval_s=NEVER_S, long_interval_s=NEVER_S)
+    async with running(loop):
+        await hints.set(HINT)
+        await eventually(lambda: loop.runs == 1)
+        assert loop.last_run == TaskRun(task=HINT, targets=1)
+        assert not await is_set(hints)
+        assert loop.forced_runs == 0
+
+
+async def test_a_burst_of_hints_during_the_debounce_is_one_run() -> None:
+    """Hints pushed while the loop debounces the first one are served by a single run."""
+    hints, recorder = MemoryHintBus(), Recorder()
+    loop = make_loop(
+        recorder, hints, short_interval_s=NEVER_S, long_interval_s=NEVER_S, debounce_s=0.5
+    )
+    async with running(loop):
+        await hints.set(HINT)
+        await eventually(lambda: loop.wakes == 1)
+        assert loop.runs == 0  # still debouncing
+        await hints.set(HINT)
+        await hints.set(HINT)
+        await eventually(lambda: loop.runs == 1)
+        assert not await is_set(hints)
+    assert recorder.calls == 1
+
+
+async def test_a_hint_set_during_a_run_brings_the_next_run_at_once() -> None:
+    """The loop checks the hint right after a run instead of sleeping to the next tick."""
+    hints, recorder = MemoryHintBus(), Recorder()
+
+    async def set_hint_on_first_run() -> None:
+        if recorder.calls == 1:
+            await hints.set(HINT)
+
+    recorder.during_run = set_hint_on_first_run
+    loop = make_loop(recorder, hints, short_interval_s=NEVER_S, long_interval_s=NEVER_S)
+    async with running(loop):
+        await hints.set(HINT)
+        await eventually(lambda: loop.runs == 2)
+
+
+async def test_without_a_hint_the_short_loop_never_runs_the_task() -> None:
+    """Short ticks with no hint set only check the hint; the task does not run."""
+    hints, recorder = MemoryHintBus(), Recorder()
+    loop = make_loop(recorder, hints, short_interval_s=0.01, clock=FakeClock())
+    async with running(loop):
+        await eventually(lambda: loop.attempts >= 5)
+    assert (loop.runs, recorder.calls) == (0, 0)
+
+
+async def test_the_long_loop_runs_the_task_every_long_interval() -> None:
+    """Each long interval forces one run with no hint; between them nothing runs."""
+    hints, recorder, clock = MemoryHintBus(), Recorder(), FakeClock()
+    loop = make_loop(recorder, hints, short_interval_s=0.01, long_interval_s=60, clock=clock)
+    async with running(loop):
+        await eventually(lambda: loop.attempts >= 2)
+        assert loop.runs == 0
+        clock.now = 60
+        await eventually(lambda: loop.forced_runs == 1)
+        attempts = loop.attempts
+        await eventually(lambda: loop.attempts >= attempts + 3)
+        assert loop.forced_runs == 1  # the deadline moved on to 120
+        clock.now = 120
+        await eventually(lambda: loop.forced_runs == 2)
+    assert loop.runs == 2
+
+
+async def test_a_forced_run_consumes_a_set_hint() -> None:
+    """A forced run that finds the hint set clears it, so the task does not run twice in a row."""
+    hints, recorder, clock = MemoryHintBus(), Recorder(), FakeClock()
+    loop = make_loop(recorder, hints, short_interval_s=0.01, long_interval_s=60, clock=clock)
+    async with running(loop):
+        clock.now = 60
+        await hints.set(HINT)
+        await eventually(lambda: loop.runs == 1)
+        attempts = loop.attempts
+        await eventually(lambda: loop.attempts >= attempts + 3)
+    assert (loop.runs, loop.forced_runs) == (1, 1)
+    assert not await is_set(hints)
+
+
+async def test_a_busy_lock_leaves_the_hint_set_until_the_lock_is_free() -> None:
+    """While another holder has the lock the task does not run and the hint stays set."""
+    hints, locks, recorder = MemoryHintBus(), MemoryLockManager(), Recorder()
+    loop = make_loop(recorder, hints, locks, short_interval_s=0.01, clock=FakeClock())
+    async with running(loop):
+        async with locks.hold(LOCK) as held:
+            assert held
+            await hints.set(HINT)
+            await eventually(lambda: loop.lock_busy >= 2)
+            assert loop.runs == 0
+            assert await is_set(hints)
+        await eventually(lambda: loop.runs == 1)
+        assert not await is_set(hints)
+
+
+async def test_a_forced_run_that_finds_the_lock_busy_is_left_to_the_holder() -> None:
+    """The lock's holder is running the task, so the long deadline moves on without a run."""
+    hints, locks, recorder, clock = MemoryHintBus(), MemoryLockManager(), Recorder(), FakeClock()
+    loop = make_loop(recorder, hints, locks, short_interval_s=0.01, long_interval_s=60, clock=clock)
+    async with running(loop):
+        async with locks.hold(LOCK):
+            clock.now = 60
+            # The attempt after the one in progress (if any) is the forced one.
+            attempts = loop.attempts
+            await eventually(lambda: loop.attempts >= attempts + 2)
+        attempts = loop.attempts
+        await eventually(lambda: loop.attempts >= attempts + 3)
+    assert recorder.calls == 0
+
+
+async def test_a_failing_run_is_logged_counted_and_retried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A run that raises does not stop the loop; its work is retried after a short interval."""
+    hints, recorder = MemoryHintBus(), Recorder(RuntimeError("database is down"))
+    loop = make_loop(recorder, hints, short_interval_s=0.01, clock=FakeClock())
+    with caplog.at_level(logging.WARNING, logger="corral.coordination.loop"):
+        async with running(loop):
+            await hints.set(HINT)
+            await eventually(lambda: loop.runs == 1)
+    assert loop.failures == 1
+    assert loop.forced_runs == 0  # the retry needed neither a new hint nor the long loop
+    [record] = [r for r in caplog.records if r.getMessage() == "coordinator.task_failed"]
+    assert (record.task, record.error) == (HINT, "RuntimeError")  # type: ignore[attr-defined]
+
+
+async def test_with_the_hint_bus_closed_the_long_loop_still_runs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A dead hint bus means "no hint": forced runs go on, and the outage is logged once."""
+    hints, recorder, clock = MemoryHintBus(), Recorder(), FakeClock()
+    await hints.close()
+    loop = make_loop(recorder, hints, short_interval_s=0.01, long_interval_s=60, clock=clock)
+    with caplog.at_level(logging.WARNING, logger="corral.coordination.loop"):
+        async with running(loop):
+            await eventually(lambda: loop.attempts >= 3)
+            assert loop.runs == 0
+            clock.now = 60
+            await eventually(lambda: loop.forced_runs == 1)
+    assert caplog.messages.count("coordinator.hints_unavailable") == 1
+
+
+async def test_stop_is_idempotent_and_ends_an_idle_loop_at_once() -> None:
+    """stop() wakes a loop waiting out an hour-long interval; calling it again is harmless."""
+    loop = make_loop(Recorder(), MemoryHintBus(), short_interval_s=NEVER_S, long_interval_s=NEVER_S)
+    async with running(loop):
+        loop.stop()
+    assert not loop.running
+
+
+async def test_stop_before_run_makes_run_return_at_once() -> None:
+    """A loop stopped before it started returns from run() without running the task."""
+    hints, recorder = MemoryHintBus(), Recorder()
+    await hints.set(HINT)
+    loop = make_loop(recorder, hints)
+    loop.stop()
+    await asyncio.wait_for(loop.run(), 5)
+    assert recorder.calls == 0
+
+
+async def test_stop_lets_the_run_in_progress_finish() -> None:
+    """stop() during a run waits for it to complete instead of cancelling it."""
+    hints, recorder = MemoryHintBus(), Recorder()
+    recorder.gate = asyncio.Event()
+    loop = make_loop(recorder, hints, short_interval_s=NEVER_S, long_interval_s=NEVER_S)
+    task = asyncio.create_task(loop.run())
+    await hints.set(HINT)
+    await recorder.started.wait()
+    loop.stop()
+    recorder.gate.set()
+    await asyncio.wait_for(task, 5)
+    assert loop.runs == 1
+
+
+class Boom(BaseException):
+    """Not an Exception: the loop must not swallow it."""
+
+
+async def test_a_base_exception_from_the_task_ends_the_loop_and_frees_the_lock() -> None:
+    """Only Exceptions count as failed runs; anything else propagates out of run()."""
+    hints, locks, recorder = MemoryHintBus(), MemoryLockManager(), Recorder(Boom())
+    await hints.set(HINT)
+    loop = make_loop(recorder, hints, locks)
+    with pytest.raises(Boom):
+        await asyncio.wait_for(loop.run(), 5)
+    assert not loop.running
+    async with locks.hold(LOCK) as held:
+        assert held
+
+
+async def test_run_twice_at_once_is_an_error() -> None:
+    """One loop drives its task once: a second concurrent run() is refused."""
+    loop = make_loop(Recorder(), MemoryHintBus(), short_interval_s=NEVER_S, long_interval_s=NEVER_S)
+    async with running(loop):
+        await eventually(lambda: loop.running)
+        with pytest.raises(RuntimeError, match="already running"):
+            await loop.run()
+
+
+@pytest.mark.parametrize(
+    ("intervals", "message"),
+    [
+        ({"short_interval_s": 0}, "short_interval_s must be > 0"),
+        ({"long_interval_s": -1}, "long_interval_s must be > 0"),
+        ({"short_interval_s": 5, "long_interval_s": 1}, "must not exceed long_interval_s"),
+        ({"debounce_s": -0.1}, "debounce_s must be >= 0"),
+        ({"short_interval_s": float("nan")}, "short_interval_s must be > 0"),
+    ],
+)
+def test_bad_intervals_are_refused_by_name(intervals: dict[str, Any], message: str) -> None:
+    """Each invalid interval is reported with the name of the parameter at fault."""
+    with pytest.raises(ValueError, match=message):
+        make_loop(Recorder(), MemoryHintBus(), **intervals)
