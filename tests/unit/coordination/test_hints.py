@@ -1,0 +1,44 @@
+"""Which tasks wake after a move: the chain of hints from submit to the end."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from corral.coordination.coordinator import SessionCoordinator
+from corral.coordination.hints import Hint, hints_after_moves, hints_after_report
+from corral.domain.status import KernelStatus, SessionStatus
+from corral.infra.hints import HintBus
+from corral.store.database import Database
+
+K, S = KernelStatus, SessionStatus
+
+
+def test_every_coordinator_task_has_its_own_hint_and_lock() -> None:
+    """Eight tasks, one per handler; a hint or lock shared by two would merge their wake-ups."""
+    coordinator = SessionCoordinator(cast(Database, None), cast(HintBus, None))
+    tasks = coordinator.tasks()
+    assert len(tasks) == 8
+    assert len({t.hint for t in tasks}) == 8
+    assert len({t.lock for t in tasks}) == 8
+    assert {t.hint for t in tasks} == {h.value for h in Hint} - {Hint.ASSIGNMENTS.value}
+
+
+def test_each_session_move_wakes_the_next_phase() -> None:
+    """SCHEDULED wakes preparation, PREPARED the start, TERMINATING the stop, ends the scheduler."""
+    assert hints_after_moves([S.SCHEDULED]) == {Hint.PREPARE}
+    assert hints_after_moves([S.PREPARED]) == {Hint.START}
+    assert hints_after_moves([S.TERMINATING]) == {Hint.TERMINATE}
+    assert Hint.SCHEDULE in hints_after_moves([S.PENDING])
+    for end in (S.TERMINATED, S.CANCELLED, S.ERROR):
+        assert Hint.SCHEDULE in hints_after_moves([end])
+    assert Hint.ASSIGNMENTS in hints_after_moves([S.PREPARING])
+    assert hints_after_moves([S.RUNNING]) == set()
+
+
+def test_each_kernel_report_wakes_the_promotion_that_waits_for_it() -> None:
+    """Agents' reports wake the promotion handlers; a failed stage wakes the handler to retry."""
+    assert hints_after_report([K.PREPARED]) == {Hint.PROMOTE_PREPARED}
+    assert hints_after_report([K.RUNNING]) == {Hint.PROMOTE_RUNNING}
+    assert hints_after_report([K.ERROR]) == {Hint.DETECT_TERMINATION, Hint.PROMOTE_TERMINATED}
+    assert hints_after_report([], [K.PULLING]) == {Hint.PREPARE}
+    assert hints_after_report([], [K.CREATING]) == {Hint.START}

@@ -1,0 +1,88 @@
+"""How a session whose kernels all ended ends: TERMINATED, ERROR or CANCELLED (DESIGN.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from datetime import UTC, datetime
+
+from corral.domain.session import KernelRecord, SessionWithKernels
+from corral.domain.status import KernelStatus, SessionStatus
+from corral.domain.types import KernelId, SessionId, UserId
+from corral.handlers.sessions.promotions import session_ending
+
+K, S = KernelStatus, SessionStatus
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
+SID = SessionId(uuid.uuid4())
+
+
+def kernel(
+    index: int, status: K, exit_code: int | None = None, cause: str | None = None
+) -> KernelRecord:
+    """Kernel `index` of one session (index 0 is the main kernel)."""
+    return KernelRecord(
+        id=KernelId(uuid.uuid4()),
+        session_id=SID,
+        cluster_role="main" if index == 0 else "sub",
+        cluster_index=index,
+        agent_id=None,
+        status=status,
+        status_changed_at=NOW,
+        requested_slots={},
+        occupied_slots=None,
+        exit_code=exit_code,
+        failure_cause=cause,
+    )
+
+
+def ended(*kernels: KernelRecord, started: bool = True) -> SessionWithKernels:
+    """A TERMINATING session with these kernels."""
+    return SessionWithKernels(
+        id=SID,
+        name=None,
+        owner_id=UserId(uuid.uuid4()),
+        type="BATCH",
+        priority=0,
+        resource_group="default",
+        cluster_mode="multi-node",
+        cluster_size=len(kernels),
+        status=S.TERMINATING,
+        status_info=None,
+        status_changed_at=NOW,
+        created_at=NOW,
+        starts_at=None,
+        requeue_at=None,
+        requeue_active=True,
+        phase=None,
+        phase_attempts=0,
+        failed_agents=(),
+        creation_id=None,
+        kernels=kernels,
+        started_at=NOW if started else None,
+    )
+
+
+def test_the_main_kernels_exit_code_decides_the_result() -> None:
+    """TERMINATED with the main kernel's exit code; success exactly when it is 0."""
+    ok = session_ending(ended(kernel(1, K.TERMINATED, 9), kernel(0, K.TERMINATED, 0)))
+    assert (ok.status, ok.result, ok.exit_code) == (S.TERMINATED, "success", 0)
+    bad = session_ending(ended(kernel(0, K.TERMINATED, 2), kernel(1, K.TERMINATED, 0)))
+    assert (bad.status, bad.result, bad.exit_code) == (S.TERMINATED, "failure", 2)
+
+
+def test_a_failed_kernel_makes_an_error_with_its_cause() -> None:
+    """Any kernel in ERROR ends the session in ERROR, carrying that kernel's failure cause."""
+    end = session_ending(ended(kernel(0, K.TERMINATED, 0), kernel(1, K.ERROR, cause="oom")))
+    assert (end.status, end.result) == (S.ERROR, "failure")
+    assert end.note is not None and end.note.code == "oom"
+    unknown = session_ending(ended(kernel(0, K.ERROR)))
+    assert unknown.note is not None and unknown.note.code == "kernel_failed"
+
+
+def test_a_session_that_never_ran_is_cancelled() -> None:
+    """No start and no exit code anywhere: CANCELLED; an exit code proves a kernel ran."""
+    never = ended(kernel(0, K.CANCELLED), kernel(1, K.CANCELLED), started=False)
+    assert session_ending(never).status is S.CANCELLED
+    quick = ended(kernel(0, K.TERMINATED, 0), started=False)
+    assert session_ending(quick).status is S.TERMINATED
+    assert session_ending(dataclasses.replace(never, started_at=NOW)).status is S.TERMINATED
