@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -38,6 +38,10 @@ class Settings(BaseSettings):
         default=None, description="sqlite:///path or postgresql://user@host:port/db"
     )
     redis_url: str | None = Field(default=None, description="redis://host:port/db (optional)")
+    # The coordinator's dual loop: hinted runs at most this often (and at once on a pushed
+    # hint), and every task runs unconditionally each long interval.
+    short_interval_s: float = Field(default=2.0, gt=0, description="hinted loop tick, seconds")
+    long_interval_s: float = Field(default=60.0, gt=0, description="forced loop tick, seconds")
 
     @field_validator("database_url")
     @classmethod
@@ -45,6 +49,15 @@ class Settings(BaseSettings):
         if value is not None:
             async_url(value)  # raises DatabaseURLError (a ValueError) naming the problem
         return value
+
+    @model_validator(mode="after")
+    def _short_within_long(self) -> Settings:
+        if self.short_interval_s > self.long_interval_s:
+            raise ValueError(
+                f"short_interval_s ({self.short_interval_s}) must not exceed "
+                f"long_interval_s ({self.long_interval_s})"
+            )
+        return self
 
     @classmethod
     def settings_customise_sources(

@@ -43,3 +43,15 @@ def test_an_unusable_database_url_names_the_field() -> None:
     error = info.value.errors()[0]
     assert error["loc"] == ("database_url",)
     assert "not supported" in error["msg"]
+
+
+def test_loop_intervals_default_and_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dual loop's intervals default to 2 s / 60 s; a short one above the long one is refused."""
+    settings = load_settings()
+    assert (settings.short_interval_s, settings.long_interval_s) == (2.0, 60.0)
+    monkeypatch.setenv("CORRAL_LONG_INTERVAL_S", "10")
+    assert load_settings(short_interval_s=0.5).long_interval_s == 10.0
+    with pytest.raises(ValueError, match="must not exceed"):
+        load_settings(short_interval_s=30)
+    with pytest.raises(ValueError, match="greater than 0"):
+        load_settings(short_interval_s=0)

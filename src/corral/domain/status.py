@@ -126,13 +126,14 @@ KERNEL_TRANSITIONS: TransitionTable[KernelStatus] = TransitionTable(
         (_K.PREPARING, _K.PULLING, "agent: fetching the image", SPEC1),
         ((_K.PREPARING, _K.PULLING), _K.PREPARED, "agent: prepared", SPEC1),
         (
-            (_K.SCHEDULED, _K.PREPARING, _K.PULLING, _K.PREPARED, _K.CREATING, _K.RUNNING),
+            (_K.SCHEDULED, _K.PREPARING, _K.PULLING, _K.PREPARED, _K.CREATING),
             _K.PENDING,
-            # A CREATING session may expire with some kernels already started; the agent stops
-            # whatever is no longer assigned to it, so the record starts over as PENDING.
             "session re-scheduled (expired/give_up)",
             SPEC1,
         ),
+        # A CREATING session may expire with some kernels already started; the agent stops
+        # whatever is no longer assigned to it, so the kernel's record starts over as PENDING.
+        (_K.RUNNING, _K.PENDING, "session re-scheduled while CREATING", DESIGN),
         (_K.PREPARED, _K.CREATING, "StartSessions", SPEC1),
         (_K.CREATING, _K.RUNNING, "agent: started", SPEC1),
         (

@@ -245,3 +245,22 @@ async def test_pending_timeout_cancels_what_waited_too_long(db: Database) -> Non
     assert await c.status(first) is S.RUNNING
     assert await c.status(waiting) is S.CANCELLED
     assert ("ScheduleNewSessions", "EXPIRED", "CANCELLED", 1) in await c.moves_of(waiting)
+
+
+async def test_creating_expiry_takes_started_kernels_back_from_their_agents(db: Database) -> None:
+    """A CREATING session that expires returns to PENDING whole, even its already running kernel."""
+    c = await make_cluster(db, [CPU4] * 2)
+    sid = await c.submit(cluster_size=2, cluster_mode="multi-node")
+    for step in ("ScheduleNewSessions", "PrepareSessions", "PromoteToPrepared", "StartSessions"):
+        await c.agent.step()
+        await c.run(step)
+    session = await c.session(sid)
+    c.agent.unresponsive.add(session.kernels[1].agent_id)  # type: ignore[arg-type]
+    await c.agent.step()
+    assert [k.status for k in (await c.session(sid)).kernels] == [K.RUNNING, K.CREATING]
+    c.clock.advance(301)
+    assert await c.run("StartSessions") == 1
+    back = await c.session(sid)
+    assert back.status is S.PENDING
+    assert [(k.status, k.agent_id) for k in back.kernels] == [(K.PENDING, None)] * 2
+    await assert_slots_consistent(db, c.agents, [sid])
