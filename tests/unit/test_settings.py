@@ -46,7 +46,7 @@ def test_an_unusable_database_url_names_the_field() -> None:
 
 
 def test_loop_intervals_default_and_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The dual loop's intervals default to 2 s / 60 s; a short one above the long one is refused."""
+    """Loop intervals default to 2 s / 60 s; a short one above the long one is refused."""
     settings = load_settings()
     assert (settings.short_interval_s, settings.long_interval_s) == (2.0, 60.0)
     monkeypatch.setenv("CORRAL_LONG_INTERVAL_S", "10")
