@@ -7,10 +7,13 @@ import json
 from typing import Annotated
 
 import typer
+from redis.exceptions import ConnectionError as RedisConnectionError
 from rich.console import Console
 
+from corral.bench.latency import DEFAULT_TIMEOUT_S, LatencyBenchError, run_latency_bench
 from corral.bench.schedule import run_schedule_bench
 from corral.bench.store import run_store_bench
+from corral.cli._common import fail
 
 app = typer.Typer(help="Performance benchmarks (JSON output).", no_args_is_help=True)
 _err = Console(stderr=True)
@@ -79,3 +82,71 @@ def schedule_command(
             f"{r['seconds']} s = {r['sessions_per_s']}/s (load {r['load_ms']} ms, placement "
             f"{r['placement_ms']} ms, commit {r['commit_ms']} ms)"
         )
+
+
+@app.command("latency")
+def latency_command(
+    database: Annotated[
+        str,
+        typer.Option(
+            "--database",
+            help="`sqlite` (a temporary file) or a postgresql:// URL whose server gets a "
+            "scratch database.",
+        ),
+    ] = "sqlite",
+    redis: Annotated[
+        str | None,
+        typer.Option(
+            "--redis",
+            help="A redis:// URL: hints, locks and events through Redis. Without it: "
+            "PostgreSQL's with a postgresql:// database, in-process with SQLite.",
+        ),
+    ] = None,
+    sessions: Annotated[int, typer.Option(min=1, help="Sessions to submit (1 cpu each).")] = 1000,
+    rate: Annotated[float, typer.Option(min=0.1, help="Submissions per second.")] = 100.0,
+    agents: Annotated[int, typer.Option(min=1, help="Instant agents (64 cpu, 256 GiB each).")] = 50,
+    timeout_s: Annotated[
+        float, typer.Option("--timeout", min=1, help="Seconds to wait after the last submission.")
+    ] = DEFAULT_TIMEOUT_S,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
+) -> None:
+    """Submit → RUNNING latency at a steady submission rate, against instant test agents."""
+    if sessions > agents * 64:
+        fail(f"{sessions} sessions do not fit on {agents} agents of 64 cpu; raise --agents")
+
+    def progress(line: str) -> None:
+        if _err.is_terminal:
+            _err.print(f"[dim]bench latency: {line}[/]")
+
+    if not as_json:
+        _err.print(f"[dim]bench latency: {sessions} sessions at {rate:g}/s on {database} ...[/]")
+    run = run_latency_bench(
+        database,
+        redis_url=redis,
+        sessions=sessions,
+        rate_per_s=rate,
+        agents=agents,
+        timeout_s=timeout_s,
+        progress=progress,
+    )
+    try:
+        result = asyncio.run(run).as_json()
+    except LatencyBenchError as exc:
+        fail(str(exc), code=1)
+    except (OSError, RedisConnectionError) as exc:
+        reason = str(exc).rstrip(".")
+        fail(f"cannot reach the server: {reason}; is it running, and is the URL right?", code=1)
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        typer.echo(
+            f"{result['backend']:>17}: {result['running']}/{result['sessions']} RUNNING at "
+            f"{result['rate_per_s']:g}/s: p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms, "
+            f"max {result['max_ms']} ms"
+        )
+        hops = result["hops_ms"]
+        assert isinstance(hops, dict)
+        for hop, figures in hops.items():
+            typer.echo(f"{hop:>22}: p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} ms")
+    if result["running"] != sessions:
+        fail(f"only {result['running']} of {sessions} sessions reached RUNNING", code=1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextvars import ContextVar
 from datetime import UTC, datetime
 
 import sqlalchemy as sa
@@ -64,6 +65,9 @@ _HINTS: Mapping[str, Hint] = {
 _ASKS_AGENTS = frozenset({PrepareSessions.name(), StartSessions.name(), TerminateSessions.name()})
 
 
+_PLACED_EVENTS: ContextVar[list[Event] | None] = ContextVar("placed_events", default=None)
+
+
 def _utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -95,7 +99,6 @@ class SessionCoordinator:
             TerminateSessions(db),
         )
         self.promotions: tuple[SessionPromotionHandler, ...] = PROMOTION_HANDLERS
-        self._placed_events: list[Event] = []
 
     def tasks(self) -> list[Task]:
         """One task per handler, each woken by its own hint and run under its own lock."""
@@ -112,8 +115,14 @@ class SessionCoordinator:
         )
         if not targets:
             return TaskRun(name)
-        self._placed_events = []
-        result = await handler.execute(targets)
+        placed_events: list[Event] = []
+        # The scheduler's commit appends its events through `_record_placed`; each loop runs in
+        # its own task, so the list is per run (a context variable), never shared between runs.
+        token = _PLACED_EVENTS.set(placed_events)
+        try:
+            result = await handler.execute(targets)
+        finally:
+            _PLACED_EVENTS.reset(token)
         now = self.clock()
         group_limits = await self._group_limits(name, {s.resource_group for s in targets})
         default = self.limits.get(name, PhaseLimits())
@@ -132,7 +141,7 @@ class SessionCoordinator:
         )
         if handler.commits_successes:
             changes = [c for c in changes if c.result is not SchedulingResult.SUCCESS]
-        appended: list[Event] = list(self._placed_events)
+        appended: list[Event] = list(placed_events)
         reasons = {sid: note.message for sid, note in result.notes.items()}
 
         async def record(conn: AsyncConnection, applied: AppliedChanges) -> None:
@@ -194,9 +203,10 @@ class SessionCoordinator:
     async def _record_placed(self, conn: AsyncConnection, placed: list[SessionId]) -> None:
         """Events for sessions the scheduler placed, inside the placement's transaction."""
         moves = dict.fromkeys(placed, (SessionStatus.PENDING, SessionStatus.SCHEDULED))
-        self._placed_events.extend(
-            await self._record_moves(conn, moves, {}, ScheduleNewSessions.name())
-        )
+        events = await self._record_moves(conn, moves, {}, ScheduleNewSessions.name())
+        collected = _PLACED_EVENTS.get()
+        if collected is not None:
+            collected.extend(events)
 
     async def _record_moves(
         self,
