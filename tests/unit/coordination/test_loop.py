@@ -104,20 +104,33 @@ async def test_a_pushed_hint_runs_the_task_at_once() -> None:
 
 
 async def test_a_burst_of_hints_during_the_debounce_is_one_run() -> None:
-    """Hints pushed while the loop debounces the first one are served by a single run."""
+    """While the task is busy, hints pushed during the debounce are served by a single run."""
     hints, recorder = MemoryHintBus(), Recorder()
     loop = make_loop(
         recorder, hints, short_interval_s=NEVER_S, long_interval_s=NEVER_S, debounce_s=0.5
     )
     async with running(loop):
         await hints.set(HINT)
-        await eventually(lambda: loop.wakes == 1)
-        assert loop.runs == 0  # still debouncing
+        await eventually(lambda: loop.runs == 1)  # busy from now on
         await hints.set(HINT)
+        await eventually(lambda: loop.wakes == 2)
+        assert loop.runs == 1  # still debouncing
+        await hints.set(HINT)
+        await hints.set(HINT)
+        await eventually(lambda: loop.runs == 2)
+        assert not await is_set(hints)
+    assert recorder.calls == 2
+
+
+async def test_a_hint_after_a_quiet_spell_runs_without_debounce() -> None:
+    """The first hint of a quiet task runs at once: a lone submission pays no debounce."""
+    hints, recorder = MemoryHintBus(), Recorder()
+    loop = make_loop(
+        recorder, hints, short_interval_s=NEVER_S, long_interval_s=NEVER_S, debounce_s=NEVER_S
+    )
+    async with running(loop):
         await hints.set(HINT)
         await eventually(lambda: loop.runs == 1)
-        assert not await is_set(hints)
-    assert recorder.calls == 1
 
 
 async def test_a_hint_set_during_a_run_brings_the_next_run_at_once() -> None:
