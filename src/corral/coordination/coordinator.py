@@ -1,4 +1,4 @@
-"""The session coordinator: runs the eight session handlers, judges, applies, wakes what is next.
+"""The session coordinator: runs the session handlers, judges, applies, wakes what is next.
 
 A lifecycle run: load the handler's targets in one query → `execute` → judge the result (a pure
 function, `judge.py`) → apply the judged changes in one transaction (guarded writes, merged
@@ -59,6 +59,7 @@ _HINTS: Mapping[str, Hint] = {
     "PromoteToPrepared": Hint.PROMOTE_PREPARED,
     "PromoteToRunning": Hint.PROMOTE_RUNNING,
     "DetectTermination": Hint.DETECT_TERMINATION,
+    "DetectFailureBeforeRunning": Hint.DETECT_FAILURE,
     "PromoteToTerminated": Hint.PROMOTE_TERMINATED,
 }
 # Runs of these write agents' desired state (and may have re-asked for a failed stage).

@@ -18,6 +18,7 @@ class Hint(StrEnum):
     PROMOTE_PREPARED = "promote-prepared"
     PROMOTE_RUNNING = "promote-running"
     DETECT_TERMINATION = "detect-termination"
+    DETECT_FAILURE = "detect-failure-before-running"
     PROMOTE_TERMINATED = "promote-terminated"
     # Not a coordinator task: agents' desired kernels changed (wakes assignment long-polls).
     ASSIGNMENTS = "assignments"
@@ -32,6 +33,9 @@ _AFTER_KERNEL_MOVE: dict[KernelStatus, frozenset[Hint]] = {
         status: frozenset({Hint.DETECT_TERMINATION, Hint.PROMOTE_TERMINATED})
         for status in KERNEL_TERMINAL
     },
+    KernelStatus.ERROR: frozenset(
+        {Hint.DETECT_TERMINATION, Hint.DETECT_FAILURE, Hint.PROMOTE_TERMINATED}
+    ),
 }
 _AFTER_STAGE_FAILURE: dict[KernelStatus, Hint] = {
     KernelStatus.PREPARING: Hint.PREPARE,

@@ -95,16 +95,24 @@ class DualLoop:
         try:
             while not self._stopping:
                 timeout_s = max(0.0, min(self._short_interval_s, next_forced_at - self._clock()))
+                hinted = True  # unknown after a plain sleep: look (under the lock)
                 if pause or self._hints_down:
                     # A hint still set would make wait() return at once: sleep, don't spin.
                     await self._idle(asyncio.sleep(timeout_s), None)
-                elif await self._wait_for_hint(timeout_s) and not self._stopping:
-                    self.wakes += 1
-                    if self._busy():
-                        await self._idle(asyncio.sleep(self._debounce_s), None)
+                else:
+                    hinted = await self._wait_for_hint(timeout_s)
+                    if hinted and not self._stopping:
+                        self.wakes += 1
+                        if self._busy():
+                            await self._idle(asyncio.sleep(self._debounce_s), None)
                 if self._stopping:
                     break
                 forced = self._clock() >= next_forced_at
+                if not (hinted or forced or retry):
+                    # wait() counts a hint already set, so none is: an idle tick takes no lock
+                    # and sends nothing to any server.
+                    self.attempts += 1
+                    continue
                 outcome = await self._attempt(forced=forced, retry=retry)
                 if forced:
                     # Ran, failed, or left to the lock's holder: the long loop did its part.

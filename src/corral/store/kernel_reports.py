@@ -58,13 +58,16 @@ class KernelReportConflictError(ValueError):
 class ReportOutcome:
     """What a report batch changed."""
 
+    # kernel → (status before the batch, status after it)
     moved: dict[KernelId, tuple[KernelStatus, KernelStatus]] = field(default_factory=dict)
+    # every status some kernel moved into, the intermediate ones of a batch included
+    passed: set[KernelStatus] = field(default_factory=set)
     stage_failures: dict[KernelId, KernelStatus] = field(default_factory=dict)
     sessions: set[SessionId] = field(default_factory=set)  # sessions of kernels that changed
 
     def moved_to(self) -> set[KernelStatus]:
-        """The statuses kernels moved into."""
-        return {after for _, after in self.moved.values()}
+        """Every status kernels moved into (RUNNING of a RUNNING-then-TERMINATED batch too)."""
+        return set(self.passed)
 
 
 async def apply_kernel_reports(
@@ -100,7 +103,8 @@ async def apply_kernel_reports(
         if conflicts:
             raise KernelReportConflictError(conflicts)
 
-        updates: list[dict[str, Any]] = []
+        # One update per kernel, folding its reports in order (a later value wins).
+        updates: dict[KernelId, dict[str, Any]] = {}
         history: list[dict[str, Any]] = []
         releases: dict[AgentId, dict[str, int]] = {}
         for report in reports:
@@ -109,12 +113,14 @@ async def apply_kernel_reports(
             values = _report_values(report, before, now)
             if values is None:
                 continue
-            updates.append({"kid": report.kernel_id, **values})
+            updates.setdefault(report.kernel_id, {"kid": report.kernel_id}).update(values)
             outcome.sessions.add(SessionId(row[1]))
             if report.stage_failed:
                 outcome.stage_failures[report.kernel_id] = before
                 continue
-            outcome.moved[report.kernel_id] = (before, report.status)
+            first = outcome.moved.get(report.kernel_id, (before, before))[0]
+            outcome.moved[report.kernel_id] = (first, report.status)
+            outcome.passed.add(report.status)
             history.append(_history_row(report, row[1], before, now))
             if report.status in KERNEL_TERMINAL and row[4]:
                 held = releases.setdefault(agent_id, {})
@@ -123,7 +129,7 @@ async def apply_kernel_reports(
             # A later report in the same batch starts where this one left the kernel.
             held_after = None if report.status in KERNEL_TERMINAL else row[4]
             current[report.kernel_id] = (*row[:3], report.status.value, held_after, None)
-        await _write(conn, updates)
+        await _write(conn, list(updates.values()))
         if history:
             await conn.execute(kernel_history.insert(), history)
         await apply_slot_deltas(conn, releases)
@@ -179,7 +185,8 @@ def _report_values(
 
 
 async def _write(conn: Any, updates: list[dict[str, Any]]) -> None:
-    """One executemany per set of columns written (statements differ by their columns)."""
+    """One executemany per set of columns written; at most one update per kernel, so the
+    grouping cannot reorder two writes of the same row."""
     by_columns: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for update in updates:
         columns = tuple(sorted(c for c in update if c != "kid"))

@@ -110,7 +110,7 @@ async def make_cluster(
         events=events,
         controller=SessionController(db, hints, events, clock=clock),
         coordinator=SessionCoordinator(db, hints, events, clock=clock),
-        agent=TestAgent(db, list(agents), hints=hints, clock=clock, **agent_knobs),  # type: ignore[arg-type]
+        agent=TestAgent(db, list(agents), hints=hints, clock=clock, **agent_knobs),
     )
 
 

@@ -68,7 +68,7 @@ async def test_reports_move_kernels_in_order_and_release_slots_at_the_end(db: Da
         ],
         NOW,
     )
-    assert outcome.moved[kid] == (K.RUNNING, K.TERMINATED)
+    assert outcome.moved[kid] == (K.SCHEDULED, K.TERMINATED)
     (session,) = await SessionRepository(db).get([sid])
     assert (session.kernels[0].status, session.kernels[0].exit_code) == (K.TERMINATED, 0)
     assert session.kernels[0].occupied_slots is None
@@ -118,3 +118,37 @@ async def test_a_failed_stage_is_recorded_and_cleared_by_asking_again(db: Databa
         await apply_kernel_reports(
             db, agent, [KernelReport(kid, K.RUNNING, stage_failed=True)], NOW
         )
+
+
+async def test_several_reports_of_several_kernels_land_in_order(db: Database) -> None:
+    """Interleaved reports of two kernels leave each at its last status; hints see every step."""
+    (agent,) = await add_agents(db, [{"cpu": 4000}])
+    (sid,) = await add_session_ids(db, await add_user(db), 1, cluster_size=2)
+    await place_all(db, [sid], agent)
+    (session,) = await SessionRepository(db).get([sid])
+    x, y = (k.id for k in session.kernels)
+    walk = [K.PREPARING, K.PREPARED, K.CREATING]
+    await apply_kernel_reports(
+        db,
+        agent,
+        [KernelReport(k, s) for s in walk for k in (x, y)] + [KernelReport(y, K.RUNNING)],
+        NOW,
+    )
+    outcome = await apply_kernel_reports(
+        db,
+        agent,
+        [
+            KernelReport(y, K.TERMINATED, exit_code=-15),
+            KernelReport(x, K.RUNNING),
+            KernelReport(x, K.TERMINATED, exit_code=0),
+        ],
+        NOW,
+    )
+    assert outcome.moved[x] == (K.CREATING, K.TERMINATED)
+    assert outcome.moved_to() == {K.RUNNING, K.TERMINATED}
+    (session,) = await SessionRepository(db).get([sid])
+    assert [(k.status, k.exit_code, k.occupied_slots) for k in session.kernels] == [
+        (K.TERMINATED, 0, None),
+        (K.TERMINATED, -15, None),
+    ]
+    assert (await read_ledger(db))[agent]["cpu"] == [4000, 0]

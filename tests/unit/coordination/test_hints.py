@@ -14,12 +14,12 @@ K, S = KernelStatus, SessionStatus
 
 
 def test_every_coordinator_task_has_its_own_hint_and_lock() -> None:
-    """Eight tasks, one per handler; a hint or lock shared by two would merge their wake-ups."""
+    """One task per handler; a hint or lock shared by two would merge their wake-ups."""
     coordinator = SessionCoordinator(cast(Database, None), cast(HintBus, None))
     tasks = coordinator.tasks()
-    assert len(tasks) == 8
-    assert len({t.hint for t in tasks}) == 8
-    assert len({t.lock for t in tasks}) == 8
+    assert len(tasks) == 9  # spec document 1's eight, and DetectFailureBeforeRunning
+    assert len({t.hint for t in tasks}) == 9
+    assert len({t.lock for t in tasks}) == 9
     assert {t.hint for t in tasks} == {h.value for h in Hint} - {Hint.ASSIGNMENTS.value}
 
 
@@ -39,6 +39,10 @@ def test_each_kernel_report_wakes_the_promotion_that_waits_for_it() -> None:
     """Agents' reports wake the promotion handlers; a failed stage wakes the handler to retry."""
     assert hints_after_report([K.PREPARED]) == {Hint.PROMOTE_PREPARED}
     assert hints_after_report([K.RUNNING]) == {Hint.PROMOTE_RUNNING}
-    assert hints_after_report([K.ERROR]) == {Hint.DETECT_TERMINATION, Hint.PROMOTE_TERMINATED}
+    assert hints_after_report([K.TERMINATED]) == {
+        Hint.DETECT_TERMINATION,
+        Hint.PROMOTE_TERMINATED,
+    }
+    assert Hint.DETECT_FAILURE in hints_after_report([K.ERROR])
     assert hints_after_report([], [K.PULLING]) == {Hint.PREPARE}
     assert hints_after_report([], [K.CREATING]) == {Hint.START}

@@ -43,11 +43,16 @@ SPEC_PROMOTIONS = {
         KernelMatchType.NOT_ANY,
         S.RUNNING,
     ),
-    # The spec watches RUNNING only; corral also watches the placed statuses before it (a kernel
-    # may end before its session runs), through DESIGN.md's "kernel failed before running" edge.
     "DetectTermination": (
-        {S.SCHEDULED, S.PREPARING, S.PREPARED, S.CREATING, S.RUNNING},
+        {S.RUNNING},
         {K.TERMINATED, K.CANCELLED, K.ERROR},
+        KernelMatchType.ANY,
+        S.TERMINATING,
+    ),
+    # corral's addition, for DESIGN.md's "kernel failed before running" edge.
+    "DetectFailureBeforeRunning": (
+        {S.SCHEDULED, S.PREPARING, S.PREPARED, S.CREATING},
+        {K.ERROR},
         KernelMatchType.ANY,
         S.TERMINATING,
     ),

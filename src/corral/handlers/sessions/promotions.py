@@ -1,10 +1,13 @@
 """Promotion handlers of the session lifecycle, as spec document 1's table gives them.
 
-Two corral additions, both from DESIGN.md's lifecycles: DetectTermination also watches the
-statuses before RUNNING (a kernel can end before its session runs: a lost agent, a failed
-start; the spec's table would only notice once the session reached RUNNING, after starting the
-healthy kernels for nothing), and PromoteToTerminated ends a session in TERMINATED (it ran),
-ERROR (a kernel failed; the cause is kept) or CANCELLED (it never ran).
+Two corral additions, both from DESIGN.md's lifecycles. PromoteToTerminated ends a session in
+TERMINATED (it ran), ERROR (a kernel failed; the cause is kept) or CANCELLED (it never ran).
+DetectFailureBeforeRunning is a fifth promotion handler for the "kernel failed before running"
+edge: a kernel can fail before its session runs (a lost agent, an unrecoverable start), and
+the spec's four would only notice once the session reached RUNNING, after starting the healthy
+kernels for nothing; a session sent back to PENDING with a failed kernel could never be placed
+again. It reacts to ERROR only: a kernel that exited normally ran, and its session passes
+RUNNING before it ends.
 """
 
 from __future__ import annotations
@@ -79,11 +82,35 @@ class PromoteToRunning(SessionPromotionHandler):
 
 
 class DetectTermination(SessionPromotionHandler):
-    """RUNNING (or earlier, once placed) → TERMINATING as soon as any kernel has ended."""
+    """RUNNING → TERMINATING as soon as any kernel has ended."""
 
     @classmethod
     def name(cls) -> str:
         return "DetectTermination"
+
+    @property
+    def target_session_statuses(self) -> frozenset[SessionStatus]:
+        return frozenset({SessionStatus.RUNNING})
+
+    @property
+    def check_kernel_statuses(self) -> frozenset[KernelStatus]:
+        return KERNEL_TERMINAL
+
+    @property
+    def match_type(self) -> KernelMatchType:
+        return KernelMatchType.ANY
+
+    @classmethod
+    def success_session_status(cls) -> SessionStatus:
+        return SessionStatus.TERMINATING
+
+
+class DetectFailureBeforeRunning(SessionPromotionHandler):
+    """SCHEDULED … CREATING → TERMINATING as soon as any kernel failed (corral's addition)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "DetectFailureBeforeRunning"
 
     @property
     def target_session_statuses(self) -> frozenset[SessionStatus]:
@@ -93,13 +120,12 @@ class DetectTermination(SessionPromotionHandler):
                 SessionStatus.PREPARING,
                 SessionStatus.PREPARED,
                 SessionStatus.CREATING,
-                SessionStatus.RUNNING,
             }
         )
 
     @property
     def check_kernel_statuses(self) -> frozenset[KernelStatus]:
-        return KERNEL_TERMINAL
+        return frozenset({KernelStatus.ERROR})
 
     @property
     def match_type(self) -> KernelMatchType:
@@ -165,5 +191,6 @@ PROMOTION_HANDLERS: tuple[SessionPromotionHandler, ...] = (
     PromoteToPrepared(),
     PromoteToRunning(),
     DetectTermination(),
+    DetectFailureBeforeRunning(),
     PromoteToTerminated(),
 )
