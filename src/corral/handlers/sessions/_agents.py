@@ -1,15 +1,18 @@
-"""What the lifecycle handlers ask of agents before acting on a session."""
+"""What the lifecycle handlers ask of agents: are they alive, did a stage fail, ask (again)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
-from corral.domain.results import ResultNote
-from corral.domain.session import SessionWithKernels
-from corral.domain.status import KERNEL_TERMINAL
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from corral.domain.results import HandlerResult, ResultNote
+from corral.domain.session import KernelIntent, SessionWithKernels
+from corral.domain.status import KERNEL_TERMINAL, KernelStatus, SessionStatus
 from corral.domain.types import AgentId, SessionId
-from corral.store.assignments import AGENT_ALIVE, agent_statuses
-from corral.store.database import Database
+from corral.store.assignments import AGENT_ALIVE, agent_statuses, request_kernels
+from corral.store.database import Database, Dialect
+from corral.store.status_changes import AppliedChanges
 
 AGENT_UNAVAILABLE = "agent_unavailable"
 
@@ -54,3 +57,38 @@ def stage_failure_note(session: SessionWithKernels) -> ResultNote | None:
                 f"while {kernel.status.value}: {kernel.stage_failure}",
             )
     return None
+
+
+async def sort_stage_attempts(
+    db: Database, targets: Sequence[SessionWithKernels], ready: SessionStatus
+) -> HandlerResult:
+    """PrepareSessions' and StartSessions' verdict on their targets.
+
+    A session with a live kernel on an agent that is not ALIVE, or whose agents reported the
+    current stage failed, is a failed attempt; one in `ready` succeeds (its agents are asked);
+    the rest are in progress on their agents, and only expiry applies to them.
+    """
+    result = HandlerResult()
+    unavailable = await unavailable_agents(db, targets)
+    for session in targets:
+        note = unavailable.get(session.id) or stage_failure_note(session)
+        if note is not None:
+            result.failures.append(session.id)
+            result.notes[session.id] = note
+        elif session.status is ready:
+            result.successes.append(session.id)
+    return result
+
+
+async def ask_in_stage(
+    conn: AsyncConnection,
+    dialect: Dialect,
+    applied: AppliedChanges,
+    stage: SessionStatus,
+    intent: KernelIntent,
+    kernel_statuses: Collection[KernelStatus],
+) -> None:
+    """Ask for `intent` (again) for the sessions now in `stage`: newly there, or still there
+    after a failed attempt (a new generation, the stage failure cleared)."""
+    in_stage = [sid for sid, (_, after) in applied.sessions.items() if after is stage]
+    await request_kernels(conn, dialect, in_stage, intent, kernel_statuses, again=True)

@@ -10,8 +10,7 @@ from corral.domain.results import HandlerResult, StatusTransitions, TransitionSt
 from corral.domain.session import KernelIntent, SessionWithKernels
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.handlers.base import LifecycleHandler
-from corral.handlers.sessions._agents import stage_failure_note, unavailable_agents
-from corral.store.assignments import request_kernels
+from corral.handlers.sessions._agents import ask_in_stage, sort_stage_attempts
 from corral.store.database import Database
 from corral.store.status_changes import AppliedChanges
 
@@ -51,23 +50,14 @@ class PrepareSessions(LifecycleHandler):
         )
 
     async def execute(self, targets: Sequence[SessionWithKernels]) -> HandlerResult:
-        result = HandlerResult()
-        unavailable = await unavailable_agents(self.db, targets)
-        for session in targets:
-            note = unavailable.get(session.id) or stage_failure_note(session)
-            if note is not None:
-                result.failures.append(session.id)
-                result.notes[session.id] = note
-            elif session.status is SessionStatus.SCHEDULED:
-                result.successes.append(session.id)
-            # else: PREPARING and in progress on its agents; only expiry applies.
-        return result
+        return await sort_stage_attempts(self.db, targets, SessionStatus.SCHEDULED)
 
     async def on_applied(self, conn: AsyncConnection, applied: AppliedChanges) -> None:
-        # Newly PREPARING, or still PREPARING after a failed attempt: ask (again) to PREPARE.
-        preparing = [
-            sid for sid, (_, after) in applied.sessions.items() if after is SessionStatus.PREPARING
-        ]
-        await request_kernels(
-            conn, self.db.dialect, preparing, KernelIntent.PREPARE, _PREPARING_STAGES, again=True
+        await ask_in_stage(
+            conn,
+            self.db.dialect,
+            applied,
+            SessionStatus.PREPARING,
+            KernelIntent.PREPARE,
+            _PREPARING_STAGES,
         )
