@@ -9,9 +9,9 @@ the rows anyway.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -22,7 +22,7 @@ from corral.domain.results import ResultNote, SchedulingResult, TransitionStatus
 from corral.domain.session import NewSession
 from corral.domain.spec import SessionSpec
 from corral.domain.status import KernelStatus, SessionStatus
-from corral.domain.types import SessionId, UserId
+from corral.domain.types import Clock, SessionId, UserId, utcnow
 from corral.infra.events import EventBus
 from corral.infra.hints import HintBus
 from corral.store._sql import in_values
@@ -72,10 +72,6 @@ class TerminateOutcome:
     unchanged: list[SessionId] = field(default_factory=list)  # already ending or ended: a no-op
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 class SessionController:
     """Submits and terminates sessions: mark in the database, set a hint, return."""
 
@@ -85,7 +81,7 @@ class SessionController:
         hints: HintBus,
         events: EventBus | None = None,
         *,
-        clock: Callable[[], datetime] = _utcnow,
+        clock: Clock = utcnow,
     ) -> None:
         self.db = db
         self.hints = hints

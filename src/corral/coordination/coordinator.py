@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
-from datetime import UTC, datetime
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -26,7 +25,7 @@ from corral.domain.resource_group import ResourceGroupOptions
 from corral.domain.results import SchedulingResult
 from corral.domain.session import SessionWithKernels
 from corral.domain.status import SessionStatus
-from corral.domain.types import SessionId
+from corral.domain.types import Clock, SessionId, utcnow
 from corral.handlers.base import LifecycleHandler, SessionPromotionHandler
 from corral.handlers.sessions.prepare import PrepareSessions
 from corral.handlers.sessions.promotions import PROMOTION_HANDLERS
@@ -69,10 +68,6 @@ _ASKS_AGENTS = frozenset({PrepareSessions.name(), StartSessions.name(), Terminat
 _PLACED_EVENTS: ContextVar[list[Event] | None] = ContextVar("placed_events", default=None)
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 class SessionCoordinator:
     """The session lifecycle's handler registry and the runs the loops drive."""
 
@@ -82,7 +77,7 @@ class SessionCoordinator:
         hints: HintBus,
         events: EventBus | None = None,
         *,
-        clock: Callable[[], datetime] = _utcnow,
+        clock: Clock = utcnow,
         limits: Mapping[str, PhaseLimits] = DEFAULT_LIMITS,
         lock_prefix: str = "sessions",
     ) -> None:

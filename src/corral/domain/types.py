@@ -1,8 +1,10 @@
-"""Identifier types shared by every layer."""
+"""Identifier types shared by every layer, and the clock type."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import NewType
 
 SessionId = NewType("SessionId", uuid.UUID)
@@ -21,3 +23,11 @@ def new_session_id() -> SessionId:
 def new_kernel_id() -> KernelId:
     """A fresh random kernel id."""
     return KernelId(uuid.uuid4())
+
+
+Clock = Callable[[], datetime]  # injected wherever "now" matters, so tests can move time
+
+
+def utcnow() -> datetime:
+    """The real clock: now, timezone-aware UTC (the default `Clock`)."""
+    return datetime.now(UTC)

@@ -13,12 +13,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from corral.coordination.hints import Hint, hints_after_report
 from corral.domain.session import KernelIntent
 from corral.domain.status import KernelStatus
-from corral.domain.types import AgentId, KernelId
+from corral.domain.types import AgentId, Clock, KernelId, utcnow
 from corral.infra.hints import HintBus
 from corral.store.assignments import AssignedKernel, read_assignment
 from corral.store.database import Database
@@ -27,10 +26,6 @@ from corral.store.kernel_reports import KernelReport, apply_kernel_reports
 K = KernelStatus
 STOPPED_EXIT_CODE = -15  # as if stopped by SIGTERM
 _BEFORE_RUNNING = frozenset({K.SCHEDULED, K.PREPARING, K.PULLING, K.PREPARED, K.CREATING})
-
-
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 @dataclass
@@ -42,7 +37,7 @@ class TestAgent:
     db: Database
     agent_ids: Collection[AgentId]
     hints: HintBus | None = None
-    clock: Callable[[], datetime] = _utcnow
+    clock: Clock = utcnow
     # Kernels on these agents fail preparation (a stage failure the manager may retry).
     fail_prepare_on: set[AgentId] = field(default_factory=set)
     # Kernels on these agents fail to start.

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.domain.results import HandlerResult, StatusTransitions, TransitionStatus
 from corral.domain.session import SessionWithKernels
 from corral.domain.status import KernelStatus, SessionStatus
-from corral.domain.types import SessionId
+from corral.domain.types import Clock, SessionId
 from corral.handlers.base import LifecycleHandler
 from corral.scheduler.scheduler import schedule_group
 from corral.store.database import Database
@@ -32,7 +31,7 @@ class ScheduleNewSessions(LifecycleHandler):
     def __init__(
         self,
         db: Database,
-        clock: Callable[[], datetime],
+        clock: Clock,
         *,
         on_placed: OnPlaced | None = None,
     ) -> None:
