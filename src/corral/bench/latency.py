@@ -21,7 +21,6 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-import sqlalchemy as sa
 from redis.asyncio import Redis
 
 from corral.bench._scratch import scratch_database
@@ -41,7 +40,6 @@ from corral.infra.locks import LockManager, open_lock_manager
 from corral.store.agents import NewAgent, insert_agents
 from corral.store.database import Database
 from corral.store.events import SESSION_STATUS_CHANGED
-from corral.store.tables import agents as agents_table
 from corral.store.tables import users
 from corral.testing.agent import TestAgent
 
@@ -303,32 +301,6 @@ async def _collect(subscription: Subscription, recorder: _Recorder) -> None:
             recorder.arrived(event.entity_id, to, at)
 
 
-async def _run_agents(
-    db: Database, agents: dict[AgentId, TestAgent], hints: HintBus, recorder: _Recorder
-) -> None:
-    """Play every agent as the daemon does: reconcile when its assignment revision moves.
-
-    Real agents long-poll on their own revision, side by side on their own nodes; reading
-    every agent's whole assignment on every hint would make the simulation, not the
-    manager, the slowest part of the path.
-    """
-    seen: dict[AgentId, int] = {}
-    while True:
-        await hints.wait([Hint.ASSIGNMENTS.value], AGENT_INTERVAL_S)
-        await hints.consume(Hint.ASSIGNMENTS.value)
-        started = time.perf_counter()
-        async with db.read() as conn:
-            rows = await conn.execute(
-                sa.select(agents_table.c.id, agents_table.c.assignment_revision)
-            )
-            revisions = {AgentId(agent_id): revision for agent_id, revision in rows}
-        moved = [a for a, revision in revisions.items() if seen.get(a) != revision]
-        seen.update(revisions)
-        if moved:
-            await asyncio.gather(*(agents[a].step() for a in moved))
-            recorder.agent_steps_ms.append((time.perf_counter() - started) * 1000)
-
-
 async def _submit_all(
     controller: SessionController,
     owner: UserId,
@@ -392,7 +364,12 @@ async def run_latency_bench(
         orchestrator = session_orchestrator(coordinator, hints, buses.locks)
         for loop in orchestrator.loops:
             loop.task = recorder.timed(loop.task)
-        agents_by_id = {a: TestAgent(db, [a], hints=hints) for a in agent_ids}
+        agent = TestAgent(db, agent_ids, hints=hints)
+
+        def stepped(reports: int, elapsed_ms: float) -> None:
+            if reports:
+                recorder.agent_steps_ms.append(elapsed_ms)
+
         maxsize = (sessions + WARMUP_SESSIONS) * len(_PATH) + 1000
 
         def submitted(n: int) -> None:
@@ -404,7 +381,8 @@ async def run_latency_bench(
                 asyncio.create_task(_collect(subscription, recorder), name="bench-collect"),
                 asyncio.create_task(orchestrator.run(), name="bench-orchestrator"),
                 asyncio.create_task(
-                    _run_agents(db, agents_by_id, hints, recorder), name="bench-agents"
+                    agent.run(asyncio.Event(), interval_s=AGENT_INTERVAL_S, on_step=stepped),
+                    name="bench-agents",
                 ),
             ]
             try:

@@ -90,6 +90,19 @@ async def agent_statuses(
     return {AgentId(agent_id): status for agent_id, status in rows}
 
 
+async def read_revisions(db: Database, agent_ids: Collection[AgentId]) -> dict[AgentId, int]:
+    """The agents' assignment revisions, in one query (unknown agents are left out)."""
+    if not agent_ids:
+        return {}
+    async with db.read() as conn:
+        rows = await conn.execute(
+            sa.select(agents.c.id, agents.c.assignment_revision).where(
+                in_values(db.dialect, agents.c.id, agent_ids)
+            )
+        )
+        return {AgentId(agent_id): int(revision) for agent_id, revision in rows}
+
+
 @dataclass(frozen=True, slots=True)
 class AssignedKernel:
     """One kernel an agent is responsible for, with what the manager wants of it."""

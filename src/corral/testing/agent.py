@@ -11,6 +11,7 @@ make agents fail preparation or start, ignore their assignments, or let kernels 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
@@ -19,7 +20,7 @@ from corral.domain.session import KernelIntent
 from corral.domain.status import KernelStatus
 from corral.domain.types import AgentId, Clock, KernelId, utcnow
 from corral.infra.hints import HintBus
-from corral.store.assignments import AssignedKernel, read_assignment
+from corral.store.assignments import AssignedKernel, read_assignment, read_revisions
 from corral.store.database import Database
 from corral.store.kernel_reports import KernelReport, apply_kernel_reports
 
@@ -47,19 +48,22 @@ class TestAgent:
     # The exit code a kernel ends with right after it started (None: it keeps running).
     exit_code: Callable[[AssignedKernel], int | None] = lambda kernel: None
     reports: int = 0  # reports applied so far
+    # The assignment revision each agent last reconciled.
+    _seen: dict[AgentId, int] = field(default_factory=dict, repr=False)
 
     async def step(self) -> int:
-        """Reconcile every agent once; return how many reports were applied."""
-        applied = 0
-        for agent_id in sorted(self.agent_ids):
-            if agent_id in self.unresponsive:
-                continue
-            assignment = await read_assignment(self.db, agent_id)
-            if assignment is None:
-                continue
-            reports = [r for k in assignment.kernels for r in self._reconcile(agent_id, k)]
-            applied += await self._report(agent_id, reports)
-        return applied
+        """Reconcile, side by side, every agent whose assignment changed since it last looked.
+
+        As the agent daemon's long-poll does: one query for the revisions, then each agent
+        whose revision moved reads its assignment and reports. Returns the reports applied.
+        """
+        revisions = await read_revisions(self.db, self.agent_ids)
+        due = [
+            agent_id
+            for agent_id, revision in sorted(revisions.items())
+            if agent_id not in self.unresponsive and self._seen.get(agent_id) != revision
+        ]
+        return sum(await asyncio.gather(*(self._step_one(agent_id) for agent_id in due)))
 
     async def exit(self, kernel_ids: Iterable[KernelId], exit_code: int = 0) -> None:
         """Running kernels exit with `exit_code`."""
@@ -69,14 +73,34 @@ class TestAgent:
         """Kernels fail (ERROR with `cause`) wherever they are."""
         await self._end(kernel_ids, failure_cause=cause)
 
-    async def run(self, stop: asyncio.Event, *, interval_s: float = 1.0) -> None:
-        """Reconcile whenever the manager hints that assignments changed, until `stop` is set."""
+    async def run(
+        self,
+        stop: asyncio.Event,
+        *,
+        interval_s: float = 1.0,
+        on_step: Callable[[int, float], None] | None = None,
+    ) -> None:
+        """Step whenever the manager hints that assignments changed, until `stop` is set.
+
+        `on_step(reports, elapsed_ms)` is told about every step (benchmarks time them).
+        """
         if self.hints is None:
             raise ValueError("TestAgent.run needs a hint bus to wake on")
         while not stop.is_set():
             await self.hints.wait([Hint.ASSIGNMENTS.value], interval_s)
             await self.hints.consume(Hint.ASSIGNMENTS.value)
-            await self.step()
+            started = time.perf_counter()
+            reports = await self.step()
+            if on_step is not None:
+                on_step(reports, (time.perf_counter() - started) * 1000)
+
+    async def _step_one(self, agent_id: AgentId) -> int:
+        assignment = await read_assignment(self.db, agent_id)
+        if assignment is None:
+            return 0
+        self._seen[agent_id] = assignment.revision
+        reports = [r for k in assignment.kernels for r in self._reconcile(agent_id, k)]
+        return await self._report(agent_id, reports)
 
     def _reconcile(self, agent_id: AgentId, kernel: AssignedKernel) -> list[KernelReport]:
         kid, status, intent = kernel.id, kernel.status, kernel.desired_state
