@@ -23,6 +23,17 @@ from corral.testing.agent import TestAgent
 from tests.integration.store._factories import NOW, add_agents, add_user
 
 S = SessionStatus
+# The statuses a session that runs and ends well passes, in order.
+LIFECYCLE = (
+    S.PENDING,
+    S.SCHEDULED,
+    S.PREPARING,
+    S.PREPARED,
+    S.CREATING,
+    S.RUNNING,
+    S.TERMINATING,
+    S.TERMINATED,
+)
 
 
 @dataclass
@@ -119,4 +130,4 @@ def utc(seconds: float) -> datetime:
     return NOW + timedelta(seconds=seconds)
 
 
-__all__ = ["UTC", "Clock", "Cluster", "make_cluster"]
+__all__ = ["LIFECYCLE", "UTC", "Clock", "Cluster", "make_cluster"]

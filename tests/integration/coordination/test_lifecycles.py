@@ -10,20 +10,11 @@ from corral.domain.types import SessionId
 from corral.store.database import Database
 from corral.store.events import SESSION_STATUS_CHANGED, read_events
 from corral.store.tables import sessions
-from tests.integration.coordination._harness import Cluster, make_cluster
+from tests.integration.coordination._harness import LIFECYCLE, Cluster, make_cluster
 from tests.integration.store._factories import assert_slots_consistent, set_group_options
 
 S, K = SessionStatus, KernelStatus
 CPU4 = {"cpu": 4000}
-HAPPY_PATH = [
-    S.SCHEDULED,
-    S.PREPARING,
-    S.PREPARED,
-    S.CREATING,
-    S.RUNNING,
-    S.TERMINATING,
-    S.TERMINATED,
-]
 
 
 async def ending(c: Cluster, sid: SessionId) -> tuple[str | None, int | None, str | None]:
@@ -53,12 +44,12 @@ async def test_single_kernel_happy_path(db: Database) -> None:
     await c.settle()
     assert await c.status(sid) is S.TERMINATED
     assert await ending(c, sid) == ("success", 0, None)
-    assert [to for _, _, to, _ in await c.moves_of(sid)] == [s.value for s in HAPPY_PATH]
+    assert [to for _, _, to, _ in await c.moves_of(sid)] == [s.value for s in LIFECYCLE[1:]]
     await assert_slots_consistent(db, c.agents, [sid])
 
     events = [e for e in await read_events(db) if e.entity_id == str(sid)]
     changes = [e.payload["to"] for e in events if e.kind == SESSION_STATUS_CHANGED]
-    assert changes == [s.value for s in HAPPY_PATH]
+    assert changes == [s.value for s in LIFECYCLE[1:]]
 
 
 async def test_multi_kernel_happy_path_and_a_failed_exit(db: Database) -> None:

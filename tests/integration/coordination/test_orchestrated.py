@@ -31,23 +31,10 @@ from corral.store.agents import read_ledger
 from corral.store.database import Database
 from corral.store.tables import kernel_history, kernels, session_history, sessions
 from corral.testing.agent import TestAgent
-from tests.integration.coordination._harness import Clock
+from tests.integration.coordination._harness import LIFECYCLE, Clock
 from tests.integration.store._factories import add_agents, add_user
 
 S = SessionStatus
-LIFECYCLE = tuple(
-    s.value
-    for s in (
-        S.PENDING,
-        S.SCHEDULED,
-        S.PREPARING,
-        S.PREPARED,
-        S.CREATING,
-        S.RUNNING,
-        S.TERMINATING,
-        S.TERMINATED,
-    )
-)
 SETTLE_DEADLINE_S = 90.0  # generous: a loaded 2-core machine; a healthy run takes seconds
 POLL_S = 0.02
 AGENT_INTERVAL_S = 0.05  # the test agent's wait for a hint (with hints lost, its period)
@@ -326,7 +313,7 @@ async def assert_each_move_recorded_once(db: Database, count: int) -> None:
     walked: defaultdict[SessionId, list[tuple[str, str]]] = defaultdict(list)
     for sid, before, after in moves:
         walked[sid].append((before, after))
-    expected = list(pairwise(LIFECYCLE))
+    expected = list(pairwise(s.value for s in LIFECYCLE))
     wrong = {sid: path for sid, path in walked.items() if path != expected}
     assert not wrong, f"sessions off the lifecycle: {wrong}"
     assert len(walked) == count
