@@ -25,6 +25,8 @@ from corral.store.tables import agent_slots, agents
 
 K = TypeVar("K", bound=Hashable)
 
+AGENT_ALIVE = "ALIVE"  # the only status whose agents take and keep work
+
 # capacity and occupancy of every slot of every locked agent: {agent: {slot: [capacity, occupied]}}
 Ledger = dict[AgentId, dict[str, list[int]]]
 
@@ -63,7 +65,7 @@ async def insert_agents(db: Database, new_agents: Sequence[NewAgent], now: datet
                     "id": a.id,
                     "address": a.address,
                     "resource_group": a.resource_group,
-                    "status": "ALIVE",
+                    "status": AGENT_ALIVE,
                     "schedulable": True,
                     "runtime": a.runtime,
                     "labels": dict(a.labels),

@@ -23,8 +23,6 @@ from corral.store._sql import IdBatch, in_values
 from corral.store.database import Database, Dialect
 from corral.store.tables import agents, kernels, sessions
 
-AGENT_ALIVE = "ALIVE"
-
 
 async def request_kernels(
     conn: AsyncConnection,

@@ -18,7 +18,7 @@ from corral.domain.session import MilliSlots
 from corral.domain.status import SESSION_TRANSITIONS, KernelStatus, SessionStatus
 from corral.domain.types import AgentId, KernelId, SessionId
 from corral.store._sql import in_values
-from corral.store.agents import Claim, apply_slot_deltas, fit_claims, lock_ledger
+from corral.store.agents import AGENT_ALIVE, Claim, apply_slot_deltas, fit_claims, lock_ledger
 from corral.store.database import Database, Dialect
 from corral.store.history import record_kernel_history, record_session_history
 from corral.store.status_changes import lock_sessions
@@ -134,7 +134,7 @@ async def commit_placements(
         usable = await conn.execute(
             sa.select(agents.c.id).where(
                 in_values(dialect, agents.c.id, agent_ids),
-                agents.c.status == "ALIVE",
+                agents.c.status == AGENT_ALIVE,
                 agents.c.schedulable.is_(True),
             )
         )

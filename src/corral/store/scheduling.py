@@ -15,6 +15,7 @@ from corral.domain.session import SessionWithKernels
 from corral.domain.status import SESSION_OCCUPYING, SessionStatus
 from corral.domain.types import AgentId, SessionId, UserId
 from corral.store._sql import in_values, slot_entries
+from corral.store.agents import AGENT_ALIVE
 from corral.store.database import Dialect
 from corral.store.sessions import load_with_kernels
 from corral.store.tables import (
@@ -83,7 +84,7 @@ async def read_agent_slots(conn: AsyncConnection, group: str) -> list[AgentSlotR
     rows = await conn.execute(
         sa.select(
             agents.c.id,
-            sa.and_(agents.c.status == "ALIVE", agents.c.schedulable.is_(True)),
+            sa.and_(agents.c.status == AGENT_ALIVE, agents.c.schedulable.is_(True)),
             agent_slots.c.slot_name,
             agent_slots.c.capacity,
             agent_slots.c.occupied,

@@ -10,7 +10,8 @@ from corral.domain.results import HandlerResult, ResultNote
 from corral.domain.session import KernelIntent, SessionWithKernels
 from corral.domain.status import KERNEL_TERMINAL, KernelStatus, SessionStatus
 from corral.domain.types import AgentId, SessionId
-from corral.store.assignments import AGENT_ALIVE, agent_statuses, request_kernels
+from corral.store.agents import AGENT_ALIVE
+from corral.store.assignments import agent_statuses, request_kernels
 from corral.store.database import Database, Dialect
 from corral.store.status_changes import AppliedChanges
 
