@@ -116,6 +116,9 @@ class AssignedKernel:
     stage_failure: str | None
     occupied_slots: MilliSlots
     spec: dict[str, Any]  # image, command, env, resources, type: as the user submitted them
+    # The address of the agent of every kernel of the session, in cluster-index order ("" for
+    # a kernel not placed now), so the ranks of a multi-node session can find each other.
+    cluster_hosts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +138,7 @@ async def read_assignment(db: Database, agent_id: AgentId) -> Assignment | None:
         )
         if revision is None:
             return None
-        rows = await conn.execute(
+        result = await conn.execute(
             sa.select(
                 kernels.c.id,
                 kernels.c.session_id,
@@ -156,6 +159,8 @@ async def read_assignment(db: Database, agent_id: AgentId) -> Assignment | None:
             )
             .order_by(kernels.c.session_id, kernels.c.cluster_index)
         )
+        rows = list(result)
+        hosts = await _cluster_hosts(conn, db.dialect, {SessionId(row[1]) for row in rows})
         assigned = tuple(
             AssignedKernel(
                 id=KernelId(row[0]),
@@ -169,7 +174,26 @@ async def read_assignment(db: Database, agent_id: AgentId) -> Assignment | None:
                 stage_failure=row[8],
                 occupied_slots=row[9] or {},
                 spec=row[10],
+                cluster_hosts=hosts.get(SessionId(row[1]), ()),
             )
             for row in rows
         )
     return Assignment(agent_id=agent_id, revision=int(revision), kernels=assigned)
+
+
+async def _cluster_hosts(
+    conn: AsyncConnection, dialect: Dialect, session_ids: Collection[SessionId]
+) -> dict[SessionId, tuple[str, ...]]:
+    """Per session, the address of each kernel's agent in cluster-index order (one query)."""
+    if not session_ids:
+        return {}
+    rows = await conn.execute(
+        sa.select(kernels.c.session_id, kernels.c.cluster_index, agents.c.address)
+        .select_from(kernels.outerjoin(agents, agents.c.id == kernels.c.agent_id))
+        .where(in_values(dialect, kernels.c.session_id, session_ids))
+        .order_by(kernels.c.session_id, kernels.c.cluster_index)
+    )
+    hosts: dict[SessionId, list[str]] = {}
+    for session_id, _, address in rows:
+        hosts.setdefault(SessionId(session_id), []).append(address or "")
+    return {sid: tuple(h) for sid, h in hosts.items()}

@@ -396,3 +396,30 @@ hints = sa.Table(
     sa.Column("name", sa.String(128), primary_key=True),
     sa.Column("set_at", UTCDateTime(), nullable=False),
 )
+
+
+# Kernels' logs, as agents upload them: one row per chunk, keyed by the chunk's byte offset in
+# its stream, so an agent re-sending a chunk after a lost reply writes nothing twice. No foreign
+# key (append-only, like history); deleting a session deletes its logs explicitly.
+kernel_logs = sa.Table(
+    "kernel_logs",
+    metadata,
+    sa.Column("kernel_id", sa.Uuid(), primary_key=True),
+    sa.Column("stream", sa.String(16), primary_key=True),
+    sa.Column("byte_offset", sa.BigInteger(), primary_key=True),
+    sa.Column("data", sa.LargeBinary(), nullable=False),
+    _created(),
+    sa.CheckConstraint("stream IN ('stdout', 'stderr')", name="stream_valid"),
+    sa.CheckConstraint("byte_offset >= 0", name="offset_not_negative"),
+)
+
+# The files a kernel left in its output directory, uploaded by its agent after it ended.
+kernel_outputs = sa.Table(
+    "kernel_outputs",
+    metadata,
+    sa.Column("kernel_id", sa.Uuid(), primary_key=True),
+    sa.Column("name", sa.String(512), primary_key=True),
+    sa.Column("size_bytes", sa.BigInteger(), nullable=False),
+    sa.Column("data", sa.LargeBinary(), nullable=False),
+    _created(),
+)

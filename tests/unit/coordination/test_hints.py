@@ -27,12 +27,19 @@ def test_each_session_move_wakes_the_next_phase() -> None:
     """SCHEDULED wakes preparation, PREPARED the start, TERMINATING the stop, ends the scheduler."""
     assert hints_after_moves([S.SCHEDULED]) == {Hint.PREPARE}
     assert hints_after_moves([S.PREPARED]) == {Hint.START}
-    assert hints_after_moves([S.TERMINATING]) == {Hint.TERMINATE}
+    assert hints_after_moves([S.TERMINATING]) == {Hint.TERMINATE, Hint.PROMOTE_TERMINATED}
     assert Hint.SCHEDULE in hints_after_moves([S.PENDING])
     for end in (S.TERMINATED, S.CANCELLED, S.ERROR):
         assert Hint.SCHEDULE in hints_after_moves([end])
     assert Hint.ASSIGNMENTS in hints_after_moves([S.PREPARING])
-    assert hints_after_moves([S.RUNNING]) == set()
+
+
+def test_entering_a_status_wakes_the_promotion_its_kernels_may_already_satisfy() -> None:
+    """Kernels can move on before their session: entering a status re-checks them at once."""
+    assert Hint.PROMOTE_PREPARED in hints_after_moves([S.PREPARING])
+    assert Hint.PROMOTE_RUNNING in hints_after_moves([S.CREATING])
+    assert hints_after_moves([S.RUNNING]) == {Hint.DETECT_TERMINATION}
+    assert Hint.PROMOTE_TERMINATED in hints_after_moves([S.TERMINATING])
 
 
 def test_each_kernel_report_wakes_the_promotion_that_waits_for_it() -> None:

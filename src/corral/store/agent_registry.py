@@ -1,0 +1,279 @@
+"""Agents joining, staying in touch and getting lost: registration, heartbeats, the lost sweep.
+
+An agent that stops heartbeating past its timeout is LOST: in one transaction its status moves,
+its non-terminal kernels move to ERROR with cause `agent_lost` (history written, slots
+released), and its revision is bumped so that, should it come back, it reconciles at once. The
+session handlers take the sessions from there (DetectTermination, DetectFailureBeforeRunning).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from corral.domain.results import SchedulingResult
+from corral.domain.session import MilliSlots
+from corral.domain.status import KERNEL_NON_TERMINAL, KernelStatus
+from corral.domain.types import AgentId, KernelId, SessionId
+from corral.store._sql import in_values
+from corral.store.agents import AGENT_ALIVE, NewAgent, apply_slot_deltas, insert_agents
+from corral.store.assignments import bump_revisions
+from corral.store.database import Database
+from corral.store.tables import agent_slots, agents, kernel_history, kernels
+
+AGENT_LOST = "LOST"
+AGENT_TERMINATED = "TERMINATED"
+AGENT_LOST_CAUSE = "agent_lost"
+PHASE_HEARTBEAT = "heartbeat"
+
+
+class AgentCapacityError(ValueError):
+    """A re-registering agent offers less of a slot than its kernels already hold."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentRecord:
+    """An agent as the protocol layer needs it: identity, credentials, liveness."""
+
+    id: AgentId
+    status: str
+    token_hash: str | None
+    resource_group: str
+    last_heartbeat_at: datetime | None
+    assignment_revision: int
+
+
+@dataclass(slots=True)
+class LostAgents:
+    """What one lost sweep changed."""
+
+    agent_ids: list[AgentId] = field(default_factory=list)
+    kernels: dict[KernelId, KernelStatus] = field(default_factory=dict)  # status before ERROR
+    sessions: set[SessionId] = field(default_factory=set)
+
+
+async def read_agent(db: Database, agent_id: AgentId) -> AgentRecord | None:
+    """One agent's identity and liveness (None: no such agent)."""
+    async with db.read() as conn:
+        row = (
+            await conn.execute(
+                sa.select(
+                    agents.c.id,
+                    agents.c.status,
+                    agents.c.token_hash,
+                    agents.c.resource_group,
+                    agents.c.last_heartbeat_at,
+                    agents.c.assignment_revision,
+                ).where(agents.c.id == agent_id)
+            )
+        ).first()
+    if row is None:
+        return None
+    return AgentRecord(AgentId(row[0]), row[1], row[2], row[3], row[4], int(row[5]))
+
+
+async def register_agent(db: Database, agent: NewAgent, now: datetime) -> bool:
+    """Create the agent, or bring a known one back ALIVE with its new facts; True if created.
+
+    Re-registering keeps the agent's id, revision and the occupancy of its slots; a slot whose
+    new capacity is below what the agent's kernels hold is refused (AgentCapacityError), as is
+    moving an agent holding kernels to another resource group.
+    """
+    async with db.read() as conn:
+        exists = await conn.scalar(
+            sa.select(agents.c.resource_group).where(agents.c.id == agent.id)
+        )
+    if exists is None:
+        try:
+            await insert_agents(db, [agent], now)
+        except sa.exc.IntegrityError:
+            # Registered by a concurrent request of the same agent: update below instead.
+            pass
+        else:
+            return True
+    async with db.transaction() as conn:
+        ledger_rows = await conn.execute(
+            sa.select(agent_slots.c.slot_name, agent_slots.c.occupied)
+            .where(agent_slots.c.agent_id == agent.id)
+            .with_for_update()
+        )
+        occupied = {name: int(amount) for name, amount in ledger_rows}
+        short = {
+            name: amount
+            for name, amount in occupied.items()
+            if amount > agent.capacity.get(name, 0)
+        }
+        if short:
+            raise AgentCapacityError(
+                f"agent {agent.id} re-registered with less than its kernels hold: "
+                + ", ".join(
+                    f"{name} offered {agent.capacity.get(name, 0) / 1000:g}, held {amount / 1000:g}"
+                    for name, amount in sorted(short.items())
+                )
+            )
+        if exists is not None and exists != agent.resource_group and any(occupied.values()):
+            raise AgentCapacityError(
+                f"agent {agent.id} holds kernels in resource group {exists!r}; it cannot move "
+                f"to {agent.resource_group!r} until they end"
+            )
+        values: dict[str, Any] = {
+            "address": agent.address,
+            "resource_group": agent.resource_group,
+            "runtime": agent.runtime,
+            "labels": dict(agent.labels),
+            "status": AGENT_ALIVE,
+            "last_heartbeat_at": now,
+            "status_changed_at": sa.case(
+                (agents.c.status != AGENT_ALIVE, now), else_=agents.c.status_changed_at
+            ),
+        }
+        if agent.token_hash is not None:
+            values["token_hash"] = agent.token_hash
+        await conn.execute(agents.update().where(agents.c.id == agent.id).values(values))
+        await _set_capacity(conn, agent.id, agent.capacity, occupied)
+        await bump_revisions(conn, db.dialect, [agent.id])
+    return False
+
+
+async def _set_capacity(
+    conn: Any, agent_id: AgentId, capacity: MilliSlots, occupied: Mapping[str, int]
+) -> None:
+    """Make the agent's ledger rows say `capacity`, keeping occupancy; drop unused slots."""
+    gone = [name for name in occupied if name not in capacity]
+    if gone:
+        await conn.execute(
+            agent_slots.delete().where(
+                agent_slots.c.agent_id == agent_id, agent_slots.c.slot_name.in_(gone)
+            )
+        )
+    kept = [{"a": agent_id, "s": n, "c": c} for n, c in capacity.items() if n in occupied]
+    if kept:
+        await conn.execute(
+            agent_slots.update()
+            .where(
+                agent_slots.c.agent_id == sa.bindparam("a"),
+                agent_slots.c.slot_name == sa.bindparam("s"),
+            )
+            .values(capacity=sa.bindparam("c")),
+            kept,
+        )
+    added = [
+        {"agent_id": agent_id, "slot_name": n, "capacity": c, "occupied": 0}
+        for n, c in capacity.items()
+        if n not in occupied
+    ]
+    if added:
+        await conn.execute(agent_slots.insert(), added)
+
+
+async def record_heartbeat(db: Database, agent_id: AgentId, now: datetime) -> str | None:
+    """Note that the agent is alive now; its status (None: no such agent).
+
+    A LOST agent stays LOST: its kernels were already failed, so it must register again (which
+    makes it reconcile against an assignment without them) before it takes work.
+    """
+    async with db.transaction() as conn:
+        status = await conn.scalar(
+            agents.update()
+            .where(agents.c.id == agent_id)
+            .values(last_heartbeat_at=now)
+            .returning(agents.c.status)
+        )
+    return None if status is None else str(status)
+
+
+async def mark_lost_agents(db: Database, cutoff: datetime, now: datetime) -> LostAgents:
+    """Every ALIVE agent silent since before `cutoff` becomes LOST, its live kernels ERROR."""
+    lost = LostAgents()
+    async with db.transaction() as conn:
+        silent = agents.c.last_heartbeat_at < cutoff
+        ids = [
+            AgentId(agent_id)
+            for (agent_id,) in await conn.execute(
+                agents.update()
+                .where(agents.c.status == AGENT_ALIVE, silent)
+                .values(status=AGENT_LOST, status_changed_at=now)
+                .returning(agents.c.id)
+            )
+        ]
+        if not ids:
+            return lost
+        lost.agent_ids = sorted(ids)
+        live = [s.value for s in KERNEL_NON_TERMINAL]
+        rows = list(
+            await conn.execute(
+                sa.select(
+                    kernels.c.id,
+                    kernels.c.session_id,
+                    kernels.c.agent_id,
+                    kernels.c.status,
+                    kernels.c.occupied_slots,
+                ).where(in_values(db.dialect, kernels.c.agent_id, ids), kernels.c.status.in_(live))
+            )
+        )
+        releases: dict[AgentId, dict[str, int]] = {}
+        history = []
+        for kernel_id, session_id, agent_id, status, held in rows:
+            lost.kernels[KernelId(kernel_id)] = KernelStatus(status)
+            lost.sessions.add(SessionId(session_id))
+            for slot, amount in (held or {}).items():
+                cell = releases.setdefault(AgentId(agent_id), {})
+                cell[slot] = cell.get(slot, 0) - int(amount)
+            history.append(
+                {
+                    "kernel_id": kernel_id,
+                    "session_id": session_id,
+                    "phase": PHASE_HEARTBEAT,
+                    "from_status": status,
+                    "to_status": KernelStatus.ERROR.value,
+                    "result": SchedulingResult.SUCCESS.value,
+                    "error_code": AGENT_LOST_CAUSE,
+                    "message": f"agent {agent_id} sent no heartbeat since before {cutoff:%X}",
+                    "attempts": 1,
+                    "created_at": now,
+                    "updated_at": now,
+                }
+            )
+        if rows:
+            await conn.execute(
+                kernels.update()
+                .where(
+                    in_values(db.dialect, kernels.c.id, [r[0] for r in rows]),
+                    kernels.c.status.in_(live),
+                )
+                .values(
+                    status=KernelStatus.ERROR.value,
+                    status_changed_at=now,
+                    failure_cause=AGENT_LOST_CAUSE,
+                    status_info="agent lost: no heartbeat within its timeout",
+                    occupied_slots=None,
+                    stage_failure=None,
+                )
+            )
+            await conn.execute(kernel_history.insert(), history)
+            await apply_slot_deltas(conn, releases)
+        await bump_revisions(conn, db.dialect, ids)
+    return lost
+
+
+async def deregister_agent(db: Database, agent_id: AgentId, now: datetime) -> bool:
+    """A cleanly stopping agent leaves: TERMINATED, no more work; True if it could.
+
+    An agent still holding live kernels cannot leave this way: it stays ALIVE, so that if it
+    does not come back its kernels are failed by the lost sweep instead of being forgotten.
+    """
+    live_kernels = sa.exists().where(
+        kernels.c.agent_id == agent_id,
+        kernels.c.status.in_([s.value for s in KERNEL_NON_TERMINAL]),
+    )
+    async with db.transaction() as conn:
+        result = await conn.execute(
+            agents.update()
+            .where(agents.c.id == agent_id, agents.c.status == AGENT_ALIVE, ~live_kernels)
+            .values(status=AGENT_TERMINATED, status_changed_at=now)
+        )
+    return bool(result.rowcount)
