@@ -1,0 +1,168 @@
+"""Kernel runtimes: how an agent turns an assigned kernel into something that runs.
+
+The agent daemon drives every kernel through the progress machine (`agent.progress`) and asks
+its runtime to do each stage's work: `preload` (PRELOADING: resolve the image, make the work
+directory), `start` (GENERATING begins), then on the returned `RunningKernel`: `wait` for it to
+end, or `terminate` it, read its logs while it runs, and list its outputs after it ended. A
+stage that cannot be done raises `StageFailure` with a failure cause users and retry policies
+can act on; whether the daemon retries the stage is the progress machine's error limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from corral.domain.session import MilliSlots
+from corral.domain.types import KernelId, SessionId
+
+LOG_STREAMS = ("stdout", "stderr")
+# torch.distributed's rendezvous port is derived from the session id, so every rank of a
+# session computes the same one without a round trip; the range avoids well-known and
+# ephemeral ports.
+MASTER_PORT_BASE = 29_500
+MASTER_PORT_SPAN = 2_000
+
+
+class StageFailure(Exception):
+    """A runtime could not do a stage's work; `cause` is the stable failure cause."""
+
+    def __init__(self, cause: str, message: str, *, retryable: bool = True) -> None:
+        super().__init__(f"{cause}: {message}")
+        self.cause = cause
+        self.message = message
+        # False: trying the same stage again cannot help (e.g. an unknown image name is not a
+        # transient fault); the daemon aborts the kernel at once instead of spending retries.
+        self.retryable = retryable
+
+
+@dataclass(frozen=True, slots=True)
+class KernelLaunch:
+    """Everything a runtime needs to prepare and start one kernel."""
+
+    kernel_id: KernelId
+    session_id: SessionId
+    session_type: str
+    image: str
+    command: tuple[str, ...]
+    env: Mapping[str, str]  # the user's variables, as submitted
+    cluster_size: int
+    cluster_rank: int  # this kernel's index in the session, 0 = main
+    cluster_role: str
+    cluster_hosts: tuple[str, ...]  # the host of every rank, in rank order
+    slots: MilliSlots  # what the kernel occupies, milli-units
+    work_dir: Path  # the kernel's own directory on the agent (outputs in work_dir/outputs)
+    devices: tuple[int, ...] = ()  # cuda device indices assigned to this kernel
+
+    @property
+    def output_dir(self) -> Path:
+        """Where the kernel writes what it wants kept (CORRAL_OUTPUT_DIR)."""
+        return self.work_dir / "outputs"
+
+    @property
+    def master_port(self) -> int:
+        """torch.distributed's MASTER_PORT, the same on every rank of the session."""
+        digest = hashlib.sha256(str(self.session_id).encode()).digest()
+        return MASTER_PORT_BASE + int.from_bytes(digest[:4], "big") % MASTER_PORT_SPAN
+
+    def environment(self) -> dict[str, str]:
+        """The variables corral sets for the kernel (the user's `env` is laid under them)."""
+        hosts = self.cluster_hosts or ("127.0.0.1",)
+        env = {
+            **self.env,
+            "CORRAL_SESSION_ID": str(self.session_id),
+            "CORRAL_KERNEL_ID": str(self.kernel_id),
+            "CORRAL_CLUSTER_SIZE": str(self.cluster_size),
+            "CORRAL_CLUSTER_RANK": str(self.cluster_rank),
+            "CORRAL_CLUSTER_ROLE": self.cluster_role,
+            "CORRAL_CLUSTER_HOSTS": ",".join(hosts),
+            "CORRAL_OUTPUT_DIR": str(self.output_dir),
+            "MASTER_ADDR": hosts[0],
+            "MASTER_PORT": str(self.master_port),
+            "WORLD_SIZE": str(self.cluster_size),
+            "RANK": str(self.cluster_rank),
+        }
+        # Always set, so a kernel that asked for no GPU cannot see the host's GPUs.
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in self.devices)
+        return env
+
+
+@dataclass(frozen=True, slots=True)
+class KernelExit:
+    """How a kernel's process ended."""
+
+    # The exit status; negative: killed by that signal (as subprocess reports it).
+    exit_code: int
+    # Set when the runtime knows why it ended badly (e.g. "oom_killed"); None otherwise. A plain
+    # non-zero exit is classified by the daemon (kernel_nonzero_exit).
+    failure_cause: str | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class OutputFile:
+    """One file a kernel left in its output directory."""
+
+    name: str  # path relative to the output directory, '/'-separated
+    size_bytes: int
+
+
+class RunningKernel(Protocol):
+    """A started kernel, as its runtime holds it."""
+
+    @property
+    def info(self) -> Mapping[str, Any]:
+        """Runtime facts reported to the manager (host, pid, ports)."""
+        ...
+
+    async def wait(self) -> KernelExit:
+        """Until the kernel ends by itself (or by `terminate`); how it ended."""
+        ...
+
+    async def terminate(self, grace_s: float) -> KernelExit:
+        """Ask the whole kernel to stop, kill it after `grace_s`; how it ended. Idempotent."""
+        ...
+
+    async def read_log(self, stream: str, offset: int, limit: int) -> bytes:
+        """Up to `limit` bytes of `stream` (stdout or stderr) from byte `offset` on."""
+        ...
+
+    async def list_outputs(self) -> list[OutputFile]:
+        """The files in the kernel's output directory (after it ended: post-processing)."""
+        ...
+
+    async def read_output(self, name: str) -> bytes:
+        """One output file's content."""
+        ...
+
+
+class Runtime(Protocol):
+    """A way of running kernels on this agent (`process`, `simulated`)."""
+
+    @property
+    def name(self) -> str:
+        """The runtime's name, as agents register it."""
+        ...
+
+    @property
+    def black_box(self) -> bool:
+        """True when the runtime cannot report fine stages (the progress machine's black box)."""
+        ...
+
+    async def preload(self, launch: KernelLaunch) -> None:
+        """PRELOADING: resolve the image, create the work and output directories."""
+        ...
+
+    async def start(self, launch: KernelLaunch) -> RunningKernel:
+        """GENERATING begins: start the kernel and return at once."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeNotes:
+    """What a runtime says once in the agent's startup log (limits it can or cannot enforce)."""
+
+    lines: tuple[str, ...] = field(default_factory=tuple)

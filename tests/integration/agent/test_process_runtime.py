@@ -1,0 +1,364 @@
+"""ProcessRuntime against real child processes: environment, exits, termination, outputs, limits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
+
+import pytest
+
+from corral.agent.runtime import KernelLaunch, OutputFile, StageFailure
+from corral.agent.runtime import process as process_runtime
+from corral.agent.runtime.process import ProcessKernel, ProcessRuntime
+from corral.domain.types import new_kernel_id, new_session_id
+
+DEADLINE_S = 10.0
+MIB = 1 << 20
+
+
+def make_launch(
+    tmp_path: Path,
+    command: tuple[str, ...],
+    *,
+    image: str = "python",
+    env: Mapping[str, str] | None = None,
+    slots: Mapping[str, int] | None = None,
+    devices: tuple[int, ...] = (),
+) -> KernelLaunch:
+    """A rank-1 kernel of a two-kernel session, working in its own directory under tmp_path."""
+    kernel_id = new_kernel_id()
+    return KernelLaunch(
+        kernel_id=kernel_id,
+        session_id=new_session_id(),
+        session_type="batch",
+        image=image,
+        command=command,
+        env=env or {},
+        cluster_size=2,
+        cluster_rank=1,
+        cluster_role="worker",
+        cluster_hosts=("10.0.0.5", "10.0.0.6"),
+        slots=slots or {"cpu": 1000, "mem": 512 * MIB * 1000},  # limited, as real kernels are
+        work_dir=tmp_path / str(kernel_id),
+        devices=devices,
+    )
+
+
+async def eventually(predicate: Callable[[], bool], what: str) -> None:
+    """Poll `predicate` until it holds; fail after DEADLINE_S."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DEADLINE_S
+    while not predicate():
+        if loop.time() > deadline:
+            pytest.fail(f"not within {DEADLINE_S} s: {what}")
+        await asyncio.sleep(0.01)
+
+
+def process_gone(pid: int) -> bool:
+    """True when `pid` no longer runs (absent, or a zombie nobody reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+@pytest.fixture
+def runtime() -> ProcessRuntime:
+    """A runtime with this host's memory limiting and only the built-in images."""
+    return ProcessRuntime()
+
+
+@pytest.fixture
+async def kernels() -> AsyncIterator[list[ProcessKernel]]:
+    """Kernels a test started; whatever still runs is killed at teardown."""
+    started: list[ProcessKernel] = []
+    yield started
+    for kernel in started:
+        await kernel.terminate(0)
+
+
+Run = Callable[[ProcessRuntime, KernelLaunch], Awaitable[ProcessKernel]]
+
+
+@pytest.fixture
+def run(kernels: list[ProcessKernel]) -> Run:
+    """Preload and start a launch on a runtime, tracking the kernel for teardown."""
+
+    async def start(runtime: ProcessRuntime, launch: KernelLaunch) -> ProcessKernel:
+        await runtime.preload(launch)
+        kernel = await runtime.start(launch)
+        kernels.append(kernel)
+        return kernel
+
+    return start
+
+
+async def stdout_of(kernel: ProcessKernel) -> str:
+    """The kernel's whole stdout, once it ended."""
+    await kernel.wait()
+    return (await kernel.read_log("stdout", 0, 1 << 20)).decode()
+
+
+async def test_cluster_environment_reaches_the_kernel(
+    runtime: ProcessRuntime, run: Run, tmp_path: Path
+) -> None:
+    """Rank, size, rendezvous address/port and the assigned devices are in the environment."""
+    names = ["CORRAL_CLUSTER_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"]
+    names.append("CUDA_VISIBLE_DEVICES")
+    script = f"import json, os; print(json.dumps({{n: os.environ[n] for n in {names!r}}}))"
+    launch = make_launch(tmp_path, ("python", "-c", script), devices=(2, 3))
+    kernel = await run(runtime, launch)
+    assert json.loads(await stdout_of(kernel)) == {
+        "CORRAL_CLUSTER_RANK": "1",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "10.0.0.5",
+        "MASTER_PORT": str(launch.master_port),
+        "CUDA_VISIBLE_DEVICES": "2,3",
+    }
+
+
+async def test_agent_secrets_stay_out_while_user_env_gets_in(
+    runtime: ProcessRuntime, run: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's own environment does not leak into a kernel; the user's variables do."""
+    monkeypatch.setenv("CORRAL_TEST_AGENT_SECRET", "hunter2")
+    script = "import os; print(os.environ.get('CORRAL_TEST_AGENT_SECRET'), os.environ['MINE'])"
+    launch = make_launch(tmp_path, ("python", "-c", script), env={"MINE": "ok"})
+    assert await stdout_of(await run(runtime, launch)) == "None ok\n"
+
+
+async def test_exit_code_is_reported(runtime: ProcessRuntime, run: Run, tmp_path: Path) -> None:
+    """A kernel exiting with 3 is reported as exit code 3 with no runtime failure cause."""
+    kernel = await run(runtime, make_launch(tmp_path, ("python", "-c", "raise SystemExit(3)")))
+    exit = await kernel.wait()
+    assert (exit.exit_code, exit.failure_cause) == (3, None)
+
+
+async def test_death_by_signal_is_a_negative_code(
+    runtime: ProcessRuntime, run: Run, tmp_path: Path
+) -> None:
+    """A kernel ended by a signal reports minus that signal's number."""
+    script = "import os, signal; os.kill(os.getpid(), signal.SIGUSR1)"
+    kernel = await run(runtime, make_launch(tmp_path, ("python", "-c", script)))
+    assert (await kernel.wait()).exit_code == -signal.SIGUSR1
+
+
+async def test_unknown_image_is_a_retryable_image_pull_failure(
+    runtime: ProcessRuntime, tmp_path: Path
+) -> None:
+    """Preloading an image the agent does not know names it and the known ones."""
+    with pytest.raises(StageFailure) as failure:
+        await runtime.preload(make_launch(tmp_path, ("true",), image="pytorch:99"))
+    assert failure.value.cause == "image_pull_failure"
+    assert failure.value.retryable
+    assert "'pytorch:99'" in failure.value.message
+    assert "python, shell" in failure.value.message
+
+
+async def test_missing_interpreter_is_an_image_pull_failure(tmp_path: Path) -> None:
+    """A configured image whose interpreter does not exist fails its preload."""
+    runtime = ProcessRuntime({"gone": tmp_path / "no-such-python"})
+    with pytest.raises(StageFailure) as failure:
+        await runtime.preload(make_launch(tmp_path, ("python", "-V"), image="gone"))
+    assert failure.value.cause == "image_pull_failure"
+    assert "no-such-python" in failure.value.message
+
+
+async def test_missing_executable_is_a_final_start_failure(
+    runtime: ProcessRuntime, tmp_path: Path
+) -> None:
+    """A command whose program does not exist fails the start, and retrying cannot help."""
+    launch = make_launch(tmp_path, ("corral-no-such-program", "--flag"))
+    await runtime.preload(launch)
+    with pytest.raises(StageFailure) as failure:
+        await runtime.start(launch)
+    assert failure.value.cause == "kernel_start_failure"
+    assert not failure.value.retryable
+    assert "corral-no-such-program" in failure.value.message
+
+
+async def test_terminate_kills_the_whole_process_tree(
+    runtime: ProcessRuntime, run: Run, tmp_path: Path
+) -> None:
+    """terminate ends the kernel and every child it started."""
+    script = "sleep 600 & echo $! >> pids; sleep 600 & echo $! >> pids; touch ready; wait"
+    launch = make_launch(tmp_path, (script,), image="shell")
+    kernel = await run(runtime, launch)
+    await eventually((launch.work_dir / "ready").exists, "the kernel started its children")
+    pids = [int(pid) for pid in (launch.work_dir / "pids").read_text().split()]
+    assert (await kernel.terminate(grace_s=5)).exit_code == -signal.SIGTERM
+    await eventually(lambda: all(map(process_gone, pids)), f"children {pids} are gone")
+
+
+async def test_orphans_do_not_outlive_a_kernel(
+    runtime: ProcessRuntime, run: Run, tmp_path: Path
+) -> None:
+    """A kernel's background children are killed once the kernel itself exits."""
+    launch = make_launch(tmp_path, ("sleep 600 & echo $! > pids",), image="shell")
+    kernel = await run(runtime, launch)
+    assert (await kernel.wait()).exit_code == 0
+    orphan = int((launch.work_dir / "pids").read_text())
+    await eventually(lambda: process_gone(orphan), f"orphan {orphan} is gone")
+
+
+async def test_kernel_ignoring_sigterm_is_killed_after_the_grace_period(
+    runtime: ProcessRuntime, run: Run, tmp_path: Path
+) -> None:
+    """A kernel that traps SIGTERM is SIGKILLed once grace_s has passed."""
+    script = (
+        "import pathlib, signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "pathlib.Path('ready').touch(); signal.pause()"
+    )
+    launch = make_launch(tmp_path, ("python", "-c", script))
+    kernel = await run(runtime, launch)
+    await eventually((launch.work_dir / "ready").exists, "the kernel ignores SIGTERM")
+    assert (await kernel.terminate(grace_s=0.1)).exit_code == -signal.SIGKILL
+
+
+async def test_terminate_twice_and_after_exit_is_harmless(
+    runtime: ProcessRuntime, run: Run, tmp_path: Path
+) -> None:
+    """terminate is idempotent: again, concurrently or after the end, it reports the same exit."""
+    kernel = await run(runtime, make_launch(tmp_path, ()))
+    first, second = await asyncio.gather(kernel.terminate(5), kernel.terminate(5))
+    assert first == second == await kernel.terminate(5) == await kernel.wait()
+    assert first.exit_code == -signal.SIGTERM  # an empty command idles until terminated
+
+    ended = await run(runtime, make_launch(tmp_path, ("python", "-c", "pass")))
+    assert (await ended.wait()).exit_code == 0
+    assert (await ended.terminate(5)).exit_code == 0
+
+
+async def test_outputs_are_listed_and_read(
+    runtime: ProcessRuntime, run: Run, tmp_path: Path
+) -> None:
+    """Files under the output directory are listed by relative name with sizes, and readable."""
+    script = (
+        "import os, pathlib; out = pathlib.Path(os.environ['CORRAL_OUTPUT_DIR']); "
+        "(out / 'sub').mkdir(); (out / 'sub' / 'b.bin').write_bytes(b'12345'); "
+        "(out / 'a.txt').write_text('hi'); (out / 'link').symlink_to('/etc/hostname')"
+    )
+    kernel = await run(runtime, make_launch(tmp_path, ("python", "-c", script)))
+    assert (await kernel.wait()).exit_code == 0
+    assert await kernel.list_outputs() == [OutputFile("a.txt", 2), OutputFile("sub/b.bin", 5)]
+    assert await kernel.read_output("sub/b.bin") == b"12345"
+    for escape in ("../stdout.log", "/etc/hostname", "link", "sub/../.."):
+        with pytest.raises(ValueError, match="outside the kernel's output directory"):
+            await kernel.read_output(escape)
+
+
+async def test_logs_are_read_by_offset_and_limit(
+    runtime: ProcessRuntime, run: Run, tmp_path: Path
+) -> None:
+    """read_log returns the requested byte range of each stream; past the end is empty."""
+    script = "import sys; print('0123456789', end=''); print('oops', file=sys.stderr)"
+    kernel = await run(runtime, make_launch(tmp_path, ("python", "-c", script)))
+    await kernel.wait()
+    assert await kernel.read_log("stdout", 3, 4) == b"3456"
+    assert await kernel.read_log("stdout", 10, 100) == b""
+    assert await kernel.read_log("stderr", 0, 100) == b"oops\n"
+    with pytest.raises(ValueError, match="unknown log stream"):
+        await kernel.read_log("stdin", 0, 1)
+
+
+async def test_python_image_runs_the_agents_interpreter(
+    runtime: ProcessRuntime, run: Run, tmp_path: Path
+) -> None:
+    """Under the python image, `python` and `python3` are the agent's own interpreter."""
+    script = "import sys; print(sys.executable)"
+    for alias in ("python", "python3"):
+        kernel = await run(runtime, make_launch(tmp_path, (alias, "-c", script)))
+        assert await stdout_of(kernel) == f"{sys.executable}\n"
+
+
+@pytest.fixture
+def venv(tmp_path: Path) -> Path:
+    """A fresh venv (no pip) made from the agent's interpreter."""
+    path = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    return path
+
+
+async def test_venv_image_runs_with_virtual_env_set(run: Run, tmp_path: Path, venv: Path) -> None:
+    """A configured venv image runs its own python with VIRTUAL_ENV and its bin first on PATH."""
+    runtime = ProcessRuntime({"ml": venv})
+    script = "import os, sys; print(os.environ['VIRTUAL_ENV'], sys.prefix, os.environ['PATH'])"
+    kernel = await run(runtime, make_launch(tmp_path, ("python", "-c", script), image="ml"))
+    virtual_env, prefix, path = (await stdout_of(kernel)).split()
+    assert virtual_env == prefix == str(venv)
+    assert path.split(os.pathsep)[0] == str(venv / "bin")
+
+
+async def test_shell_image_runs_a_script_or_joins_an_argv(
+    runtime: ProcessRuntime, run: Run, tmp_path: Path
+) -> None:
+    """Under the shell image one element is a script, several are quoted and joined."""
+    script = make_launch(tmp_path, ("echo rank=$RANK",), image="shell")
+    assert await stdout_of(await run(runtime, script)) == "rank=1\n"
+    argv = make_launch(tmp_path, ("echo", "a  b", "$RANK"), image="shell")
+    assert await stdout_of(await run(runtime, argv)) == "a  b $RANK\n"
+
+
+async def test_info_reports_host_and_pid(run: Run, tmp_path: Path) -> None:
+    """A kernel's info carries the agent's address when given, and the kernel's pid."""
+    runtime = ProcessRuntime(host="10.1.2.3")
+    kernel = await run(
+        runtime, make_launch(tmp_path, ("python", "-c", "import os; print(os.getpid())"))
+    )
+    assert (kernel.info["host"], str(kernel.info["pid"])) == (
+        "10.1.2.3",
+        (await stdout_of(kernel)).strip(),
+    )
+
+
+async def test_memory_limit_through_a_cgroup_reports_oom_killed(
+    runtime: ProcessRuntime, run: Run, tmp_path: Path
+) -> None:
+    """With cgroups, a kernel allocating past its mem slot is OOM-killed and its cgroup removed."""
+    if runtime.memory_limit_mode != "cgroup":
+        pytest.skip(f"no cgroup memory limits on this host: {runtime.notes().lines[0]}")
+    assert runtime.notes().lines[0].startswith("memory limits: cgroup v")
+    script = f"data = b'x' * {512 * MIB}; print(len(data))"
+    launch = make_launch(tmp_path, ("python", "-c", script), slots={"mem": 64 * MIB * 1000})
+    kernel = await run(runtime, launch)
+    exit = await kernel.wait()
+    assert (exit.exit_code, exit.failure_cause) == (-signal.SIGKILL, "oom_killed")
+    assert not await asyncio.to_thread(Path(kernel.info["cgroup"]).exists)
+
+
+async def test_memory_limit_best_effort_without_cgroups(
+    run: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without usable cgroups RLIMIT_AS ends an over-allocating kernel, but not a GPU kernel's."""
+    monkeypatch.setattr(process_runtime, "_probe_cgroup_memory", lambda: (None, "pretend"))
+    runtime = ProcessRuntime()
+    assert runtime.memory_limit_mode == "rlimit"
+    assert runtime.notes().lines[0].startswith("memory limits: best effort (RLIMIT_AS")
+    # An untouched gigabyte mapping: refused by the address-space limit, cheap when allowed.
+    command = ("python", "-c", f"import mmap; data = mmap.mmap(-1, {1024 * MIB})")
+    slots = {"mem": 256 * MIB * 1000}
+    limited = await run(runtime, make_launch(tmp_path, command, slots=slots))
+    assert (await limited.wait()).exit_code == 1
+    assert b"Cannot allocate memory" in await limited.read_log("stderr", 0, 1 << 16)
+    gpu = await run(runtime, make_launch(tmp_path, command, slots=slots, devices=(0,)))
+    assert (await gpu.wait()).exit_code == 0
+
+
+def test_memory_limits_can_be_switched_off() -> None:
+    """memory_limits=False enforces nothing and says so in the startup notes."""
+    runtime = ProcessRuntime(memory_limits=False)
+    assert runtime.memory_limit_mode == "off"
+    assert runtime.notes().lines[0] == "memory limits: off (disabled in the agent's configuration)"
+
+
+def test_configured_images_cannot_shadow_builtins() -> None:
+    """Configuring an image named like a built-in one is refused at construction."""
+    with pytest.raises(ValueError, match="built in"):
+        ProcessRuntime({"python": "/usr/bin/python3"})
