@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -42,6 +42,11 @@ class Settings(BaseSettings):
     # hint), and every task runs unconditionally each long interval.
     short_interval_s: float = Field(default=2.0, gt=0, description="hinted loop tick, seconds")
     long_interval_s: float = Field(default=60.0, gt=0, description="forced loop tick, seconds")
+    # Agents: the secret a new agent presents to join, and how long one may stay silent
+    # before it is LOST (its kernels fail with cause agent_lost).
+    join_token: SecretStr | None = Field(default=None, description="agents' join token")
+    heartbeat_timeout_s: float = Field(default=30.0, gt=0, description="agent silence limit")
+    assignment_wait_s: float = Field(default=30.0, gt=0, le=120, description="long-poll wait")
 
     @field_validator("database_url")
     @classmethod

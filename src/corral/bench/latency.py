@@ -17,7 +17,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
@@ -34,9 +34,9 @@ from corral.domain.events import DROPPED_KIND
 from corral.domain.spec import SessionSpec
 from corral.domain.status import SessionStatus
 from corral.domain.types import AgentId, UserId
-from corral.infra.events import EventBus, EventBusKind, Subscription, open_event_bus
-from corral.infra.hints import HintBus, open_hint_bus
-from corral.infra.locks import LockManager, open_lock_manager
+from corral.infra.events import Subscription
+from corral.infra.hints import HintBus
+from corral.manager.backends import Buses, open_buses
 from corral.store.agents import NewAgent, insert_agents
 from corral.store.database import Database
 from corral.store.events import SESSION_STATUS_CHANGED
@@ -221,13 +221,6 @@ class LatencyBenchResult:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class _Buses:
-    hints: HintBus
-    locks: LockManager
-    events: EventBus
-
-
 def backend_label(database: str, redis_url: str | None) -> str:
     """`sqlite` or `postgresql`, with `+redis` when Redis carries hints, locks and events."""
     dialect = "sqlite" if database == "sqlite" or database.startswith("sqlite") else "postgresql"
@@ -235,31 +228,14 @@ def backend_label(database: str, redis_url: str | None) -> str:
 
 
 @asynccontextmanager
-async def _open_buses(db: Database, redis_url: str | None, prefix: str) -> AsyncIterator[_Buses]:
-    """Redis for all three with `redis_url`; else PostgreSQL's, or in-process on SQLite."""
-    kind: EventBusKind
-    if redis_url:
-        kind = "redis"
-    elif db.dialect == "postgresql":
-        kind = "postgres"
-    else:
-        kind = "memory"
-    dsn = db.url.render_as_string(hide_password=False)
-    async with AsyncExitStack() as stack:
-        hints = await open_hint_bus(kind, prefix=prefix, db=db, redis_url=redis_url)
-        stack.push_async_callback(hints.close)
-        locks = await open_lock_manager(
-            kind,
-            prefix=prefix,
-            postgres_dsn=dsn if kind == "postgres" else None,
-            redis_url=redis_url,
-        )
-        stack.push_async_callback(locks.close)
-        events = await open_event_bus(kind, prefix=prefix, db=db, redis_url=redis_url)
-        stack.push_async_callback(events.close)
-        if redis_url:
-            stack.push_async_callback(_forget_hints, redis_url, prefix)
-        yield _Buses(hints, locks, events)
+async def _open_buses(db: Database, redis_url: str | None, prefix: str) -> AsyncIterator[Buses]:
+    """The manager's buses; with Redis, the hint keys the run left set are deleted after it."""
+    async with open_buses(db, redis_url, prefix) as buses:
+        try:
+            yield buses
+        finally:
+            if redis_url:
+                await _forget_hints(redis_url, prefix)
 
 
 async def _forget_hints(redis_url: str, prefix: str) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from corral.coordination.coordinator import SessionCoordinator
 from corral.coordination.loop import DualLoop
 from corral.coordination.orchestrator import Orchestrator
+from corral.coordination.tasks import Task
 from corral.infra.hints import HintBus
 from corral.infra.locks import LockManager
 
@@ -20,6 +22,26 @@ class LoopIntervals:
     debounce_s: float = 0.005
 
 
+def task_loops(
+    tasks: Sequence[Task],
+    hints: HintBus,
+    locks: LockManager,
+    intervals: LoopIntervals = LoopIntervals(),
+) -> list[DualLoop]:
+    """One dual loop per task, all at `intervals`."""
+    return [
+        DualLoop(
+            task,
+            hints,
+            locks,
+            short_interval_s=intervals.short_interval_s,
+            long_interval_s=intervals.long_interval_s,
+            debounce_s=intervals.debounce_s,
+        )
+        for task in tasks
+    ]
+
+
 def session_orchestrator(
     coordinator: SessionCoordinator,
     hints: HintBus,
@@ -29,15 +51,5 @@ def session_orchestrator(
     grace_period_s: float = 10.0,
 ) -> Orchestrator:
     """An orchestrator running one dual loop per session task (run it, or `async with` it)."""
-    loops = [
-        DualLoop(
-            task,
-            hints,
-            locks,
-            short_interval_s=intervals.short_interval_s,
-            long_interval_s=intervals.long_interval_s,
-            debounce_s=intervals.debounce_s,
-        )
-        for task in coordinator.tasks()
-    ]
+    loops = task_loops(coordinator.tasks(), hints, locks, intervals)
     return Orchestrator(loops, grace_period_s=grace_period_s)

@@ -1,0 +1,183 @@
+"""How an agent talks to its manager: one interface, over HTTP or in-process.
+
+`HttpManagerClient` is what `corral agent` uses; `corral simulate` plugs thousands of agents
+into one manager through the in-process client (`agent/inprocess.py`), which calls the same
+controller the HTTP routes call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import httpx
+
+from corral.agent.protocol import (
+    AssignmentMessage,
+    HeartbeatResponse,
+    KernelReportMessage,
+    LogBatch,
+    LogChunkMessage,
+    OutputBatch,
+    OutputMessage,
+    RegisterRequest,
+    RegisterResponse,
+    ReportBatch,
+)
+
+
+class ManagerUnavailableError(ConnectionError):
+    """The manager could not be reached or failed (5xx): try again later."""
+
+
+class ManagerRejectedError(RuntimeError):
+    """The manager refused the request (4xx); `problem` is its problem-details body."""
+
+    def __init__(self, status: int, problem: dict[str, Any]) -> None:
+        self.status = status
+        self.problem = problem
+        super().__init__(f"HTTP {status}: {problem.get('detail') or problem.get('title')}")
+
+    @property
+    def conflicts(self) -> dict[str, str]:
+        """Per kernel, why a report batch was refused (409 on reports)."""
+        conflicts = self.problem.get("conflicts") or {}
+        return {str(k): str(v) for k, v in conflicts.items()}
+
+
+class ManagerClient(Protocol):
+    """The agent protocol, as the agent calls it."""
+
+    async def register(self, request: RegisterRequest, token: str) -> RegisterResponse:
+        """Join (join token) or come back (own token); later calls use the agent's token."""
+        ...
+
+    async def heartbeat(self, agent_id: str) -> HeartbeatResponse:
+        """I am alive."""
+        ...
+
+    async def assignment(
+        self, agent_id: str, since: int | None, wait_s: float
+    ) -> AssignmentMessage:
+        """The full desired state; with `since`, once it differs from that revision."""
+        ...
+
+    async def report(self, agent_id: str, reports: list[KernelReportMessage]) -> None:
+        """Kernel progress, in order (all or none: ManagerRejectedError 409 lists conflicts)."""
+        ...
+
+    async def upload_logs(self, agent_id: str, chunks: list[LogChunkMessage]) -> None:
+        """Log chunks (idempotent by offset)."""
+        ...
+
+    async def upload_outputs(self, agent_id: str, outputs: list[OutputMessage]) -> None:
+        """Output files."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+class HttpManagerClient:
+    """The agent protocol over HTTP with bearer tokens."""
+
+    def __init__(self, base_url: str, *, timeout_s: float = 10.0) -> None:
+        self._timeout_s = timeout_s
+        self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout_s)
+        self._token: str | None = None
+
+    async def register(self, request: RegisterRequest, token: str) -> RegisterResponse:
+        """Register; remembers the agent token (the new one, or the one presented)."""
+        body = await self._call(
+            "POST",
+            "/v1/agents/register",
+            json=request.model_dump(mode="json"),
+            token=token,
+        )
+        response = RegisterResponse.model_validate(body)
+        self._token = response.token or token
+        return response
+
+    async def heartbeat(self, agent_id: str) -> HeartbeatResponse:
+        """POST a heartbeat."""
+        body = await self._call("POST", f"/v1/agents/{agent_id}/heartbeat")
+        return HeartbeatResponse.model_validate(body)
+
+    async def assignment(
+        self, agent_id: str, since: int | None, wait_s: float
+    ) -> AssignmentMessage:
+        """GET the assignment, long-polling when `since` is given."""
+        params: dict[str, Any] = {"wait": wait_s}
+        if since is not None:
+            params["since"] = since
+        body = await self._call(
+            "GET",
+            f"/v1/agents/{agent_id}/assignments",
+            params=params,
+            timeout_s=wait_s + self._timeout_s,
+        )
+        return AssignmentMessage.model_validate(body)
+
+    async def report(self, agent_id: str, reports: list[KernelReportMessage]) -> None:
+        """POST a report batch."""
+        await self._call(
+            "POST",
+            f"/v1/agents/{agent_id}/reports",
+            json=ReportBatch(reports=reports).model_dump(mode="json"),
+        )
+
+    async def upload_logs(self, agent_id: str, chunks: list[LogChunkMessage]) -> None:
+        """POST log chunks."""
+        await self._call(
+            "POST",
+            f"/v1/agents/{agent_id}/logs",
+            json=LogBatch(chunks=chunks).model_dump(mode="json"),
+        )
+
+    async def upload_outputs(self, agent_id: str, outputs: list[OutputMessage]) -> None:
+        """POST output files."""
+        await self._call(
+            "POST",
+            f"/v1/agents/{agent_id}/outputs",
+            json=OutputBatch(outputs=outputs).model_dump(mode="json"),
+        )
+
+    async def close(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        token: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Any:
+        bearer = token or self._token
+        if bearer is None:
+            raise RuntimeError("register first: no agent token yet")
+        try:
+            response = await self._http.request(
+                method,
+                path,
+                json=json,
+                params=params,
+                headers={"Authorization": f"Bearer {bearer}"},
+                timeout=timeout_s if timeout_s is not None else self._timeout_s,
+            )
+        except httpx.HTTPError as exc:
+            raise ManagerUnavailableError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 500:
+            raise ManagerUnavailableError(f"{method} {path}: HTTP {response.status_code}")
+        if response.status_code >= 400:
+            try:
+                problem = response.json()
+            except ValueError:
+                problem = {"detail": response.text[:500]}
+            raise ManagerRejectedError(response.status_code, problem)
+        if response.status_code == 204 or not response.content:
+            return None
+        return response.json()

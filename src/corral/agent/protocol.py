@@ -1,0 +1,165 @@
+"""The agent protocol's messages, as both ends put them on the wire (JSON over HTTP).
+
+Agents pull: they register, heartbeat, long-poll their assignment and post reports, log chunks
+and outputs; the manager never calls an agent. Bytes (logs, outputs) travel base64-encoded.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from corral.domain.session import KernelIntent
+from corral.domain.slots import ResourceSlots
+from corral.domain.status import KernelStatus
+
+AGENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+MAX_BATCH = 10_000  # reports, chunks or outputs in one request
+MAX_CHUNK_BYTES = 1 << 20  # one log chunk, decoded
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RegisterRequest(_Message):
+    """An agent joining (with the join token) or coming back (with its own token)."""
+
+    agent_id: str = Field(pattern=AGENT_ID_PATTERN)
+    address: str = Field(min_length=1, max_length=256)  # where the agent's kernels are reached
+    resource_group: str = "default"
+    slots: ResourceSlots  # capacity, e.g. {"cpu": 8, "mem": "32g"}
+    labels: dict[str, str] = Field(default_factory=dict)
+    runtime: str = Field(default="process", max_length=32)
+
+    @field_validator("slots")
+    @classmethod
+    def _check_slots(cls, value: ResourceSlots) -> ResourceSlots:
+        if value.is_zero():
+            raise ValueError("an agent must offer at least one slot, e.g. cpu=4")
+        return value
+
+
+class RegisterResponse(_Message):
+    """Who the agent is now and how often the manager expects to hear from it."""
+
+    agent_id: str
+    token: str | None  # a new agent token, shown once; None when the agent presented its own
+    heartbeat_interval_s: float
+    heartbeat_timeout_s: float
+    assignment_wait_s: float
+
+
+class HeartbeatResponse(_Message):
+    """The agent's status as the manager sees it (LOST: register again)."""
+
+    status: str
+
+
+class AssignedKernelMessage(_Message):
+    """One kernel an agent is responsible for, with what the manager wants of it."""
+
+    id: uuid.UUID
+    session_id: uuid.UUID
+    cluster_role: str
+    cluster_index: int
+    cluster_size: int
+    cluster_hosts: list[str]
+    status: KernelStatus
+    desired_state: KernelIntent | None
+    desired_generation: int
+    stage_failure: str | None
+    slots: dict[str, int]  # milli-units the kernel occupies
+    spec: dict[str, Any]
+
+
+class AssignmentMessage(_Message):
+    """The agent's full desired state at `revision`."""
+
+    agent_id: str
+    revision: int
+    kernels: list[AssignedKernelMessage]
+
+
+class KernelReportMessage(_Message):
+    """One kernel's progress (see store.kernel_reports.KernelReport)."""
+
+    kernel_id: uuid.UUID
+    status: KernelStatus
+    exit_code: int | None = None
+    failure_cause: str | None = Field(default=None, max_length=64)
+    message: str | None = Field(default=None, max_length=4096)
+    runtime_info: dict[str, Any] | None = None
+    stage_failed: bool = False
+
+
+class ReportBatch(_Message):
+    """Reports in the order they happened."""
+
+    reports: list[KernelReportMessage] = Field(max_length=MAX_BATCH)
+
+
+class ReportAccepted(_Message):
+    """How many reports changed something."""
+
+    applied: int
+
+
+class LogChunkMessage(_Message):
+    """Bytes of a kernel's stream from `offset` on."""
+
+    kernel_id: uuid.UUID
+    stream: Literal["stdout", "stderr"]
+    offset: int = Field(ge=0)
+    data: str  # base64
+
+    @field_validator("data")
+    @classmethod
+    def _check_data(cls, value: str) -> str:
+        if len(decode_bytes(value)) > MAX_CHUNK_BYTES:
+            raise ValueError(f"a log chunk may hold at most {MAX_CHUNK_BYTES} bytes")
+        return value
+
+    def raw(self) -> bytes:
+        """The chunk's bytes."""
+        return decode_bytes(self.data)
+
+
+class LogBatch(_Message):
+    """Log chunks of any kernels of the agent."""
+
+    chunks: list[LogChunkMessage] = Field(max_length=MAX_BATCH)
+
+
+class OutputMessage(_Message):
+    """One output file of a kernel."""
+
+    kernel_id: uuid.UUID
+    name: str = Field(min_length=1, max_length=512)
+    data: str  # base64
+
+    def raw(self) -> bytes:
+        """The file's bytes."""
+        return decode_bytes(self.data)
+
+
+class OutputBatch(_Message):
+    """Output files of any kernels of the agent."""
+
+    outputs: list[OutputMessage] = Field(max_length=MAX_BATCH)
+
+
+def encode_bytes(data: bytes) -> str:
+    """Bytes as the protocol carries them."""
+    return base64.b64encode(data).decode("ascii")
+
+
+def decode_bytes(text: str) -> bytes:
+    """The bytes a protocol field carries; a clear error when it is not base64."""
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError as exc:
+        raise ValueError("data must be base64-encoded bytes") from exc

@@ -1,0 +1,1 @@
+"""The manager's HTTP API: FastAPI routers per resource, auth, problem-details errors."""

@@ -1,0 +1,199 @@
+"""The agent protocol over HTTP: `/v1/agents/...`, each call authenticated by the agent's token."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+
+from corral.agent.protocol import (
+    AssignedKernelMessage,
+    AssignmentMessage,
+    HeartbeatResponse,
+    LogBatch,
+    OutputBatch,
+    RegisterRequest,
+    RegisterResponse,
+    ReportAccepted,
+    ReportBatch,
+)
+from corral.api.problems import Problem
+from corral.controller.agents import (
+    AgentAuthError,
+    AgentController,
+    AgentIdTakenError,
+    UnknownAgentError,
+)
+from corral.domain.types import AgentId, KernelId
+from corral.store.agent_registry import AgentCapacityError
+from corral.store.assignments import Assignment
+from corral.store.kernel_logs import LogChunk, OutputBlob, UploadRefusedError
+from corral.store.kernel_reports import KernelReport, KernelReportConflictError
+
+router = APIRouter(prefix="/v1/agents", tags=["agents"])
+
+MAX_WAIT_S = 120.0
+
+
+def controller(request: Request) -> AgentController:
+    """The app's agent controller."""
+    agents: AgentController = request.app.state.agents
+    return agents
+
+
+def bearer_token(authorization: Annotated[str | None, Header()] = None) -> str:
+    """The bearer token of the request; 401 without one."""
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Problem(
+            401,
+            "unauthenticated",
+            "Authentication required",
+            "send 'Authorization: Bearer <token>' (the join token to register, else the "
+            "agent's own token)",
+        )
+    return token.strip()
+
+
+Controller = Annotated[AgentController, Depends(controller)]
+Bearer = Annotated[str, Depends(bearer_token)]
+
+
+async def authenticated(agent_id: str, agents: Controller, token: Bearer) -> AgentId:
+    """The path's agent, when the bearer token is its own."""
+    try:
+        await agents.authenticate(AgentId(agent_id), token)
+    except UnknownAgentError as exc:
+        raise Problem(404, "agent-not-found", "No such agent", str(exc)) from exc
+    except AgentAuthError as exc:
+        raise Problem(401, "unauthenticated", "Not this agent's token", str(exc)) from exc
+    return AgentId(agent_id)
+
+
+Agent = Annotated[AgentId, Depends(authenticated)]
+
+
+@router.post("/register", response_model=RegisterResponse)
+async def register(
+    body: RegisterRequest, agents: Controller, token: Bearer, response: Response
+) -> RegisterResponse:
+    """Join the cluster (join token) or come back after a restart (the agent's own token)."""
+    try:
+        registration = await agents.register(
+            token,
+            AgentId(body.agent_id),
+            address=body.address,
+            slots=body.slots,
+            resource_group=body.resource_group,
+            labels=body.labels,
+            runtime=body.runtime,
+        )
+    except AgentAuthError as exc:
+        raise Problem(401, "unauthenticated", "Not allowed to register", str(exc)) from exc
+    except AgentIdTakenError as exc:
+        raise Problem(409, "agent-id-taken", "Agent id already registered", str(exc)) from exc
+    except AgentCapacityError as exc:
+        raise Problem(409, "agent-capacity-conflict", "Capacity below use", str(exc)) from exc
+    if registration.created:
+        response.status_code = 201
+    timings = agents.timings
+    return RegisterResponse(
+        agent_id=registration.agent_id,
+        token=registration.token,
+        heartbeat_interval_s=timings.heartbeat_interval_s,
+        heartbeat_timeout_s=timings.heartbeat_timeout_s,
+        assignment_wait_s=timings.assignment_wait_s,
+    )
+
+
+@router.post("/{agent_id}/heartbeat", response_model=HeartbeatResponse)
+async def heartbeat(agent_id: Agent, agents: Controller) -> HeartbeatResponse:
+    """I am alive; the answer says whether the manager still counts on me."""
+    return HeartbeatResponse(status=await agents.heartbeat(agent_id))
+
+
+@router.get("/{agent_id}/assignments", response_model=AssignmentMessage)
+async def assignments(
+    agent_id: Agent,
+    agents: Controller,
+    since: Annotated[int | None, Query(ge=0)] = None,
+    wait: Annotated[float | None, Query(ge=0, le=MAX_WAIT_S)] = None,
+) -> AssignmentMessage:
+    """The agent's full desired state; with `since`, waits until it differs from that revision."""
+    wait_s = agents.timings.assignment_wait_s if wait is None else wait
+    return assignment_message(await agents.assignment(agent_id, since, wait_s))
+
+
+@router.post("/{agent_id}/reports", response_model=ReportAccepted)
+async def reports(agent_id: Agent, body: ReportBatch, agents: Controller) -> ReportAccepted:
+    """Kernel progress, in order; an impossible report rejects the batch (409)."""
+    batch = [
+        KernelReport(
+            kernel_id=KernelId(r.kernel_id),
+            status=r.status,
+            exit_code=r.exit_code,
+            failure_cause=r.failure_cause,
+            message=r.message,
+            runtime_info=r.runtime_info,
+            stage_failed=r.stage_failed,
+        )
+        for r in body.reports
+    ]
+    try:
+        outcome = await agents.report(agent_id, batch)
+    except KernelReportConflictError as exc:
+        raise Problem(
+            409,
+            "kernel-report-conflict",
+            "Kernel reports refused",
+            str(exc),
+            conflicts={str(k): why for k, why in exc.conflicts.items()},
+        ) from exc
+    return ReportAccepted(applied=len(outcome.moved) + len(outcome.stage_failures))
+
+
+@router.post("/{agent_id}/logs", status_code=204)
+async def logs(agent_id: Agent, body: LogBatch, agents: Controller) -> Response:
+    """Log chunks of the agent's kernels; re-sent chunks are ignored."""
+    chunks = [LogChunk(KernelId(c.kernel_id), c.stream, c.offset, c.raw()) for c in body.chunks]
+    try:
+        await agents.upload_logs(agent_id, chunks)
+    except UploadRefusedError as exc:
+        raise Problem(409, "not-agents-kernel", "Upload refused", str(exc)) from exc
+    return Response(status_code=204)
+
+
+@router.post("/{agent_id}/outputs", status_code=204)
+async def outputs(agent_id: Agent, body: OutputBatch, agents: Controller) -> Response:
+    """Output files of the agent's kernels."""
+    blobs = [OutputBlob(KernelId(o.kernel_id), o.name, o.raw()) for o in body.outputs]
+    try:
+        await agents.upload_outputs(agent_id, blobs)
+    except UploadRefusedError as exc:
+        raise Problem(409, "not-agents-kernel", "Upload refused", str(exc)) from exc
+    return Response(status_code=204)
+
+
+def assignment_message(assignment: Assignment) -> AssignmentMessage:
+    """An assignment as the protocol carries it."""
+    return AssignmentMessage(
+        agent_id=assignment.agent_id,
+        revision=assignment.revision,
+        kernels=[
+            AssignedKernelMessage(
+                id=k.id,
+                session_id=k.session_id,
+                cluster_role=k.cluster_role,
+                cluster_index=k.cluster_index,
+                cluster_size=k.cluster_size,
+                cluster_hosts=list(k.cluster_hosts),
+                status=k.status,
+                desired_state=k.desired_state,
+                desired_generation=k.desired_generation,
+                stage_failure=k.stage_failure,
+                slots=dict(k.occupied_slots),
+                spec=k.spec,
+            )
+            for k in assignment.kernels
+        ],
+    )

@@ -1,0 +1,87 @@
+"""Errors as RFC 9457 problem details: a stable `type`, a title, and a detail naming the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+PROBLEM_BASE = "https://corral.dev/problems/"
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+
+
+class Problem(Exception):
+    """An error the API answers with: `kind` is the stable slug of its `type` URI."""
+
+    def __init__(self, status: int, kind: str, title: str, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.kind = kind
+        self.title = title
+        self.detail = detail
+        self.extra = extra
+
+    def body(self, instance: str | None = None) -> dict[str, Any]:
+        """The problem-details document."""
+        body: dict[str, Any] = {
+            "type": PROBLEM_BASE + self.kind,
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+        }
+        if instance is not None:
+            body["instance"] = instance
+        body.update(self.extra)
+        return body
+
+
+def problem_response(problem: Problem, request: Request | None = None) -> JSONResponse:
+    """The HTTP response carrying `problem`."""
+    instance = request.url.path if request is not None else None
+    headers = {"WWW-Authenticate": "Bearer"} if problem.status == 401 else None
+    return JSONResponse(
+        problem.body(instance),
+        status_code=problem.status,
+        media_type=PROBLEM_MEDIA_TYPE,
+        headers=headers,
+    )
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    """Make every error the app raises a problem-details response."""
+
+    async def on_problem(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, Problem)
+        return problem_response(exc, request)
+
+    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        errors = [
+            {"field": _field(error.get("loc", ())), "message": error.get("msg", "")}
+            for error in exc.errors()
+        ]
+        detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors) or "invalid request"
+        problem = Problem(422, "validation-error", "The request is not valid", detail)
+        problem.extra["errors"] = errors
+        return problem_response(problem, request)
+
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
+        problem = Problem(exc.status_code, slug, str(exc.detail), str(exc.detail))
+        return problem_response(problem, request)
+
+    app.add_exception_handler(Problem, on_problem)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+
+
+def _field(location: Any) -> str:
+    # ("body", "slots", "cpu") → "slots.cpu"; the part of the request is implied.
+    parts = [str(p) for p in location]
+    if parts and parts[0] in {"body", "query", "path", "header"}:
+        parts = parts[1:] or parts
+    return ".".join(parts)

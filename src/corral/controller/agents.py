@@ -1,0 +1,288 @@
+"""The manager's side of the agent protocol, independent of the transport.
+
+The HTTP routes (`api/agents.py`) and the in-process transport of `corral simulate` call the
+same methods: register, authenticate, heartbeat, wait for an assignment, report, upload logs
+and outputs; and the lost sweep, which a coordinator task runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+from corral.coordination.hints import Hint, hints_after_report
+from corral.domain.slots import ResourceSlots
+from corral.domain.status import KernelStatus
+from corral.domain.types import AgentId, Clock, utcnow
+from corral.infra.hints import HintBus
+from corral.store.agent_registry import (
+    AgentRecord,
+    LostAgents,
+    mark_lost_agents,
+    read_agent,
+    record_heartbeat,
+    register_agent,
+)
+from corral.store.agents import AGENT_ALIVE, NewAgent
+from corral.store.assignments import Assignment, read_assignment, read_revisions
+from corral.store.database import Database
+from corral.store.kernel_logs import LogChunk, OutputBlob, append_log_chunks, store_outputs
+from corral.store.kernel_reports import KernelReport, ReportOutcome, apply_kernel_reports
+
+logger = logging.getLogger(__name__)
+
+
+class AgentAuthError(PermissionError):
+    """The caller's token does not open this door (HTTP 401)."""
+
+
+class UnknownAgentError(LookupError):
+    """No agent has this id (HTTP 404)."""
+
+
+class AgentIdTakenError(ValueError):
+    """A join-token registration named an agent id that already exists (HTTP 409)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentTimings:
+    """How long agents may stay silent, how often they should speak, how long a poll waits."""
+
+    heartbeat_timeout_s: float = 30.0
+    assignment_wait_s: float = 30.0
+    # How often waiting long-polls re-read their revisions when no hint arrives (another
+    # manager may have changed them; hints are per bus, not per agent).
+    poll_recheck_s: float = 2.0
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        """A third of the timeout: two heartbeats may be lost before the agent is."""
+        return self.heartbeat_timeout_s / 3
+
+
+def hash_token(token: str) -> str:
+    """How agent tokens are stored: SHA-256, hex (tokens are random, so no salt is needed)."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """What registering told the agent."""
+
+    agent_id: AgentId
+    token: str | None  # a new token, shown once
+    created: bool
+
+
+class AgentController:
+    """Registers agents, checks their tokens, serves their assignments, takes their reports."""
+
+    def __init__(
+        self,
+        db: Database,
+        hints: HintBus,
+        *,
+        join_token: str | None,
+        timings: AgentTimings = AgentTimings(),
+        clock: Clock = utcnow,
+    ) -> None:
+        self.db = db
+        self.hints = hints
+        self.timings = timings
+        self.clock = clock
+        self._join_token = join_token
+        self._watcher = AssignmentWatcher(db, hints, timings.poll_recheck_s)
+
+    @property
+    def watcher(self) -> AssignmentWatcher:
+        """The long-poll waker; its `run` must be running for long-polls to return early."""
+        return self._watcher
+
+    async def register(
+        self,
+        bearer: str,
+        agent_id: AgentId,
+        *,
+        address: str,
+        slots: ResourceSlots,
+        resource_group: str = "default",
+        labels: dict[str, str] | None = None,
+        runtime: str = "process",
+    ) -> Registration:
+        """Join with the join token (a new agent gets its own token) or come back with its own."""
+        known = await read_agent(self.db, agent_id)
+        own = known is not None and _matches(bearer, known.token_hash)
+        if not own:
+            if not self._join_token or not hmac.compare_digest(bearer, self._join_token):
+                raise AgentAuthError(
+                    "registering needs the manager's join token, or the agent's own token "
+                    "to come back under the same id"
+                )
+            if known is not None and self._alive(known):
+                raise AgentIdTakenError(
+                    f"agent id {agent_id!r} is registered and alive; present that agent's token "
+                    "(kept in its data directory), choose another id, or wait until the "
+                    "manager declares it lost"
+                )
+        token = None if own else secrets.token_urlsafe(32)
+        created = await register_agent(
+            self.db,
+            NewAgent(
+                id=agent_id,
+                address=address,
+                capacity=slots.to_milli(),
+                resource_group=resource_group,
+                runtime=runtime,
+                labels=labels or {},
+                token_hash=hash_token(token) if token else None,
+            ),
+            self.clock(),
+        )
+        logger.info(
+            "agent.registered",
+            extra={"agent_id": agent_id, "new": created, "group": resource_group},
+        )
+        # New capacity: pending sessions may fit now.
+        await self.hints.set(Hint.SCHEDULE.value, Hint.ASSIGNMENTS.value)
+        return Registration(agent_id, token, created)
+
+    def _alive(self, agent: AgentRecord) -> bool:
+        """ALIVE and heard from within the timeout: its id cannot be taken over."""
+        if agent.status != AGENT_ALIVE or agent.last_heartbeat_at is None:
+            return False
+        silent = self.clock() - agent.last_heartbeat_at
+        return silent < timedelta(seconds=self.timings.heartbeat_timeout_s)
+
+    async def authenticate(self, agent_id: AgentId, bearer: str) -> AgentRecord:
+        """The agent, if `bearer` is its token; else AgentAuthError (or UnknownAgentError)."""
+        known = await read_agent(self.db, agent_id)
+        if known is None:
+            raise UnknownAgentError(f"no agent {agent_id!r} is registered")
+        if not _matches(bearer, known.token_hash):
+            raise AgentAuthError(f"the token is not agent {agent_id!r}'s")
+        return known
+
+    async def heartbeat(self, agent_id: AgentId) -> str:
+        """Note the agent alive; its status (LOST means: register again)."""
+        status = await record_heartbeat(self.db, agent_id, self.clock())
+        if status is None:
+            raise UnknownAgentError(f"no agent {agent_id!r} is registered")
+        return status
+
+    async def assignment(self, agent_id: AgentId, since: int | None, wait_s: float) -> Assignment:
+        """The agent's desired state: at once if its revision is not `since`, else when it
+        moves or after `wait_s`."""
+        if since is not None and wait_s > 0:
+            await self._watcher.wait(agent_id, since, wait_s)
+        assignment = await read_assignment(self.db, agent_id)
+        if assignment is None:
+            raise UnknownAgentError(f"no agent {agent_id!r} is registered")
+        return assignment
+
+    async def report(self, agent_id: AgentId, reports: Sequence[KernelReport]) -> ReportOutcome:
+        """Apply a batch of kernel reports (all or none) and wake the phases they concern."""
+        outcome = await apply_kernel_reports(self.db, agent_id, reports, self.clock())
+        hints = hints_after_report(outcome.moved_to(), outcome.stage_failures.values())
+        if hints:
+            await self.hints.set(*sorted(h.value for h in hints))
+        return outcome
+
+    async def upload_logs(self, agent_id: AgentId, chunks: Sequence[LogChunk]) -> None:
+        """Store log chunks of the agent's kernels (idempotent)."""
+        await append_log_chunks(self.db, agent_id, chunks, self.clock())
+
+    async def upload_outputs(self, agent_id: AgentId, outputs: Sequence[OutputBlob]) -> None:
+        """Store output files of the agent's kernels (idempotent)."""
+        await store_outputs(self.db, agent_id, outputs, self.clock())
+
+    async def sweep_lost(self) -> LostAgents:
+        """Mark agents silent past the timeout LOST and fail their kernels (`agent_lost`)."""
+        now = self.clock()
+        lost = await mark_lost_agents(
+            self.db, now - timedelta(seconds=self.timings.heartbeat_timeout_s), now
+        )
+        if lost.agent_ids:
+            logger.warning(
+                "agent.lost",
+                extra={"agents": lost.agent_ids, "kernels": len(lost.kernels)},
+            )
+            hints = hints_after_report({KernelStatus.ERROR}) if lost.kernels else set()
+            await self.hints.set(*sorted(h.value for h in hints | {Hint.ASSIGNMENTS}))
+        return lost
+
+
+def _matches(bearer: str, token_hash: str | None) -> bool:
+    return token_hash is not None and hmac.compare_digest(hash_token(bearer), token_hash)
+
+
+class AssignmentWatcher:
+    """Wakes waiting long-polls when their agent's revision moves.
+
+    One task per manager waits for the ASSIGNMENTS hint (or `recheck_s`), then reads the
+    revisions of every agent with a waiting poll in one query and releases those that moved.
+    """
+
+    def __init__(self, db: Database, hints: HintBus, recheck_s: float) -> None:
+        self._db = db
+        self._hints = hints
+        self._recheck_s = recheck_s
+        self._waiting: dict[AgentId, list[tuple[int, asyncio.Future[None]]]] = {}
+        self._wake = asyncio.Event()
+
+    async def wait(self, agent_id: AgentId, since: int, timeout_s: float) -> None:
+        """Until the agent's revision is not `since`, or `timeout_s` passed."""
+        revisions = await read_revisions(self._db, [agent_id])
+        if revisions.get(agent_id, since) != since:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (since, future)
+        self._waiting.setdefault(agent_id, []).append(entry)
+        self._wake.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            entries = self._waiting.get(agent_id, [])
+            if entry in entries:
+                entries.remove(entry)
+            if not entries:
+                self._waiting.pop(agent_id, None)
+
+    async def run(self) -> None:
+        """Release moved polls until cancelled."""
+        while True:
+            if not self._waiting:
+                self._wake.clear()
+                await self._wake.wait()
+            await self._hints.wait([Hint.ASSIGNMENTS.value], self._recheck_s)
+            await self._hints.consume(Hint.ASSIGNMENTS.value)
+            await self.check()
+
+    def waiting(self, agent_id: AgentId) -> int:
+        """How many long-polls of this agent are parked here now."""
+        return len(self._waiting.get(agent_id, ()))
+
+    def release_all(self) -> None:
+        """Answer every waiting long-poll now (the manager is stopping)."""
+        for entries in self._waiting.values():
+            for _, future in entries:
+                if not future.done():
+                    future.set_result(None)
+
+    async def check(self) -> None:
+        """Read the waiting agents' revisions once; release the polls whose revision moved."""
+        if not self._waiting:
+            return
+        revisions = await read_revisions(self._db, list(self._waiting))
+        for agent_id, entries in list(self._waiting.items()):
+            revision = revisions.get(agent_id)
+            for since, future in entries:
+                if revision != since and not future.done():
+                    future.set_result(None)

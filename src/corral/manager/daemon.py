@@ -1,0 +1,229 @@
+"""`corral manager`: one manager process — store, buses, coordinator loops, API server.
+
+Start-up: open the database and bring its schema to head, open the hint/lock/event buses,
+build the controllers and the session coordinator, then run side by side the coordinator's
+dual loops (plus the lost-agent sweep), the long-poll waker and the HTTP server. Shutdown (on
+`stop()` or when any of them dies): stop accepting requests, stop the loops (grace period, then
+cancellation), close the buses and the database; a crash is re-raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import uvicorn
+
+from corral.api.app import create_app
+from corral.controller.agents import AgentController, AgentTimings
+from corral.controller.sessions import SessionController
+from corral.coordination.coordinator import SessionCoordinator
+from corral.coordination.loop import DualLoop
+from corral.coordination.manager import LoopIntervals, task_loops
+from corral.coordination.orchestrator import Orchestrator
+from corral.coordination.tasks import Task, TaskRun
+from corral.domain.types import Clock, utcnow
+from corral.manager.backends import Buses, open_buses
+from corral.store.database import Database
+from corral.store.migrate import upgrade
+
+logger = logging.getLogger(__name__)
+
+SWEEP_TASK = "DetectLostAgents"
+SWEEP_HINT = "agents-sweep"
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerConfig:
+    """What a manager process needs to know."""
+
+    database_url: str
+    redis_url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8470  # 0: any free port (see `ManagerDaemon.url` once ready)
+    join_token: str | None = None
+    prefix: str = "corral"
+    timings: AgentTimings = field(default_factory=AgentTimings)
+    intervals: LoopIntervals = field(default_factory=LoopIntervals)
+    grace_period_s: float = 10.0
+
+
+@dataclass(slots=True)
+class ManagerParts:
+    """The running manager's components (for tests and for `corral up`)."""
+
+    db: Database
+    buses: Buses
+    sessions: SessionController
+    agents: AgentController
+    coordinator: SessionCoordinator
+    orchestrator: Orchestrator
+
+
+class ManagerDaemon:
+    """Runs one manager until `stop()`; `ready` is set once the API listens."""
+
+    def __init__(self, config: ManagerConfig, *, clock: Clock = utcnow) -> None:
+        self.config = config
+        self.clock = clock
+        self.ready = asyncio.Event()
+        self.parts: ManagerParts | None = None
+        self._sock: socket.socket | None = None
+        self._server: uvicorn.Server | None = None
+        self._stopping = asyncio.Event()
+
+    @property
+    def url(self) -> str:
+        """The API's base URL (the bound port when configured with port 0)."""
+        if self._sock is None:
+            raise RuntimeError("the manager is not listening yet; await `ready` first")
+        host, port = self._sock.getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    async def run(self) -> None:
+        """Run until stop() or until a component dies (its error is re-raised)."""
+        config = self.config
+        db = Database.open(config.database_url)
+        try:
+            await upgrade(db)
+            async with open_buses(db, config.redis_url, config.prefix) as buses:
+                await self._serve(db, buses)
+        finally:
+            await db.close()
+
+    async def stop(self) -> None:
+        """Ask the manager to stop; returns at once (await run() for the end). Idempotent."""
+        self._stopping.set()
+
+    async def _serve(self, db: Database, buses: Buses) -> None:
+        config = self.config
+        agents = AgentController(
+            db, buses.hints, join_token=config.join_token, timings=config.timings, clock=self.clock
+        )
+        coordinator = SessionCoordinator(db, buses.hints, buses.events, clock=self.clock)
+        loops = task_loops(coordinator.tasks(), buses.hints, buses.locks, config.intervals)
+        loops.append(_sweep_loop(agents, buses, config))
+        orchestrator = Orchestrator(loops, grace_period_s=config.grace_period_s)
+        self.parts = ManagerParts(
+            db,
+            buses,
+            SessionController(db, buses.hints, buses.events, clock=self.clock),
+            agents,
+            coordinator,
+            orchestrator,
+        )
+        app = create_app(agents)
+        self._sock = _bind(config.host, config.port)
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                log_level="warning",
+                lifespan="off",
+                access_log=False,
+                timeout_graceful_shutdown=max(1, int(config.grace_period_s)),
+            )
+        )
+        self._server = server
+        components = {
+            asyncio.create_task(orchestrator.run(), name="manager-orchestrator"),
+            asyncio.create_task(agents.watcher.run(), name="manager-assignment-watcher"),
+            asyncio.create_task(server.serve(sockets=[self._sock]), name="manager-api"),
+        }
+        stopping = asyncio.create_task(self._stopping.wait(), name="manager-stop")
+        # The socket listens already: requests queue in its backlog until the server accepts.
+        logger.info("manager.ready", extra={"url": self.url})
+        self.ready.set()
+        crash: BaseException | None = None
+        try:
+            done, _ = await asyncio.wait(
+                {*components, stopping}, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in done & components:
+                crash = task.exception() if not task.cancelled() else None
+                logger.error(
+                    "manager.component_ended",
+                    extra={"component": task.get_name(), "error": repr(crash)},
+                )
+        finally:
+            stopping.cancel()
+            agents.watcher.release_all()  # long-polls answer now instead of holding shutdown
+            server.should_exit = True
+            await orchestrator.stop()
+            for task in components:
+                if task.get_name() == "manager-assignment-watcher":
+                    task.cancel()
+            results = await asyncio.gather(*components, return_exceptions=True)
+            self._sock.close()
+            self.ready.clear()
+        if crash is None:
+            crash = next(
+                (
+                    r
+                    for r in results
+                    if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError)
+                ),
+                None,
+            )
+        if crash is not None:
+            raise crash
+
+
+def _sweep_loop(agents: AgentController, buses: Buses, config: ManagerConfig) -> DualLoop:
+    """The lost-agent sweep: a dual loop forced every third of the heartbeat timeout."""
+
+    async def sweep() -> TaskRun:
+        started = time.perf_counter()
+        lost = await agents.sweep_lost()
+        return TaskRun(
+            SWEEP_TASK,
+            targets=len(lost.agent_ids),
+            changed=len(lost.kernels),
+            duration_ms=(time.perf_counter() - started) * 1000,
+        )
+
+    every_s = config.timings.heartbeat_interval_s
+    task = Task(SWEEP_TASK, SWEEP_HINT, sweep, lock=f"{config.prefix}:{SWEEP_TASK}")
+    return DualLoop(
+        task, buses.hints, buses.locks, short_interval_s=every_s, long_interval_s=every_s
+    )
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """Bind the API's socket up front, so port 0 yields a known port before serving."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_manager(config: ManagerConfig, on_ready: Callable[[str], None] | None = None) -> None:
+    """Run a manager in this thread until SIGINT/SIGTERM (the `corral manager` command)."""
+    import signal
+
+    async def main() -> None:
+        daemon = ManagerDaemon(config)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(daemon.stop()))
+        runner = asyncio.create_task(daemon.run())
+        ready = asyncio.create_task(daemon.ready.wait())
+        await asyncio.wait({runner, ready}, return_when=asyncio.FIRST_COMPLETED)
+        if ready.done() and on_ready is not None:
+            on_ready(daemon.url)
+        ready.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
+
+    asyncio.run(main())
