@@ -7,7 +7,6 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
 from corral.agent.protocol import (
-    AssignedKernelMessage,
     AssignmentMessage,
     HeartbeatResponse,
     LogBatch,
@@ -24,11 +23,11 @@ from corral.controller.agents import (
     AgentIdTakenError,
     UnknownAgentError,
 )
-from corral.domain.types import AgentId, KernelId
+from corral.domain.types import AgentId
+from corral.manager.wire import assignment_message, kernel_reports, log_chunks, output_blobs
 from corral.store.agent_registry import AgentCapacityError
-from corral.store.assignments import Assignment
-from corral.store.kernel_logs import LogChunk, OutputBlob, UploadRefusedError
-from corral.store.kernel_reports import KernelReport, KernelReportConflictError
+from corral.store.kernel_logs import UploadRefusedError
+from corral.store.kernel_reports import KernelReportConflictError
 
 router = APIRouter(prefix="/v1/agents", tags=["agents"])
 
@@ -127,20 +126,8 @@ async def assignments(
 @router.post("/{agent_id}/reports", response_model=ReportAccepted)
 async def reports(agent_id: Agent, body: ReportBatch, agents: Controller) -> ReportAccepted:
     """Kernel progress, in order; an impossible report rejects the batch (409)."""
-    batch = [
-        KernelReport(
-            kernel_id=KernelId(r.kernel_id),
-            status=r.status,
-            exit_code=r.exit_code,
-            failure_cause=r.failure_cause,
-            message=r.message,
-            runtime_info=r.runtime_info,
-            stage_failed=r.stage_failed,
-        )
-        for r in body.reports
-    ]
     try:
-        outcome = await agents.report(agent_id, batch)
+        outcome = await agents.report(agent_id, kernel_reports(body.reports))
     except KernelReportConflictError as exc:
         raise Problem(
             409,
@@ -155,9 +142,8 @@ async def reports(agent_id: Agent, body: ReportBatch, agents: Controller) -> Rep
 @router.post("/{agent_id}/logs", status_code=204)
 async def logs(agent_id: Agent, body: LogBatch, agents: Controller) -> Response:
     """Log chunks of the agent's kernels; re-sent chunks are ignored."""
-    chunks = [LogChunk(KernelId(c.kernel_id), c.stream, c.offset, c.raw()) for c in body.chunks]
     try:
-        await agents.upload_logs(agent_id, chunks)
+        await agents.upload_logs(agent_id, log_chunks(body.chunks))
     except UploadRefusedError as exc:
         raise Problem(409, "not-agents-kernel", "Upload refused", str(exc)) from exc
     return Response(status_code=204)
@@ -166,34 +152,8 @@ async def logs(agent_id: Agent, body: LogBatch, agents: Controller) -> Response:
 @router.post("/{agent_id}/outputs", status_code=204)
 async def outputs(agent_id: Agent, body: OutputBatch, agents: Controller) -> Response:
     """Output files of the agent's kernels."""
-    blobs = [OutputBlob(KernelId(o.kernel_id), o.name, o.raw()) for o in body.outputs]
     try:
-        await agents.upload_outputs(agent_id, blobs)
+        await agents.upload_outputs(agent_id, output_blobs(body.outputs))
     except UploadRefusedError as exc:
         raise Problem(409, "not-agents-kernel", "Upload refused", str(exc)) from exc
     return Response(status_code=204)
-
-
-def assignment_message(assignment: Assignment) -> AssignmentMessage:
-    """An assignment as the protocol carries it."""
-    return AssignmentMessage(
-        agent_id=assignment.agent_id,
-        revision=assignment.revision,
-        kernels=[
-            AssignedKernelMessage(
-                id=k.id,
-                session_id=k.session_id,
-                cluster_role=k.cluster_role,
-                cluster_index=k.cluster_index,
-                cluster_size=k.cluster_size,
-                cluster_hosts=list(k.cluster_hosts),
-                status=k.status,
-                desired_state=k.desired_state,
-                desired_generation=k.desired_generation,
-                stage_failure=k.stage_failure,
-                slots=dict(k.occupied_slots),
-                spec=k.spec,
-            )
-            for k in assignment.kernels
-        ],
-    )

@@ -7,7 +7,6 @@ and outputs; and the lost sweep, which a coordinator task runs.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import logging
@@ -16,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
+from corral.controller._assignment_polls import AssignmentPolls, UnknownAgentError
+from corral.controller._group_commit import GroupCommit
 from corral.coordination.hints import Hint, hints_after_report
 from corral.domain.slots import ResourceSlots
 from corral.domain.status import KernelStatus
@@ -26,24 +27,35 @@ from corral.store.agent_registry import (
     LostAgents,
     mark_lost_agents,
     read_agent,
-    record_heartbeat,
+    record_heartbeats,
     register_agent,
 )
 from corral.store.agents import AGENT_ALIVE, NewAgent
-from corral.store.assignments import Assignment, read_assignment, read_revisions
+from corral.store.assignments import Assignment
 from corral.store.database import Database
 from corral.store.kernel_logs import LogChunk, OutputBlob, append_log_chunks, store_outputs
-from corral.store.kernel_reports import KernelReport, ReportOutcome, apply_kernel_reports
+from corral.store.kernel_reports import (
+    KernelReport,
+    KernelReportConflictError,
+    ReportOutcome,
+    apply_report_batches,
+)
 
 logger = logging.getLogger(__name__)
+
+__all__ = [
+    "AgentAuthError",
+    "AgentController",
+    "AgentIdTakenError",
+    "AgentTimings",
+    "Registration",
+    "UnknownAgentError",
+    "hash_token",
+]
 
 
 class AgentAuthError(PermissionError):
     """The caller's token does not open this door (HTTP 401)."""
-
-
-class UnknownAgentError(LookupError):
-    """No agent has this id (HTTP 404)."""
 
 
 class AgentIdTakenError(ValueError):
@@ -97,12 +109,11 @@ class AgentController:
         self.timings = timings
         self.clock = clock
         self._join_token = join_token
-        self._watcher = AssignmentWatcher(db, hints, timings.poll_recheck_s)
-
-    @property
-    def watcher(self) -> AssignmentWatcher:
-        """The long-poll waker; its `run` must be running for long-polls to return early."""
-        return self._watcher
+        self.polls = AssignmentPolls(db, hints, timings.poll_recheck_s)
+        self._reports: GroupCommit[tuple[AgentId, Sequence[KernelReport]], ReportOutcome] = (
+            GroupCommit(self._apply_reports)
+        )
+        self._heartbeats: GroupCommit[AgentId, str] = GroupCommit(self._record_heartbeats)
 
     async def register(
         self,
@@ -170,28 +181,19 @@ class AgentController:
 
     async def heartbeat(self, agent_id: AgentId) -> str:
         """Note the agent alive; its status (LOST means: register again)."""
-        status = await record_heartbeat(self.db, agent_id, self.clock())
-        if status is None:
-            raise UnknownAgentError(f"no agent {agent_id!r} is registered")
-        return status
+        return await self._heartbeats.submit(agent_id)
 
     async def assignment(self, agent_id: AgentId, since: int | None, wait_s: float) -> Assignment:
         """The agent's desired state: at once if its revision is not `since`, else when it
-        moves or after `wait_s`."""
-        if since is not None and wait_s > 0:
-            await self._watcher.wait(agent_id, since, wait_s)
-        assignment = await read_assignment(self.db, agent_id)
-        if assignment is None:
-            raise UnknownAgentError(f"no agent {agent_id!r} is registered")
-        return assignment
+        moves or after `wait_s`. Needs `polls.run()` running (the manager runs it)."""
+        return await self.polls.get(agent_id, since, wait_s if since is not None else 0.0)
 
     async def report(self, agent_id: AgentId, reports: Sequence[KernelReport]) -> ReportOutcome:
-        """Apply a batch of kernel reports (all or none) and wake the phases they concern."""
-        outcome = await apply_kernel_reports(self.db, agent_id, reports, self.clock())
-        hints = hints_after_report(outcome.moved_to(), outcome.stage_failures.values())
-        if hints:
-            await self.hints.set(*sorted(h.value for h in hints))
-        return outcome
+        """Apply a batch of kernel reports (all or none) and wake the phases they concern.
+
+        Batches of agents reporting at the same time share one transaction (group commit).
+        """
+        return await self._reports.submit((agent_id, reports))
 
     async def upload_logs(self, agent_id: AgentId, chunks: Sequence[LogChunk]) -> None:
         """Store log chunks of the agent's kernels (idempotent)."""
@@ -216,73 +218,29 @@ class AgentController:
             await self.hints.set(*sorted(h.value for h in hints | {Hint.ASSIGNMENTS}))
         return lost
 
+    async def _apply_reports(
+        self, batches: Sequence[tuple[AgentId, Sequence[KernelReport]]]
+    ) -> list[ReportOutcome | KernelReportConflictError]:
+        results = await apply_report_batches(self.db, batches, self.clock())
+        moved: set[KernelStatus] = set()
+        failed: list[KernelStatus] = []
+        for result in results:
+            if isinstance(result, ReportOutcome):
+                moved |= result.moved_to()
+                failed.extend(result.stage_failures.values())
+        hints = hints_after_report(moved, failed)
+        if hints:
+            await self.hints.set(*sorted(h.value for h in hints))
+        return results
+
+    async def _record_heartbeats(
+        self, agent_ids: Sequence[AgentId]
+    ) -> list[str | UnknownAgentError]:
+        statuses = await record_heartbeats(self.db, agent_ids, self.clock())
+        return [
+            statuses.get(a) or UnknownAgentError(f"no agent {a!r} is registered") for a in agent_ids
+        ]
+
 
 def _matches(bearer: str, token_hash: str | None) -> bool:
     return token_hash is not None and hmac.compare_digest(hash_token(bearer), token_hash)
-
-
-class AssignmentWatcher:
-    """Wakes waiting long-polls when their agent's revision moves.
-
-    One task per manager waits for the ASSIGNMENTS hint (or `recheck_s`), then reads the
-    revisions of every agent with a waiting poll in one query and releases those that moved.
-    """
-
-    def __init__(self, db: Database, hints: HintBus, recheck_s: float) -> None:
-        self._db = db
-        self._hints = hints
-        self._recheck_s = recheck_s
-        self._waiting: dict[AgentId, list[tuple[int, asyncio.Future[None]]]] = {}
-        self._wake = asyncio.Event()
-
-    async def wait(self, agent_id: AgentId, since: int, timeout_s: float) -> None:
-        """Until the agent's revision is not `since`, or `timeout_s` passed."""
-        revisions = await read_revisions(self._db, [agent_id])
-        if revisions.get(agent_id, since) != since:
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (since, future)
-        self._waiting.setdefault(agent_id, []).append(entry)
-        self._wake.set()
-        try:
-            await asyncio.wait_for(asyncio.shield(future), timeout_s)
-        except TimeoutError:
-            pass
-        finally:
-            entries = self._waiting.get(agent_id, [])
-            if entry in entries:
-                entries.remove(entry)
-            if not entries:
-                self._waiting.pop(agent_id, None)
-
-    async def run(self) -> None:
-        """Release moved polls until cancelled."""
-        while True:
-            if not self._waiting:
-                self._wake.clear()
-                await self._wake.wait()
-            await self._hints.wait([Hint.ASSIGNMENTS.value], self._recheck_s)
-            await self._hints.consume(Hint.ASSIGNMENTS.value)
-            await self.check()
-
-    def waiting(self, agent_id: AgentId) -> int:
-        """How many long-polls of this agent are parked here now."""
-        return len(self._waiting.get(agent_id, ()))
-
-    def release_all(self) -> None:
-        """Answer every waiting long-poll now (the manager is stopping)."""
-        for entries in self._waiting.values():
-            for _, future in entries:
-                if not future.done():
-                    future.set_result(None)
-
-    async def check(self) -> None:
-        """Read the waiting agents' revisions once; release the polls whose revision moved."""
-        if not self._waiting:
-            return
-        revisions = await read_revisions(self._db, list(self._waiting))
-        for agent_id, entries in list(self._waiting.items()):
-            revision = revisions.get(agent_id)
-            for since, future in entries:
-                if revision != since and not future.done():
-                    future.set_result(None)

@@ -131,7 +131,7 @@ class ManagerDaemon:
         self._server = server
         components = {
             asyncio.create_task(orchestrator.run(), name="manager-orchestrator"),
-            asyncio.create_task(agents.watcher.run(), name="manager-assignment-watcher"),
+            asyncio.create_task(agents.polls.run(), name="manager-assignment-polls"),
             asyncio.create_task(server.serve(sockets=[self._sock]), name="manager-api"),
         }
         stopping = asyncio.create_task(self._stopping.wait(), name="manager-stop")
@@ -151,11 +151,11 @@ class ManagerDaemon:
                 )
         finally:
             stopping.cancel()
-            agents.watcher.release_all()  # long-polls answer now instead of holding shutdown
+            agents.polls.release_all()  # long-polls answer now instead of holding shutdown
             server.should_exit = True
             await orchestrator.stop()
             for task in components:
-                if task.get_name() == "manager-assignment-watcher":
+                if task.get_name() == "manager-assignment-polls":
                     task.cancel()
             results = await asyncio.gather(*components, return_exceptions=True)
             self._sock.close()

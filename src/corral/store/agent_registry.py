@@ -8,7 +8,7 @@ session handlers take the sessions from there (DetectTermination, DetectFailureB
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -170,20 +170,25 @@ async def _set_capacity(
         await conn.execute(agent_slots.insert(), added)
 
 
-async def record_heartbeat(db: Database, agent_id: AgentId, now: datetime) -> str | None:
-    """Note that the agent is alive now; its status (None: no such agent).
+async def record_heartbeats(
+    db: Database, agent_ids: Collection[AgentId], now: datetime
+) -> dict[AgentId, str]:
+    """Note that these agents are alive now (one statement); each one's status.
 
-    A LOST agent stays LOST: its kernels were already failed, so it must register again (which
-    makes it reconcile against an assignment without them) before it takes work.
+    Unknown agents are left out. A LOST agent stays LOST: its kernels were already failed, so
+    it must register again (which makes it reconcile against an assignment without them)
+    before it takes work.
     """
+    if not agent_ids:
+        return {}
     async with db.transaction() as conn:
-        status = await conn.scalar(
+        rows = await conn.execute(
             agents.update()
-            .where(agents.c.id == agent_id)
+            .where(in_values(db.dialect, agents.c.id, sorted(set(agent_ids))))
             .values(last_heartbeat_at=now)
-            .returning(agents.c.status)
+            .returning(agents.c.id, agents.c.status)
         )
-    return None if status is None else str(status)
+        return {AgentId(agent_id): str(status) for agent_id, status in rows}
 
 
 async def mark_lost_agents(db: Database, cutoff: datetime, now: datetime) -> LostAgents:

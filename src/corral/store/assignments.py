@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from corral.domain.session import KernelIntent, MilliSlots
 from corral.domain.status import KERNEL_TERMINAL, KernelStatus
 from corral.domain.types import AgentId, KernelId, SessionId
-from corral.store._sql import IdBatch, in_values
+from corral.store._sql import IdBatch, id_batch, in_values
 from corral.store.database import Database, Dialect
 from corral.store.tables import agents, kernels, sessions
 
@@ -132,12 +132,30 @@ class Assignment:
 
 async def read_assignment(db: Database, agent_id: AgentId) -> Assignment | None:
     """The agent's revision and every non-terminal kernel placed on it (None: no such agent)."""
+    return (await read_assignments(db, [agent_id])).get(agent_id)
+
+
+async def read_assignments(
+    db: Database, agent_ids: Collection[AgentId]
+) -> dict[AgentId, Assignment]:
+    """Each agent's revision and non-terminal kernels, in three queries for all of them.
+
+    Unknown agents are left out.
+    """
+    if not agent_ids:
+        return {}
     async with db.read() as conn:
-        revision = await conn.scalar(
-            sa.select(agents.c.assignment_revision).where(agents.c.id == agent_id)
-        )
-        if revision is None:
-            return None
+        ids = id_batch(db.dialect, sorted(set(agent_ids)))
+        revisions = {
+            AgentId(agent_id): int(revision)
+            for agent_id, revision in await conn.execute(
+                sa.select(agents.c.id, agents.c.assignment_revision).where(
+                    in_values(db.dialect, agents.c.id, ids)
+                )
+            )
+        }
+        if not revisions:
+            return {}
         result = await conn.execute(
             sa.select(
                 kernels.c.id,
@@ -151,17 +169,20 @@ async def read_assignment(db: Database, agent_id: AgentId) -> Assignment | None:
                 kernels.c.stage_failure,
                 kernels.c.occupied_slots,
                 sessions.c.spec,
+                kernels.c.agent_id,
             )
             .select_from(kernels.join(sessions, sessions.c.id == kernels.c.session_id))
             .where(
-                kernels.c.agent_id == agent_id,
+                in_values(db.dialect, kernels.c.agent_id, ids),
                 kernels.c.status.not_in([s.value for s in KERNEL_TERMINAL]),
             )
-            .order_by(kernels.c.session_id, kernels.c.cluster_index)
+            .order_by(kernels.c.agent_id, kernels.c.session_id, kernels.c.cluster_index)
         )
         rows = list(result)
         hosts = await _cluster_hosts(conn, db.dialect, {SessionId(row[1]) for row in rows})
-        assigned = tuple(
+    held: dict[AgentId, list[AssignedKernel]] = {agent_id: [] for agent_id in revisions}
+    for row in rows:
+        held[AgentId(row[11])].append(
             AssignedKernel(
                 id=KernelId(row[0]),
                 session_id=SessionId(row[1]),
@@ -176,9 +197,11 @@ async def read_assignment(db: Database, agent_id: AgentId) -> Assignment | None:
                 spec=row[10],
                 cluster_hosts=hosts.get(SessionId(row[1]), ()),
             )
-            for row in rows
         )
-    return Assignment(agent_id=agent_id, revision=int(revision), kernels=assigned)
+    return {
+        agent_id: Assignment(agent_id=agent_id, revision=revision, kernels=tuple(held[agent_id]))
+        for agent_id, revision in revisions.items()
+    }
 
 
 async def _cluster_hosts(

@@ -74,10 +74,27 @@ async def apply_kernel_reports(
     db: Database, agent_id: AgentId, reports: Sequence[KernelReport], now: datetime
 ) -> ReportOutcome:
     """Apply an agent's batch of reports in one transaction, or raise and change nothing."""
-    outcome = ReportOutcome()
-    if not reports:
-        return outcome
-    ids = list(dict.fromkeys(r.kernel_id for r in reports))
+    (result,) = await apply_report_batches(db, [(agent_id, reports)], now)
+    if isinstance(result, KernelReportConflictError):
+        raise result
+    return result
+
+
+async def apply_report_batches(
+    db: Database,
+    batches: Sequence[tuple[AgentId, Sequence[KernelReport]]],
+    now: datetime,
+) -> list[ReportOutcome | KernelReportConflictError]:
+    """Apply several agents' batches in one transaction (group commit), each all or nothing.
+
+    A batch with an impossible report is left out whole and answered with its conflict; the
+    others are applied. Batches are judged in order, each against the kernels as the batches
+    before it left them. One result per batch, in order.
+    """
+    results: list[ReportOutcome | KernelReportConflictError] = []
+    ids = list(dict.fromkeys(r.kernel_id for _, reports in batches for r in reports))
+    if not ids:
+        return [ReportOutcome() for _ in batches]
     async with db.transaction() as conn:
         query = sa.select(
             kernels.c.id,
@@ -92,47 +109,70 @@ async def apply_kernel_reports(
         current: dict[KernelId, tuple[Any, ...]] = {
             KernelId(row[0]): tuple(row) for row in await conn.execute(query)
         }
-        conflicts: dict[KernelId, str] = {}
-        status_now: dict[KernelId, KernelStatus] = {}
-        for report in reports:
-            why = _refusal(agent_id, report, current.get(report.kernel_id), status_now)
-            if why is not None:
-                conflicts[report.kernel_id] = why
-            elif not report.stage_failed:
-                status_now[report.kernel_id] = report.status
-        if conflicts:
-            raise KernelReportConflictError(conflicts)
-
         # One update per kernel, folding its reports in order (a later value wins).
         updates: dict[KernelId, dict[str, Any]] = {}
         history: list[dict[str, Any]] = []
         releases: dict[AgentId, dict[str, int]] = {}
-        for report in reports:
-            row = current[report.kernel_id]
-            before = KernelStatus(row[3])
-            values = _report_values(report, before, now)
-            if values is None:
+        for agent_id, reports in batches:
+            conflicts = _conflicts(agent_id, reports, current)
+            if conflicts:
+                results.append(KernelReportConflictError(conflicts))
                 continue
-            updates.setdefault(report.kernel_id, {"kid": report.kernel_id}).update(values)
-            outcome.sessions.add(SessionId(row[1]))
-            if report.stage_failed:
-                outcome.stage_failures[report.kernel_id] = before
-                continue
-            first = outcome.moved.get(report.kernel_id, (before, before))[0]
-            outcome.moved[report.kernel_id] = (first, report.status)
-            outcome.passed.add(report.status)
-            history.append(_history_row(report, row[1], before, now))
-            if report.status in KERNEL_TERMINAL and row[4]:
-                held = releases.setdefault(agent_id, {})
-                for slot, amount in row[4].items():
-                    held[slot] = held.get(slot, 0) - int(amount)
-            # A later report in the same batch starts where this one left the kernel.
-            held_after = None if report.status in KERNEL_TERMINAL else row[4]
-            current[report.kernel_id] = (*row[:3], report.status.value, held_after, None)
+            results.append(_fold(agent_id, reports, current, updates, history, releases, now))
         await _write(conn, list(updates.values()))
         if history:
             await conn.execute(kernel_history.insert(), history)
         await apply_slot_deltas(conn, releases)
+    return results
+
+
+def _conflicts(
+    agent_id: AgentId, reports: Sequence[KernelReport], current: Mapping[KernelId, tuple[Any, ...]]
+) -> dict[KernelId, str]:
+    conflicts: dict[KernelId, str] = {}
+    status_now: dict[KernelId, KernelStatus] = {}
+    for report in reports:
+        why = _refusal(agent_id, report, current.get(report.kernel_id), status_now)
+        if why is not None:
+            conflicts[report.kernel_id] = why
+        elif not report.stage_failed:
+            status_now[report.kernel_id] = report.status
+    return conflicts
+
+
+def _fold(
+    agent_id: AgentId,
+    reports: Sequence[KernelReport],
+    current: dict[KernelId, tuple[Any, ...]],
+    updates: dict[KernelId, dict[str, Any]],
+    history: list[dict[str, Any]],
+    releases: dict[AgentId, dict[str, int]],
+    now: datetime,
+) -> ReportOutcome:
+    """Fold one accepted batch into the pending writes; what it changes."""
+    outcome = ReportOutcome()
+    for report in reports:
+        row = current[report.kernel_id]
+        before = KernelStatus(row[3])
+        values = _report_values(report, before, now)
+        if values is None:
+            continue
+        updates.setdefault(report.kernel_id, {"kid": report.kernel_id}).update(values)
+        outcome.sessions.add(SessionId(row[1]))
+        if report.stage_failed:
+            outcome.stage_failures[report.kernel_id] = before
+            continue
+        first = outcome.moved.get(report.kernel_id, (before, before))[0]
+        outcome.moved[report.kernel_id] = (first, report.status)
+        outcome.passed.add(report.status)
+        history.append(_history_row(report, row[1], before, now))
+        if report.status in KERNEL_TERMINAL and row[4]:
+            held = releases.setdefault(agent_id, {})
+            for slot, amount in row[4].items():
+                held[slot] = held.get(slot, 0) - int(amount)
+        # A later report (of this batch or the next) starts where this one left the kernel.
+        held_after = None if report.status in KERNEL_TERMINAL else row[4]
+        current[report.kernel_id] = (*row[:3], report.status.value, held_after, None)
     return outcome
 
 

@@ -74,7 +74,7 @@ async def api(db: Database) -> AsyncIterator[Api]:
         timings=AgentTimings(heartbeat_timeout_s=30, assignment_wait_s=30, poll_recheck_s=60),
         clock=cluster.clock,
     )
-    watcher = asyncio.create_task(agents.watcher.run())
+    watcher = asyncio.create_task(agents.polls.run())
     transport = httpx.ASGITransport(app=create_app(agents))
     async with httpx.AsyncClient(transport=transport, base_url="http://manager") as http:
         yield Api(http, cluster, agents)
@@ -140,7 +140,7 @@ async def test_long_poll_answers_when_the_assignment_changes(api: Api) -> None:
             headers=bearer(token),
         )
     )
-    while not api.agents.watcher.waiting(AgentId("node-1")):  # until the poll is parked
+    while not api.agents.polls.waiting(AgentId("node-1")):  # until the poll is parked
         assert not poll.done(), poll.result().text
         await asyncio.sleep(0.01)
     _, kernel_id = await api.running_kernel("node-1", token)

@@ -1,0 +1,130 @@
+"""Agents' assignment long-polls, answered in batches.
+
+Every waiting poll is parked here. One task per manager serves them all: whenever a poll
+arrives, the ASSIGNMENTS hint is set, or `recheck_s` passes (another manager may have moved a
+revision; hints are per bus, not per agent), it reads the revisions of every parked agent in
+one query and the assignments of those due (revision moved, first poll, wait over) in three
+more, whatever their number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+from corral.coordination.hints import Hint
+from corral.domain.types import AgentId
+from corral.infra.hints import HintBus
+from corral.store.assignments import Assignment, read_assignments, read_revisions
+from corral.store.database import Database
+
+
+class UnknownAgentError(LookupError):
+    """No agent has this id (HTTP 404)."""
+
+
+@dataclass(eq=False, slots=True)
+class _Poll:
+    since: int | None  # None: answer at once
+    deadline: float  # loop time after which it is answered whatever the revision
+    future: asyncio.Future[Assignment]
+
+
+class AssignmentPolls:
+    """Parks long-polls and answers them in batches (see the module docstring)."""
+
+    def __init__(self, db: Database, hints: HintBus, recheck_s: float) -> None:
+        self._db = db
+        self._hints = hints
+        self._recheck_s = recheck_s
+        self._parked: dict[AgentId, list[_Poll]] = {}
+        self._wake = asyncio.Event()
+
+    async def get(self, agent_id: AgentId, since: int | None, wait_s: float) -> Assignment:
+        """The agent's assignment once its revision is not `since` or `wait_s` passed."""
+        loop = asyncio.get_running_loop()
+        poll = _Poll(since, loop.time() + max(wait_s, 0.0), loop.create_future())
+        self._parked.setdefault(agent_id, []).append(poll)
+        self._wake.set()
+        try:
+            return await poll.future
+        finally:
+            self._unpark(agent_id, poll)
+
+    def waiting(self, agent_id: AgentId) -> int:
+        """How many long-polls of this agent are parked now."""
+        return len(self._parked.get(agent_id, ()))
+
+    def release_all(self) -> None:
+        """The manager is stopping: answer every parked poll at its deadline, i.e. now."""
+        for polls in self._parked.values():
+            for poll in polls:
+                poll.deadline = 0.0
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Serve polls until cancelled."""
+        listener = asyncio.create_task(self._listen(), name="assignment-polls-hints")
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self._until_next_deadline())
+                self._wake.clear()
+                await self.serve()
+        finally:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+
+    async def serve(self) -> None:
+        """Answer every parked poll that is due, in one batch."""
+        if not self._parked:
+            return
+        revisions = await read_revisions(self._db, list(self._parked))
+        now = asyncio.get_running_loop().time()
+        due: dict[AgentId, list[_Poll]] = {}
+        for agent_id, polls in self._parked.items():
+            revision = revisions.get(agent_id)
+            for poll in polls:
+                if poll.future.done():
+                    continue
+                if revision is None or poll.since != revision or poll.deadline <= now:
+                    due.setdefault(agent_id, []).append(poll)
+        if not due:
+            return
+        found = await read_assignments(self._db, list(due))
+        for agent_id, polls in due.items():
+            assignment = found.get(agent_id)
+            for poll in polls:
+                if poll.future.done():
+                    continue
+                if assignment is None:
+                    poll.future.set_exception(
+                        UnknownAgentError(f"no agent {agent_id!r} is registered")
+                    )
+                else:
+                    poll.future.set_result(assignment)
+
+    async def _listen(self) -> None:
+        """Wake the server on the ASSIGNMENTS hint, and every `recheck_s` regardless."""
+        while True:
+            await self._hints.wait([Hint.ASSIGNMENTS.value], self._recheck_s)
+            await self._hints.consume(Hint.ASSIGNMENTS.value)
+            if self._parked:
+                self._wake.set()
+
+    def _until_next_deadline(self) -> float | None:
+        deadlines = [p.deadline for polls in self._parked.values() for p in polls]
+        if not deadlines:
+            return None
+        return max(0.0, min(deadlines) - asyncio.get_running_loop().time())
+
+    def _unpark(self, agent_id: AgentId, poll: _Poll) -> None:
+        polls = self._parked.get(agent_id)
+        if polls is None:
+            return
+        with contextlib.suppress(ValueError):
+            polls.remove(poll)
+        if not polls:
+            del self._parked[agent_id]

@@ -1,0 +1,68 @@
+"""Agent-protocol messages to and from the store's types, for every transport."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from corral.agent.protocol import (
+    AssignedKernelMessage,
+    AssignmentMessage,
+    KernelReportMessage,
+    LogChunkMessage,
+    OutputMessage,
+)
+from corral.domain.types import KernelId
+from corral.store.assignments import Assignment
+from corral.store.kernel_logs import LogChunk, OutputBlob
+from corral.store.kernel_reports import KernelReport
+
+
+def assignment_message(assignment: Assignment) -> AssignmentMessage:
+    """An assignment as the protocol carries it."""
+    return AssignmentMessage(
+        agent_id=assignment.agent_id,
+        revision=assignment.revision,
+        kernels=[
+            AssignedKernelMessage(
+                id=k.id,
+                session_id=k.session_id,
+                cluster_role=k.cluster_role,
+                cluster_index=k.cluster_index,
+                cluster_size=k.cluster_size,
+                cluster_hosts=list(k.cluster_hosts),
+                status=k.status,
+                desired_state=k.desired_state,
+                desired_generation=k.desired_generation,
+                stage_failure=k.stage_failure,
+                slots=dict(k.occupied_slots),
+                spec=k.spec,
+            )
+            for k in assignment.kernels
+        ],
+    )
+
+
+def kernel_reports(messages: Sequence[KernelReportMessage]) -> list[KernelReport]:
+    """Reports as the store applies them."""
+    return [
+        KernelReport(
+            kernel_id=KernelId(m.kernel_id),
+            status=m.status,
+            exit_code=m.exit_code,
+            failure_cause=m.failure_cause,
+            message=m.message,
+            runtime_info=m.runtime_info,
+            stage_failed=m.stage_failed,
+        )
+        for m in messages
+    ]
+
+
+def log_chunks(messages: Sequence[LogChunkMessage]) -> list[LogChunk]:
+    """Log chunks as the store keeps them."""
+    return [LogChunk(KernelId(c.kernel_id), c.stream, c.offset, c.raw()) for c in messages]
+
+
+def output_blobs(messages: Sequence[OutputMessage]) -> list[OutputBlob]:
+    """Output files as the store keeps them."""
+    return [OutputBlob(KernelId(o.kernel_id), o.name, o.raw()) for o in messages]
