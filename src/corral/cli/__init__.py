@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from corral.cli import bench, db, explain, states
+from corral.cli import agent, bench, db, explain, manager, simulate, states
 
 app = typer.Typer(
     name="corral",
@@ -14,6 +14,9 @@ app = typer.Typer(
 )
 app.command("states")(states.states_command)
 app.command("explain")(explain.explain_command)
+app.command("manager")(manager.manager_command)
+app.command("agent")(agent.agent_command)
+app.command("simulate")(simulate.simulate_command)
 app.add_typer(bench.app, name="bench")
 app.add_typer(db.app, name="db")
 

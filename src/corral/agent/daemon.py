@@ -1,0 +1,512 @@
+"""The agent daemon: registers, heartbeats, long-polls its assignment and reconciles.
+
+Reconciling compares the manager's desired kernels with the workers this agent runs: a kernel
+to prepare or run gets a worker (`kernel_worker.py`); a worker whose kernel left the assignment
+(re-scheduled elsewhere, ended by the manager) is stopped without a report, since the kernel is
+no longer this agent's; a kernel the manager believes running here that this agent does not know
+(it restarted) is reported lost. Reports go out in order and in batches through one shipper,
+retried with backoff while the manager is away. On SIGTERM the agent stops taking work and,
+by policy, stops its kernels and reports them (`stop`, the default) or leaves them running for
+the manager to declare lost after the heartbeat timeout (`leave`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import os
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from corral.agent.client import ManagerClient, ManagerRejectedError, ManagerUnavailableError
+from corral.agent.devices import DeviceAllocator
+from corral.agent.kernel_worker import KernelWorker, WorkerSettings
+from corral.agent.protocol import (
+    MAX_BATCH,
+    AssignedKernelMessage,
+    AssignmentMessage,
+    KernelReportMessage,
+    LogChunkMessage,
+    OutputMessage,
+    RegisterRequest,
+    RegisterResponse,
+)
+from corral.agent.runtime import KernelLaunch, Runtime
+from corral.domain.session import KernelIntent
+from corral.domain.slots import ResourceSlots
+from corral.domain.status import KernelStatus
+from corral.domain.types import Clock, KernelId, SessionId, utcnow
+
+logger = logging.getLogger(__name__)
+
+ShutdownPolicy = Literal["stop", "leave"]
+AGENT_SHUTDOWN_CAUSE = "agent_shutdown"
+KERNEL_LOST_CAUSE = "kernel_lost"  # the manager thinks it runs here; this agent never knew it
+DEVICE_CAUSE = "device_unavailable"
+_STARTABLE = frozenset(
+    {KernelStatus.PREPARING, KernelStatus.PULLING, KernelStatus.PREPARED, KernelStatus.CREATING}
+)
+_STARTED = frozenset({KernelStatus.RUNNING, KernelStatus.TERMINATING})
+TOKEN_FILE = "agent-token"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """Who the agent is and how it behaves."""
+
+    agent_id: str
+    token: str  # the join token (first time) or the agent's own token
+    address: str  # how other nodes reach this one (kernels' MASTER_ADDR, cluster hosts)
+    slots: ResourceSlots
+    data_dir: Path
+    resource_group: str = "default"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    on_shutdown: ShutdownPolicy = "stop"
+    worker: WorkerSettings = field(default_factory=WorkerSettings)
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
+    shutdown_flush_s: float = 10.0  # how long a stopping agent tries to deliver its reports
+
+
+class Backoff:
+    """Exponential backoff with full jitter: 0…min(max, initial·2ⁿ); reset on success."""
+
+    def __init__(self, initial_s: float, max_s: float, rng: random.Random | None = None) -> None:
+        self._initial_s = initial_s
+        self._max_s = max_s
+        self._rng = rng or random.Random()
+        self._failures = 0
+
+    def next_delay_s(self) -> float:
+        """The delay before the next attempt (capped before exponentiating: no overflow)."""
+        exponent = min(self._failures, 32)
+        self._failures += 1
+        return self._rng.uniform(0, min(self._max_s, self._initial_s * 2**exponent))
+
+    def reset(self) -> None:
+        """The last attempt worked."""
+        self._failures = 0
+
+    @property
+    def failing(self) -> bool:
+        """Whether the last attempt failed."""
+        return self._failures > 0
+
+
+class ReportShipper:
+    """Sends the workers' reports in order and in batches; uploads logs and outputs."""
+
+    def __init__(
+        self,
+        client: ManagerClient,
+        agent_id: str,
+        backoff: Backoff,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._client = client
+        self._agent_id = agent_id
+        self._backoff = backoff
+        self._sleep = sleep
+        self._queue: list[KernelReportMessage] = []
+        self._queued = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.sent = 0
+
+    def report(self, report: KernelReportMessage) -> None:
+        """Queue one report."""
+        self._queue.append(report)
+        self._idle.clear()
+        self._queued.set()
+
+    async def upload_logs(self, chunks: list[LogChunkMessage]) -> None:
+        """Upload log chunks now."""
+        await self._client.upload_logs(self._agent_id, chunks)
+
+    async def upload_outputs(self, outputs: list[OutputMessage]) -> None:
+        """Upload output files now."""
+        await self._client.upload_outputs(self._agent_id, outputs)
+
+    async def run(self) -> None:
+        """Deliver queued reports until cancelled."""
+        while True:
+            await self._queued.wait()
+            self._queued.clear()
+            while self._queue:
+                batch = self._queue[:MAX_BATCH]
+                try:
+                    await self._client.report(self._agent_id, batch)
+                except ManagerUnavailableError as exc:
+                    if not self._backoff.failing:
+                        logger.warning("agent.reports_undelivered", extra={"error": str(exc)})
+                    await self._sleep(self._backoff.next_delay_s())
+                    continue
+                except ManagerRejectedError as exc:
+                    self._drop_refused(batch, exc)
+                    continue
+                self._backoff.reset()
+                del self._queue[: len(batch)]
+                self.sent += len(batch)
+            self._idle.set()
+
+    async def flush(self, timeout_s: float) -> bool:
+        """Until every queued report is delivered, or `timeout_s`; True if delivered."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def _drop_refused(self, batch: list[KernelReportMessage], exc: ManagerRejectedError) -> None:
+        """A refused batch changed nothing: drop what was refused, send the rest again."""
+        refused = set(exc.conflicts) if exc.status == 409 and exc.conflicts else None
+        logger.error(
+            "agent.reports_refused",
+            extra={"status": exc.status, "detail": str(exc), "kernels": sorted(refused or [])},
+        )
+        keep = [] if refused is None else [r for r in batch if str(r.kernel_id) not in refused]
+        self._queue[: len(batch)] = keep
+
+
+class AgentDaemon:
+    """One agent: run() until stop(); kernels run as workers, one asyncio task each."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        client: ManagerClient,
+        runtime: Runtime,
+        *,
+        devices: DeviceAllocator | None = None,
+        clock: Clock = utcnow,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.client = client
+        self.runtime = runtime
+        self.devices = devices or DeviceAllocator(0)
+        self.clock = clock
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self.shipper = ReportShipper(client, config.agent_id, self._backoff(), sleep)
+        self.workers: dict[KernelId, KernelWorker] = {}
+        self._tasks: dict[KernelId, asyncio.Task[None]] = {}
+        self._stop = asyncio.Event()
+        self.registered = asyncio.Event()
+        self.registration: RegisterResponse | None = None
+        self.revision: int | None = None
+
+    async def run(self) -> None:
+        """Register, then heartbeat, poll and ship until stop(); then shut down by policy."""
+        self._log_startup()
+        shipping = asyncio.create_task(self.shipper.run(), name="agent-shipper")
+        loops: set[asyncio.Task[None]] = set()
+        try:
+            if not await self._register_until_done():
+                return
+            loops = {
+                asyncio.create_task(self._heartbeat_loop(), name="agent-heartbeat"),
+                asyncio.create_task(self._poll_loop(), name="agent-poll"),
+            }
+            stopping = asyncio.create_task(self._stop.wait())
+            done, _ = await asyncio.wait(
+                {*loops, shipping, stopping}, return_when=asyncio.FIRST_COMPLETED
+            )
+            stopping.cancel()
+            for task in done - {stopping}:
+                if not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        finally:
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+            await self._shut_down_kernels()
+            delivered = await self.shipper.flush(self.config.shutdown_flush_s)
+            if not delivered:
+                logger.warning("agent.shutdown_reports_undelivered")
+            shipping.cancel()
+            await asyncio.gather(shipping, return_exceptions=True)
+            await self.client.close()
+            logger.info("agent.stopped", extra={"agent_id": self.config.agent_id})
+
+    async def stop(self) -> None:
+        """Stop taking work and shut down (run() returns when done). Idempotent."""
+        self._stop.set()
+
+    # -- registration and liveness --------------------------------------------------------
+
+    async def _register_until_done(self) -> bool:
+        backoff = self._backoff()
+        while not self._stop.is_set():
+            try:
+                await self._register()
+            except ManagerUnavailableError as exc:
+                if not backoff.failing:
+                    logger.warning("agent.manager_unreachable", extra={"error": str(exc)})
+                await self._sleep_or_stop(backoff.next_delay_s())
+                continue
+            return True
+        return False
+
+    async def _register(self) -> None:
+        config = self.config
+        request = RegisterRequest(
+            agent_id=config.agent_id,
+            address=config.address,
+            resource_group=config.resource_group,
+            slots=config.slots,
+            labels=dict(config.labels),
+            runtime=self.runtime.name,
+        )
+        tokens = list(dict.fromkeys(t for t in (self._saved_token(), config.token) if t))
+        for index, token in enumerate(tokens):
+            try:
+                response = await self.client.register(request, token)
+            except ManagerRejectedError as exc:
+                if exc.status == 401 and index + 1 < len(tokens):
+                    continue  # a stale saved token: try the one we were given
+                raise
+            break
+        if response.token is not None:
+            self._save_token(response.token)
+        self.registration = response
+        self.registered.set()
+        logger.info(
+            "agent.registered",
+            extra={"agent_id": config.agent_id, "new_token": response.token is not None},
+        )
+
+    async def _heartbeat_loop(self) -> None:
+        backoff = self._backoff()
+        while True:
+            assert self.registration is not None
+            await self._sleep(self.registration.heartbeat_interval_s)
+            try:
+                status = (await self.client.heartbeat(self.config.agent_id)).status
+            except ManagerUnavailableError:
+                await self._sleep(backoff.next_delay_s())
+                continue
+            backoff.reset()
+            if status != "ALIVE":
+                logger.warning("agent.declared_lost", extra={"status": status})
+                with contextlib.suppress(ManagerUnavailableError):
+                    await self._register()
+
+    async def _poll_loop(self) -> None:
+        backoff = self._backoff()
+        while True:
+            assert self.registration is not None
+            try:
+                assignment = await self.client.assignment(
+                    self.config.agent_id, self.revision, self.registration.assignment_wait_s
+                )
+            except ManagerUnavailableError as exc:
+                if not backoff.failing:
+                    logger.warning("agent.manager_unreachable", extra={"error": str(exc)})
+                await self._sleep(backoff.next_delay_s())
+                continue
+            except ManagerRejectedError as exc:
+                if exc.status not in (401, 404):
+                    raise
+                self.revision = None
+                try:
+                    await self._register()  # forgotten by the manager: join again
+                except ManagerUnavailableError:
+                    await self._sleep(backoff.next_delay_s())
+                continue
+            if backoff.failing:
+                logger.info("agent.manager_reachable")
+            backoff.reset()
+            self.revision = assignment.revision
+            self.reconcile(assignment)
+
+    # -- reconciling ------------------------------------------------------------------------
+
+    def reconcile(self, assignment: AssignmentMessage) -> None:
+        """Bring the running workers in line with the manager's desired state."""
+        assigned = {k.id: k for k in assignment.kernels}
+        for kernel_id in [k for k in self.workers if k not in assigned]:
+            self._forget(kernel_id)
+        for kernel in assignment.kernels:
+            worker = self.workers.get(KernelId(kernel.id))
+            if worker is not None:
+                worker.update(kernel)
+            elif kernel.desired_state in (KernelIntent.PREPARE, KernelIntent.RUN) and (
+                kernel.status in _STARTABLE
+            ):
+                self._spawn(kernel)
+            elif kernel.status in _STARTED:
+                self.shipper.report(
+                    KernelReportMessage(
+                        kernel_id=kernel.id,
+                        status=KernelStatus.ERROR,
+                        failure_cause=KERNEL_LOST_CAUSE,
+                        message=f"agent {self.config.agent_id} does not know this kernel "
+                        "(it restarted); the kernel's process is gone from its view",
+                    )
+                )
+                self._remember_done(kernel)
+            elif kernel.desired_state is KernelIntent.STOP:
+                self.shipper.report(
+                    KernelReportMessage(
+                        kernel_id=kernel.id,
+                        status=KernelStatus.TERMINATED,
+                        message="stopped before it started on this agent",
+                    )
+                )
+                self._remember_done(kernel)
+
+    def _spawn(self, kernel: AssignedKernelMessage) -> None:
+        kernel_id = KernelId(kernel.id)
+        try:
+            devices = self.devices.allocate(kernel_id, int(kernel.slots.get("cuda.device", 0)))
+        except ValueError as exc:
+            self.shipper.report(
+                KernelReportMessage(
+                    kernel_id=kernel.id,
+                    status=KernelStatus.ERROR,
+                    failure_cause=DEVICE_CAUSE,
+                    message=str(exc),
+                )
+            )
+            self._remember_done(kernel)
+            return
+        worker = KernelWorker(
+            kernel,
+            self._launch(kernel, devices),
+            self.runtime,
+            self.shipper,
+            settings=self.config.worker,
+            clock=self.clock,
+            sleep=self._sleep,
+        )
+        self.workers[kernel_id] = worker
+        task = asyncio.create_task(worker.run(), name=f"kernel-{kernel_id}")
+        self._tasks[kernel_id] = task
+        task.add_done_callback(functools.partial(self._worker_ended, kernel_id))
+
+    def _worker_ended(self, kernel_id: KernelId, task: asyncio.Task[None]) -> None:
+        self.devices.release(kernel_id)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error(
+                "agent.worker_crashed",
+                extra={"kernel_id": str(kernel_id)},
+                exc_info=task.exception(),
+            )
+
+    def _remember_done(self, kernel: AssignedKernelMessage) -> None:
+        """A kernel answered for once: a placeholder worker keeps it from being answered again."""
+        worker = KernelWorker(
+            kernel,
+            self._launch(kernel, ()),
+            self.runtime,
+            self.shipper,
+            settings=self.config.worker,
+        )
+        worker.progress.abort("answered", "")
+        worker.progress.abandon()
+        self.workers[KernelId(kernel.id)] = worker
+
+    def _forget(self, kernel_id: KernelId) -> None:
+        self.workers.pop(kernel_id, None)
+        task = self._tasks.pop(kernel_id, None)
+        if task is not None and not task.done():
+            task.cancel()  # the worker kills its kernel quietly: it is no longer ours
+
+    def _launch(self, kernel: AssignedKernelMessage, devices: tuple[int, ...]) -> KernelLaunch:
+        spec = kernel.spec
+        return KernelLaunch(
+            kernel_id=KernelId(kernel.id),
+            session_id=SessionId(kernel.session_id),
+            session_type=str(spec.get("type", "BATCH")),
+            image=str(spec.get("image", "")),
+            command=tuple(spec.get("command") or ()),
+            env=dict(spec.get("env") or {}),
+            cluster_size=kernel.cluster_size,
+            cluster_rank=kernel.cluster_index,
+            cluster_role=kernel.cluster_role,
+            cluster_hosts=tuple(
+                h.rsplit(":", 1)[0] if h.count(":") == 1 else h for h in kernel.cluster_hosts
+            ),
+            slots=kernel.slots,
+            work_dir=self.config.data_dir / "kernels" / str(kernel.id),
+            devices=devices,
+        )
+
+    # -- shutdown ---------------------------------------------------------------------------
+
+    async def _shut_down_kernels(self) -> None:
+        live = {kid: w for kid, w in self.workers.items() if not w.done}
+        if not live:
+            return
+        logger.info(
+            "agent.shutting_down",
+            extra={"policy": self.config.on_shutdown, "kernels": len(live)},
+        )
+        tasks = [self._tasks[kid] for kid in live if kid in self._tasks]
+        if self.config.on_shutdown == "leave":
+            for worker in live.values():
+                worker.detach()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            return
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(w.shutdown(AGENT_SHUTDOWN_CAUSE) for w in live.values()))
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _backoff(self) -> Backoff:
+        return Backoff(self.config.backoff_initial_s, self.config.backoff_max_s, self._rng)
+
+    async def _sleep_or_stop(self, delay_s: float) -> None:
+        sleeping = asyncio.ensure_future(self._sleep(delay_s))
+        stopping = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait({sleeping, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        sleeping.cancel()
+        stopping.cancel()
+
+    def _token_path(self) -> Path:
+        return self.config.data_dir / TOKEN_FILE
+
+    def _saved_token(self) -> str | None:
+        try:
+            data = json.loads(self._token_path().read_text())
+        except (OSError, ValueError):
+            return None
+        if data.get("agent_id") != self.config.agent_id:
+            return None
+        token = data.get("token")
+        return token if isinstance(token, str) else None
+
+    def _save_token(self, token: str) -> None:
+        path = self._token_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump({"agent_id": self.config.agent_id, "token": token}, handle)
+        tmp.replace(path)
+
+    def _log_startup(self) -> None:
+        notes = getattr(self.runtime, "notes", None)
+        lines = notes().lines if callable(notes) else ()
+        logger.info(
+            "agent.starting",
+            extra={
+                "agent_id": self.config.agent_id,
+                "runtime": self.runtime.name,
+                "slots": self.config.slots.format_human(),
+            },
+        )
+        for line in lines:
+            logger.info("agent.runtime_note", extra={"note": line})

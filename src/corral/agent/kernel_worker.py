@@ -1,0 +1,426 @@
+"""One kernel on an agent: driven through the progress machine, its runtime doing each stage.
+
+PREPARE: PRELOADING (the runtime resolves the image, makes the directories) → PRELOADING_COMPLETE.
+RUN: GENERATING (the runtime starts the kernel) until it exits or the manager asks it to stop.
+After an exit: post-processing (final logs, the output list), the safety check (output size
+limit), submitting (logs and outputs uploaded), then COMPLETE — or, for a non-zero exit or an
+out-of-memory kill, ABORTED → REPORTED_FAILED, so the kernel ends in ERROR with that cause.
+A stop request during any stage is honoured (USER_REQUESTED_ABORT → USER_ABORT_COMPLETE).
+
+A failed stage goes to ERROR and back to the same stage while the machine's per-state error
+limit allows, after a backoff; past the limit, or for a failure retrying cannot fix, the kernel
+is aborted and reported failed with the stage's cause. Every move is reported through the one
+table `progress.KERNEL_STATUS`, skipping statuses the kernel table does not allow from the last
+one reported (a kernel prepared again after an agent restart does not report PULLING twice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from corral.agent.client import ManagerRejectedError, ManagerUnavailableError
+from corral.agent.progress import KERNEL_STATUS, KernelProgress, Progress
+from corral.agent.protocol import (
+    AssignedKernelMessage,
+    KernelReportMessage,
+    LogChunkMessage,
+    OutputMessage,
+    encode_bytes,
+)
+from corral.agent.runtime import (
+    LOG_STREAMS,
+    KernelExit,
+    KernelLaunch,
+    RunningKernel,
+    Runtime,
+    StageFailure,
+)
+from corral.domain.session import KernelIntent
+from corral.domain.status import KERNEL_TRANSITIONS, KernelStatus
+from corral.domain.types import Clock, utcnow
+
+logger = logging.getLogger(__name__)
+
+P = Progress
+_T = TypeVar("_T")
+
+NONZERO_EXIT_CAUSE = "kernel_nonzero_exit"
+OUTPUT_TOO_LARGE_CAUSE = "output_too_large"
+MANAGER_UNREACHABLE_CAUSE = "manager_unreachable"
+MANAGER_REFUSED_CAUSE = "manager_refused"
+AGENT_IO_CAUSE = "agent_io_error"
+LOG_READ_BYTES = 256 * 1024
+
+# The post-run stages, in order, per mode (black box: the runtime collects outputs itself).
+_POST_RUN = (
+    P.GENERATION_COMPLETE,
+    P.PENDING_POST_PROCESSING,
+    P.POST_PROCESSING,
+    P.POST_PROCESSING_COMPLETE,
+    P.PENDING_SAFETY_CHECK,
+    P.SAFETY_CHECKING,
+    P.SAFETY_CHECK_COMPLETE,
+    P.PENDING_SUBMIT,
+    P.SUBMITTING,
+    P.SUBMIT_COMPLETE,
+)
+_POST_RUN_BLACK_BOX = (
+    P.PENDING_SAFETY_CHECK,
+    P.SAFETY_CHECKING,
+    P.PENDING_SUBMIT,
+    P.SUBMITTING,
+    P.SUBMIT_COMPLETE,
+)
+
+
+class Shipper(Protocol):
+    """What a worker needs from its agent to reach the manager."""
+
+    def report(self, report: KernelReportMessage) -> None:
+        """Queue a report; it is sent in order, in a batch, retried until it is delivered."""
+        ...
+
+    async def upload_logs(self, chunks: list[LogChunkMessage]) -> None:
+        """Upload now (raises ManagerUnavailableError when the manager cannot be reached)."""
+        ...
+
+    async def upload_outputs(self, outputs: list[OutputMessage]) -> None:
+        """Upload now (raises ManagerUnavailableError when the manager cannot be reached)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """How a worker paces itself."""
+
+    stop_grace_s: float = 10.0  # SIGTERM → SIGKILL
+    log_interval_s: float = 1.0  # how often a running kernel's new log bytes are shipped
+    retry_delay_s: float = 0.2  # first backoff after a failed stage; doubles, capped
+    retry_delay_cap_s: float = 5.0
+    max_output_bytes: int = 64 * 1024 * 1024
+    ship_logs: bool = True
+
+
+class _Ended(Exception):
+    """The kernel reached a terminal progress state; the worker is done."""
+
+
+class _StopRequested(Exception):
+    """The manager asked for the kernel to stop while a stage was in progress."""
+
+
+class KernelWorker:
+    """Drives one assigned kernel to a terminal state; `update` feeds it newer assignments."""
+
+    def __init__(
+        self,
+        kernel: AssignedKernelMessage,
+        launch: KernelLaunch,
+        runtime: Runtime,
+        shipper: Shipper,
+        *,
+        settings: WorkerSettings = WorkerSettings(),
+        clock: Clock = utcnow,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.kernel_id = kernel.id
+        self.launch = launch
+        self.progress = KernelProgress(black_box=runtime.black_box, clock=clock)
+        self._runtime = runtime
+        self._shipper = shipper
+        self._settings = settings
+        self._sleep = sleep
+        self._desired = kernel.desired_state
+        self._changed = asyncio.Event()
+        self._reported: KernelStatus = kernel.status
+        self._running: RunningKernel | None = None
+        self._log_offsets = dict.fromkeys(LOG_STREAMS, 0)
+        self._detached = False
+        self._exit_code: int | None = None  # once the kernel's process ended
+
+    @property
+    def done(self) -> bool:
+        """The kernel reached a terminal progress state."""
+        return self.progress.terminal
+
+    def detach(self) -> None:
+        """Leave the kernel running when the worker is cancelled (the agent's `leave` policy)."""
+        self._detached = True
+
+    def update(self, kernel: AssignedKernelMessage) -> None:
+        """A newer assignment of this kernel (its desired state may have changed)."""
+        if kernel.status is not self._reported and KERNEL_TRANSITIONS.allowed(
+            self._reported, kernel.status
+        ):
+            # The manager moved the kernel on (PREPARED → CREATING when it asked for RUN):
+            # the next report starts from there.
+            self._reported = kernel.status
+        if kernel.desired_state != self._desired:
+            self._desired = kernel.desired_state
+            self._changed.set()
+
+    async def run(self) -> None:
+        """Drive the kernel until it ends; cancelled: kill it without reporting (not ours now)."""
+        try:
+            await self._prepare()
+            await self._until_desired({KernelIntent.RUN})
+            running = await self._start()
+            await self._supervise(running)
+        except _StopRequested:
+            await self._stop_now()
+        except _Ended:
+            pass
+        except asyncio.CancelledError:
+            if not self._detached:
+                await asyncio.shield(self._kill_quietly())
+            raise
+
+    async def shutdown(self, cause: str) -> None:
+        """The agent is stopping: end the kernel now and report it failed with `cause`."""
+        if self.progress.terminal:
+            return
+        await self._kill_quietly()
+        if self.progress.state is P.USER_REQUESTED_ABORT:
+            # Asked to stop anyway: the shutdown completes that abort.
+            self._move(P.USER_ABORT_COMPLETE, message="stopped as the agent shut down")
+            return
+        with contextlib.suppress(_Ended):
+            self._fail(cause, "the agent shut down", exit_code=self._exit_code)
+
+    # -- stages ---------------------------------------------------------------------------
+
+    async def _prepare(self) -> None:
+        if self.progress.black_box:
+            await self._attempt(lambda: self._runtime.preload(self.launch))
+            self._emit(KernelStatus.PREPARED)
+            return
+        self._move(P.PRELOADING)
+        await self._attempt(lambda: self._runtime.preload(self.launch))
+        self._move(P.PRELOADING_COMPLETE)
+
+    async def _start(self) -> RunningKernel:
+        self._move(P.GENERATING, report=False)
+        running = await self._attempt(lambda: self._runtime.start(self.launch))
+        self._running = running
+        self._emit(KernelStatus.RUNNING, runtime_info=dict(running.info))
+        return running
+
+    async def _supervise(self, running: RunningKernel) -> None:
+        exited = asyncio.create_task(running.wait(), name=f"kernel-{self.kernel_id}-wait")
+        pump = asyncio.create_task(self._pump_logs(), name=f"kernel-{self.kernel_id}-logs")
+        try:
+            while not exited.done():
+                if self._desired is KernelIntent.STOP:
+                    raise _StopRequested
+                changed = asyncio.create_task(self._changed.wait())
+                await asyncio.wait({exited, changed}, return_when=asyncio.FIRST_COMPLETED)
+                changed.cancel()
+                self._changed.clear()
+        finally:
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+            if not exited.done():
+                exited.cancel()  # stopped or cancelled: terminate() reports how it ended
+        await self._after_exit(exited.result())
+
+    async def _after_exit(self, exit: KernelExit) -> None:
+        self._exit_code = exit.exit_code
+        collected: list[list[OutputMessage]] = [[]]  # the latest collection, for the stages
+
+        async def collect() -> None:
+            collected[0] = await self._collect_outputs()
+
+        steps = _POST_RUN_BLACK_BOX if self.progress.black_box else _POST_RUN
+        for state in steps:
+            self._move(state, exit_code=exit.exit_code)
+            if state is P.POST_PROCESSING:
+                await self._attempt(collect)
+            elif state is P.SAFETY_CHECKING:
+                if self.progress.black_box:
+                    await self._attempt(collect)
+                await self._attempt(lambda: self._check_outputs(collected[0]))
+            elif state is P.SUBMITTING:
+                await self._attempt(lambda: self._submit(collected[0]))
+        cause = exit.failure_cause or (NONZERO_EXIT_CAUSE if exit.exit_code != 0 else None)
+        if cause is None:
+            self._move(P.COMPLETE, exit_code=exit.exit_code)
+            return
+        message = exit.message or f"the kernel exited with code {exit.exit_code}"
+        self._fail(cause, message, exit_code=exit.exit_code)
+
+    async def _stop_now(self) -> None:
+        """Honour a stop request: end whatever runs, keep its logs, report how it ended."""
+        if self.progress.terminal:
+            return
+        if self.progress.state is P.ERROR:
+            # ERROR may only go back to its stage or to ABORTED: the abort the user asked
+            # for goes through ABORTED (spec document 3: ABORTED → USER_REQUESTED_ABORT).
+            self.progress.abort("user_requested_abort", "stopped while a stage was failing")
+        if self.progress.state is not P.USER_REQUESTED_ABORT:
+            self._move(P.USER_REQUESTED_ABORT)
+        exit_code = None
+        if self._running is not None:
+            ended = await self._running.terminate(self._settings.stop_grace_s)
+            exit_code = ended.exit_code
+            with contextlib.suppress(ManagerUnavailableError):
+                await self._ship_new_logs()
+        self._move(P.USER_ABORT_COMPLETE, exit_code=exit_code, message="stopped on request")
+
+    # -- work of the stages ---------------------------------------------------------------
+
+    async def _collect_outputs(self) -> list[OutputMessage]:
+        assert self._running is not None
+        files = await self._running.list_outputs()
+        return [
+            OutputMessage(
+                kernel_id=self.kernel_id,
+                name=f.name,
+                data=encode_bytes(await self._running.read_output(f.name)),
+            )
+            for f in files
+        ]
+
+    async def _check_outputs(self, outputs: list[OutputMessage]) -> None:
+        total = sum(len(o.raw()) for o in outputs)
+        if total > self._settings.max_output_bytes:
+            raise StageFailure(
+                OUTPUT_TOO_LARGE_CAUSE,
+                f"outputs hold {total} bytes, over the agent's limit of "
+                f"{self._settings.max_output_bytes}",
+                retryable=False,
+            )
+
+    async def _submit(self, outputs: list[OutputMessage]) -> None:
+        await self._ship_new_logs()
+        if outputs:
+            await self._shipper.upload_outputs(outputs)
+
+    async def _pump_logs(self) -> None:
+        """Ship a running kernel's new log bytes every log interval (best effort)."""
+        while True:
+            await self._sleep(self._settings.log_interval_s)
+            try:
+                await self._ship_new_logs()
+            except ManagerUnavailableError:
+                continue  # the final submit ships them; nothing is lost, offsets did not move
+
+    async def _ship_new_logs(self) -> None:
+        if self._running is None or not self._settings.ship_logs:
+            return
+        while True:
+            chunks = []
+            for stream in LOG_STREAMS:
+                offset = self._log_offsets[stream]
+                data = await self._running.read_log(stream, offset, LOG_READ_BYTES)
+                if data:
+                    chunks.append(
+                        LogChunkMessage(
+                            kernel_id=self.kernel_id,
+                            stream=stream,
+                            offset=offset,
+                            data=encode_bytes(data),
+                        )
+                    )
+            if not chunks:
+                return
+            await self._shipper.upload_logs(chunks)
+            for chunk in chunks:
+                self._log_offsets[chunk.stream] += len(chunk.raw())
+
+    # -- the machine ----------------------------------------------------------------------
+
+    async def _attempt(self, work: Callable[[], Awaitable[_T]]) -> _T:
+        """Do a stage's work; on failure retry within the state's error limit, else fail."""
+        while True:
+            try:
+                return await self._interruptible(work())
+            except StageFailure as failure:
+                cause, message, retryable = failure.cause, failure.message, failure.retryable
+            except ManagerUnavailableError as exc:
+                cause, message, retryable = MANAGER_UNREACHABLE_CAUSE, str(exc), True
+            except ManagerRejectedError as exc:
+                cause, message, retryable = MANAGER_REFUSED_CAUSE, str(exc), False
+            except OSError as exc:
+                cause, message, retryable = AGENT_IO_CAUSE, f"{type(exc).__name__}: {exc}", True
+            stage = self.progress.state
+            self.progress.fail(cause, message)
+            logger.warning(
+                "kernel.stage_failed",
+                extra={"kernel_id": str(self.kernel_id), "stage": stage.value, "cause": cause},
+            )
+            if not (retryable and self.progress.can_retry()):
+                await self._salvage_logs()
+                self._fail(cause, message, exit_code=self._exit_code)
+            failures = self.progress.errors.get(stage, 1)
+            delay = self._settings.retry_delay_s * 2 ** min(failures - 1, 16)
+            await self._interruptible(self._sleep(min(delay, self._settings.retry_delay_cap_s)))
+            self.progress.retry()
+
+    async def _salvage_logs(self) -> None:
+        """Before reporting a failure, ship what the kernel printed (best effort)."""
+        with contextlib.suppress(ManagerUnavailableError, ManagerRejectedError, OSError):
+            await self._ship_new_logs()
+
+    async def _interruptible(self, work: Awaitable[_T]) -> _T:
+        """Await `work`, unless the manager asks the kernel to stop first (it is cancelled)."""
+        task = asyncio.ensure_future(work)
+        try:
+            while not task.done():
+                if self._desired is KernelIntent.STOP:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+                    raise _StopRequested
+                changed = asyncio.create_task(self._changed.wait())
+                await asyncio.wait({task, changed}, return_when=asyncio.FIRST_COMPLETED)
+                changed.cancel()
+                self._changed.clear()
+        except BaseException:
+            task.cancel()
+            raise
+        return task.result()
+
+    async def _until_desired(self, wanted: Collection[KernelIntent]) -> None:
+        while self._desired not in wanted:
+            if self._desired is KernelIntent.STOP:
+                raise _StopRequested
+            await self._changed.wait()
+            self._changed.clear()
+
+    def _fail(self, cause: str, message: str, *, exit_code: int | None = None) -> None:
+        """Abort the kernel and report it failed with `cause`; always raises _Ended."""
+        if self.progress.state is not P.ABORTED:
+            self.progress.abort(cause, message)
+        self._move(P.REPORTED_FAILED, exit_code=exit_code, failure_cause=cause, message=message)
+        logger.info(
+            "kernel.failed",
+            extra={"kernel_id": str(self.kernel_id), "cause": cause, "exit_code": exit_code},
+        )
+        raise _Ended
+
+    def _move(self, to: Progress, *, report: bool = True, **fields: Any) -> None:
+        if to is P.USER_REQUESTED_ABORT:
+            self.progress.user_abort()
+        else:
+            self.progress.advance(to)
+        status = KERNEL_STATUS[to]
+        if report and status is not None:
+            self._emit(status, **fields)
+
+    def _emit(self, status: KernelStatus, **fields: Any) -> None:
+        """Report `status` unless already reported or not a move the kernel table allows."""
+        if status is self._reported or not KERNEL_TRANSITIONS.allowed(self._reported, status):
+            return
+        self._shipper.report(KernelReportMessage(kernel_id=self.kernel_id, status=status, **fields))
+        self._reported = status
+
+    async def _kill_quietly(self) -> None:
+        if self._running is not None:
+            with contextlib.suppress(Exception):
+                await self._running.terminate(self._settings.stop_grace_s)

@@ -1,0 +1,116 @@
+"""`corral agent`: run an agent daemon that takes kernels from a manager."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+
+from corral.agent.client import HttpManagerClient
+from corral.agent.daemon import AgentConfig, AgentDaemon
+from corral.agent.devices import DeviceAllocator, detect_gpus
+from corral.agent.kernel_worker import WorkerSettings
+from corral.agent.runtime import Runtime
+from corral.cli._common import fail, settings_from_flags
+from corral.cli._logging import configure_logging
+from corral.domain.slots import ResourceSlots, SlotError
+
+RuntimeName = Literal["process", "simulated"]
+
+
+def detect_slots() -> ResourceSlots:
+    """This host's cpus, memory and GPUs (`--slots auto`)."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    amounts: dict[str, int | str] = {"cpu": os.cpu_count() or 1, "mem": str(memory)}
+    gpus = detect_gpus()
+    if gpus:
+        amounts["cuda.device"] = gpus
+    return ResourceSlots(amounts)
+
+
+def agent_command(
+    manager: Annotated[str, typer.Option(help="The manager's URL, e.g. http://10.0.0.1:8470")],
+    token: Annotated[
+        str,
+        typer.Option(envvar="CORRAL_AGENT_TOKEN", help="The join token (or the agent's own)."),
+    ],
+    slots: Annotated[
+        str, typer.Option(help="`auto`, or e.g. cpu=8,mem=32g,cuda.device=2")
+    ] = "auto",
+    resource_group: Annotated[str, typer.Option(help="The agent's resource group.")] = "default",
+    runtime: Annotated[
+        str, typer.Option(help="`process` (real processes) or `simulated`.")
+    ] = "process",
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Kernels' work dirs and the agent's token file.")
+    ] = None,
+    agent_id: Annotated[str | None, typer.Option("--id", help="Default: the host name.")] = None,
+    address: Annotated[
+        str | None, typer.Option(help="How peers reach this node (default: the host name).")
+    ] = None,
+    image: Annotated[
+        list[str] | None,
+        typer.Option(help="NAME=PATH: an extra image (an interpreter or a venv). Repeatable."),
+    ] = None,
+    on_shutdown: Annotated[
+        str, typer.Option(help="`stop` kernels on SIGTERM, or `leave` them running.")
+    ] = "stop",
+    stop_grace: Annotated[float, typer.Option(min=0, help="SIGTERM → SIGKILL, seconds.")] = 10.0,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR.")] = "INFO",
+) -> None:
+    """Run an agent until Ctrl-C / SIGTERM."""
+    if runtime not in ("process", "simulated"):
+        fail(f"--runtime must be `process` or `simulated`, not {runtime!r}")
+    if on_shutdown not in ("stop", "leave"):
+        fail(f"--on-shutdown must be `stop` or `leave`, not {on_shutdown!r}")
+    try:
+        capacity = detect_slots() if slots == "auto" else ResourceSlots.parse(slots)
+    except (SlotError, ValueError) as exc:
+        fail(f"--slots: {exc}")
+    images: dict[str, str] = {}
+    for item in image or []:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            fail(f"--image {item!r}: expected NAME=PATH")
+        images[name] = path
+    settings = settings_from_flags()
+    host = socket.gethostname()
+    config = AgentConfig(
+        agent_id=agent_id or host,
+        token=token,
+        address=address or host,
+        slots=capacity,
+        data_dir=(data_dir or settings.data_dir / "agent").expanduser(),
+        resource_group=resource_group,
+        on_shutdown="leave" if on_shutdown == "leave" else "stop",
+        worker=WorkerSettings(stop_grace_s=stop_grace),
+    )
+    configure_logging(log_level)
+    chosen = _runtime(runtime, images)
+    devices = DeviceAllocator(int(capacity.get("cuda.device", 0)))
+    asyncio.run(_run(config, manager, chosen, devices))
+
+
+def _runtime(name: str, images: dict[str, str]) -> Runtime:
+    if name == "simulated":
+        from corral.agent.runtime.simulated import SimulatedRuntime
+
+        return SimulatedRuntime()
+    from corral.agent.runtime.process import ProcessRuntime
+
+    return ProcessRuntime(images)
+
+
+async def _run(
+    config: AgentConfig, manager: str, runtime: Runtime, devices: DeviceAllocator
+) -> None:
+    daemon = AgentDaemon(config, HttpManagerClient(manager), runtime, devices=devices)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(daemon.stop()))
+    await daemon.run()

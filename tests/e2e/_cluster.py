@@ -1,0 +1,195 @@
+"""A live cluster for end-to-end tests: a manager in this process, agents as real processes.
+
+The manager is the real daemon (API over real HTTP on a free port, coordinator loops, lost
+sweep); each agent is `python -m corral agent ...`, a separate process with the process
+runtime, talking to the manager over HTTP. Sessions are submitted through the manager's
+session controller (the user API arrives with issue 6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Collection
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from corral.controller.agents import AgentTimings
+from corral.domain.spec import SessionSpec
+from corral.domain.status import SessionStatus
+from corral.domain.types import SessionId, UserId
+from corral.manager.daemon import ManagerConfig, ManagerDaemon
+from corral.store.database import Database
+from corral.store.tables import agents, kernels, sessions, users
+
+JOIN_TOKEN = "e2e-join-token"
+HEARTBEAT_TIMEOUT_S = 2.0
+DEADLINE_S = 60.0
+_ENDED = frozenset({SessionStatus.TERMINATED, SessionStatus.ERROR, SessionStatus.CANCELLED})
+
+
+@dataclass
+class LiveCluster:
+    """The manager, its database, a user, and the agent processes started so far."""
+
+    manager: ManagerDaemon
+    db: Database
+    owner: UserId
+    tmp_path: Path
+    agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def start_agent(
+        self, agent_id: str, slots: str, *args: str, address: str = "127.0.0.1"
+    ) -> None:
+        """Start `corral agent` as a process; its log goes to <tmp>/<agent_id>.log."""
+        log = (self.tmp_path / f"{agent_id}.log").open("wb")
+        self.agents[agent_id] = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "corral",
+                "agent",
+                "--manager",
+                self.manager.url,
+                "--token",
+                JOIN_TOKEN,
+                "--id",
+                agent_id,
+                "--address",
+                address,
+                "--slots",
+                slots,
+                "--data-dir",
+                str(self.agent_dir(agent_id)),
+                "--stop-grace",
+                "2",
+                *args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "CORRAL_DATA_DIR": str(self.tmp_path / "data")},
+        )
+        log.close()
+
+    def agent_dir(self, agent_id: str) -> Path:
+        """The agent's data directory (kernels' work dirs are under kernels/<id>)."""
+        return self.tmp_path / "agents" / agent_id
+
+    def agent_log(self, agent_id: str) -> str:
+        """What the agent process wrote so far."""
+        return (self.tmp_path / f"{agent_id}.log").read_text(errors="replace")
+
+    async def wait_agents_alive(self, agent_ids: Collection[str]) -> None:
+        """Until every agent registered and is ALIVE."""
+
+        async def alive() -> bool:
+            async with self.db.read() as conn:
+                rows = await conn.execute(sa.select(agents.c.id, agents.c.status))
+                return {a for a, s in rows if s == "ALIVE"} >= set(agent_ids)
+
+        await poll(alive, what=f"agents {sorted(agent_ids)} to register")
+
+    async def submit(self, **spec: Any) -> SessionId:
+        """Submit a session as the test user."""
+        assert self.manager.parts is not None
+        submitted = await self.manager.parts.sessions.enqueue(
+            SessionSpec.model_validate(spec), self.owner
+        )
+        return submitted.session_id
+
+    async def session(self, session_id: SessionId) -> dict[str, Any]:
+        """The session's row."""
+        async with self.db.read() as conn:
+            row = (await conn.execute(sa.select(sessions).where(sessions.c.id == session_id))).one()
+        return dict(row._mapping)
+
+    async def kernels(self, session_id: SessionId) -> list[dict[str, Any]]:
+        """The session's kernel rows, by cluster index."""
+        async with self.db.read() as conn:
+            rows = await conn.execute(
+                sa.select(kernels)
+                .where(kernels.c.session_id == session_id)
+                .order_by(kernels.c.cluster_index)
+            )
+        return [dict(r._mapping) for r in rows]
+
+    async def wait_status(
+        self, session_id: SessionId, statuses: Collection[SessionStatus] = _ENDED
+    ) -> dict[str, Any]:
+        """Until the session is in one of `statuses`; its row."""
+        wanted = {s.value for s in statuses}
+        row: dict[str, Any] = {}
+
+        async def reached() -> bool:
+            nonlocal row
+            row = await self.session(session_id)
+            return row["status"] in wanted
+
+        await poll(reached, what=f"session {session_id} to reach {sorted(wanted)}", log=self)
+        return row
+
+
+async def poll(
+    condition: Any, *, what: str, deadline_s: float = DEADLINE_S, log: LiveCluster | None = None
+) -> None:
+    """Await `condition()` until it is true; fail naming `what` after the deadline."""
+    end = time.monotonic() + deadline_s
+    while not await condition():
+        if time.monotonic() > end:
+            logs = ""
+            if log is not None:
+                logs = "\n".join(f"--- {a}:\n{log.agent_log(a)[-3000:]}" for a in log.agents)
+            raise AssertionError(f"timed out waiting for {what}\n{logs}")
+        await asyncio.sleep(0.05)
+
+
+@asynccontextmanager
+async def live_cluster(database_url: str, tmp_path: Path) -> AsyncIterator[LiveCluster]:
+    """A running manager on `database_url`; agents are started by the test and killed after."""
+    daemon = ManagerDaemon(
+        ManagerConfig(
+            database_url=database_url,
+            port=0,
+            join_token=JOIN_TOKEN,
+            prefix=f"e2e{uuid.uuid4().hex[:8]}",
+            timings=AgentTimings(heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, assignment_wait_s=10),
+            grace_period_s=2,
+        )
+    )
+    runner = asyncio.create_task(daemon.run())
+    ready = asyncio.create_task(daemon.ready.wait())
+    await asyncio.wait({runner, ready}, return_when=asyncio.FIRST_COMPLETED)
+    if runner.done():
+        runner.result()  # re-raises why the manager could not start
+    assert daemon.parts is not None
+    owner = UserId(uuid.uuid4())
+    async with daemon.parts.db.transaction() as conn:
+        await conn.execute(
+            users.insert(),
+            [{"id": owner, "name": "e2e", "role": "user", "created_at": datetime.now(UTC)}],
+        )
+    cluster = LiveCluster(daemon, daemon.parts.db, owner, tmp_path)
+    try:
+        yield cluster
+    finally:
+        for process in cluster.agents.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in cluster.agents.values():
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        await daemon.stop()
+        await runner

@@ -1,0 +1,173 @@
+"""End to end: a real manager and `corral agent` processes running real kernels over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from corral.domain.status import SessionStatus
+from corral.domain.types import KernelId
+from corral.store.kernel_logs import read_log
+from tests.e2e._cluster import live_cluster, poll
+
+S = SessionStatus
+
+# Prints what a rank sees of its cluster as one JSON line.
+_WHO_AM_I = (
+    "import json, os; print(json.dumps({k: os.environ[k] for k in ("
+    "'CORRAL_CLUSTER_RANK', 'CORRAL_CLUSTER_SIZE', 'CORRAL_CLUSTER_HOSTS', "
+    "'MASTER_ADDR', 'MASTER_PORT', 'WORLD_SIZE', 'RANK')}))"
+)
+
+
+async def test_multi_node_ranks_see_one_consistent_cluster(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Two kernels on two agents see the same size, hosts and master, and their own ranks."""
+    async with live_cluster(database_url, tmp_path) as cluster:
+        cluster.start_agent("node-a", "cpu=1,mem=1g", address="127.0.0.1")
+        cluster.start_agent("node-b", "cpu=1,mem=1g", address="127.0.0.2")
+        await cluster.wait_agents_alive({"node-a", "node-b"})
+        sid = await cluster.submit(
+            image="python",
+            command=["python", "-c", _WHO_AM_I],
+            resources={"cpu": 1, "mem": "512m"},
+            cluster_mode="multi-node",
+            cluster_size=2,
+        )
+        row = await cluster.wait_status(sid)
+        assert row["status"] == S.TERMINATED, row
+        assert row["result"] == "success"
+        kernels = await cluster.kernels(sid)
+        assert {k["agent_id"] for k in kernels} == {"node-a", "node-b"}
+        seen = [
+            json.loads(await read_log(cluster.db, KernelId(k["id"]), "stdout")) for k in kernels
+        ]
+        hosts_by_rank = {"127.0.0.1" if k["agent_id"] == "node-a" else "127.0.0.2" for k in kernels}
+        assert [s["CORRAL_CLUSTER_RANK"] for s in seen] == ["0", "1"]
+        assert [s["RANK"] for s in seen] == ["0", "1"]
+        assert {s["CORRAL_CLUSTER_SIZE"] for s in seen} == {"2"}
+        assert {s["WORLD_SIZE"] for s in seen} == {"2"}
+        assert len({s["CORRAL_CLUSTER_HOSTS"] for s in seen}) == 1
+        hosts = seen[0]["CORRAL_CLUSTER_HOSTS"].split(",")
+        assert set(hosts) == hosts_by_rank
+        assert {s["MASTER_ADDR"] for s in seen} == {hosts[0]}
+        assert len({s["MASTER_PORT"] for s in seen}) == 1
+
+
+async def test_nonzero_exit_ends_in_error_with_its_code_and_logs(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A batch command exiting 3: ERROR, cause kernel_nonzero_exit, exit code 3, logs kept."""
+    async with live_cluster(database_url, tmp_path) as cluster:
+        cluster.start_agent("node-a", "cpu=2,mem=2g")
+        await cluster.wait_agents_alive({"node-a"})
+        sid = await cluster.submit(
+            image="shell",
+            command=["echo to-stdout; echo to-stderr >&2; exit 3"],
+            resources={"cpu": 1, "mem": "256m"},
+        )
+        row = await cluster.wait_status(sid)
+        assert (row["status"], row["failure_cause"], row["exit_code"]) == (
+            S.ERROR,
+            "kernel_nonzero_exit",
+            3,
+        )
+        (kernel,) = await cluster.kernels(sid)
+        assert await read_log(cluster.db, KernelId(kernel["id"]), "stdout") == b"to-stdout\n"
+        assert await read_log(cluster.db, KernelId(kernel["id"]), "stderr") == b"to-stderr\n"
+
+
+async def test_unknown_image_fails_after_bounded_preload_retries(
+    database_url: str, tmp_path: Path
+) -> None:
+    """An unknown image is retried three times on the agent, then the session ends in ERROR."""
+    async with live_cluster(database_url, tmp_path) as cluster:
+        cluster.start_agent("node-a", "cpu=2,mem=2g")
+        await cluster.wait_agents_alive({"node-a"})
+        sid = await cluster.submit(
+            image="no-such-image", command=["true"], resources={"cpu": 1, "mem": "256m"}
+        )
+        row = await cluster.wait_status(sid)
+        assert (row["status"], row["failure_cause"]) == (S.ERROR, "image_pull_failure")
+        log = cluster.agent_log("node-a")
+        assert log.count("kernel.stage_failed") == 3, log
+        assert log.count("stage=PRELOADING cause=image_pull_failure") == 3
+
+
+async def test_killed_agent_fails_its_sessions_and_spares_the_others(
+    database_url: str, tmp_path: Path
+) -> None:
+    """SIGKILL an agent mid-run: its session ends in ERROR (agent_lost); the other runs on."""
+    async with live_cluster(database_url, tmp_path) as cluster:
+        cluster.start_agent("node-a", "cpu=1,mem=1g")
+        cluster.start_agent("node-b", "cpu=1,mem=1g")
+        await cluster.wait_agents_alive({"node-a", "node-b"})
+        spec = {"image": "shell", "command": ["sleep 600"], "resources": {"cpu": 1, "mem": "256m"}}
+        first, second = await cluster.submit(**spec), await cluster.submit(**spec)
+        for sid in (first, second):
+            await cluster.wait_status(sid, {S.RUNNING})
+        holder = {sid: (await cluster.kernels(sid))[0]["agent_id"] for sid in (first, second)}
+        assert set(holder.values()) == {"node-a", "node-b"}
+        victim = cluster.agents["node-a"]
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        lost = first if holder[first] == "node-a" else second
+        spared = second if lost == first else first
+        row = await cluster.wait_status(lost)
+        assert (row["status"], row["failure_cause"]) == (S.ERROR, "agent_lost")
+        assert (await cluster.session(spared))["status"] == S.RUNNING
+
+
+async def test_terminating_a_running_session_kills_its_process_tree(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Terminate: the kernel and every process it started are gone; the session TERMINATED."""
+    async with live_cluster(database_url, tmp_path) as cluster:
+        cluster.start_agent("node-a", "cpu=2,mem=2g")
+        await cluster.wait_agents_alive({"node-a"})
+        sid = await cluster.submit(
+            image="shell",
+            command=[
+                "sleep 600 & echo $! > pids; sleep 600 & echo $! >> pids; echo $$ >> pids; wait"
+            ],
+            resources={"cpu": 1, "mem": "256m"},
+        )
+        await cluster.wait_status(sid, {S.RUNNING})
+        (kernel,) = await cluster.kernels(sid)
+        pid_file = cluster.agent_dir("node-a") / "kernels" / str(kernel["id"]) / "pids"
+
+        async def pids_written() -> bool:
+            return pid_file.exists() and len(pid_file.read_text().split()) == 3
+
+        await poll(pids_written, what="the kernel to write its pids")
+        pids = [int(p) for p in pid_file.read_text().split()]
+        assert cluster.manager.parts is not None
+        await cluster.manager.parts.sessions.mark_terminate([sid], "test: terminate")
+        row = await cluster.wait_status(sid)
+        assert row["status"] == S.TERMINATED
+
+        async def all_gone() -> bool:
+            return not any(_alive(pid) for pid in pids)
+
+        await poll(all_gone, what=f"processes {pids} to end")
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+pytestmark = pytest.mark.timeout(120)

@@ -1,0 +1,99 @@
+"""`corral manager` and `corral agent` as processes: start, serve, stop on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+_ENV = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+
+
+def _start_manager(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
+    """A manager on a fresh SQLite file and a free port; its URL from its first line."""
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "corral", "manager",
+            "--database", f"sqlite:///{tmp_path / 'corral.db'}",
+            "--port", "0",
+            "--heartbeat-timeout", "5",
+            "--log-level", "WARNING",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**_ENV, "CORRAL_CONFIG": str(tmp_path / "none.toml")},
+    )  # fmt: skip
+    assert process.stderr is not None
+    for line in process.stderr:
+        if "listening on" in line:
+            return process, line.rsplit(" ", 1)[-1].strip()
+    raise AssertionError(f"the manager exited with {process.wait()} before listening")
+
+
+def test_manager_prints_a_join_token_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """No join token configured: one is printed; /healthz answers; SIGTERM ends it with 0."""
+    manager, url = _start_manager(tmp_path)
+    try:
+        assert manager.stderr is not None
+        token_line = manager.stderr.readline()
+        assert token_line.startswith("agent join token: ")
+        token = token_line.split(": ", 1)[1].strip()
+        assert httpx.get(f"{url}/healthz", timeout=10).json() == {"status": "ok"}
+        refused = httpx.post(
+            f"{url}/v1/agents/register",
+            json={"agent_id": "a", "address": "h", "slots": {"cpu": 1}},
+            headers={"Authorization": "Bearer wrong"},
+            timeout=10,
+        )
+        assert refused.status_code == 401
+        agent = subprocess.run(
+            [
+                sys.executable, "-m", "corral", "agent", "--manager", url, "--token", token,
+                "--slots", "cpu=1,mem=1g", "--id", "cli-agent", "--data-dir", str(tmp_path / "a"),
+                "--runtime", "nonsense",
+            ],
+            capture_output=True, text=True, env=_ENV, timeout=60, check=False,
+        )  # fmt: skip
+        assert agent.returncode == 2
+        assert "--runtime must be `process` or `simulated`" in agent.stderr
+    finally:
+        _stop(manager)
+
+
+def test_agent_joins_and_leaves_cleanly_on_sigterm(tmp_path: Path) -> None:
+    """An agent registers (its token saved 0600), and SIGTERM stops it with exit code 0."""
+    manager, url = _start_manager(tmp_path)
+    try:
+        assert manager.stderr is not None
+        token = manager.stderr.readline().split(": ", 1)[1].strip()
+        agent = subprocess.Popen(
+            [
+                sys.executable, "-m", "corral", "agent", "--manager", url, "--token", token,
+                "--slots", "cpu=1,mem=1g", "--id", "cli-agent", "--data-dir", str(tmp_path / "a"),
+            ],
+            stderr=subprocess.PIPE, text=True, env=_ENV,
+        )  # fmt: skip
+        assert agent.stderr is not None
+        for line in agent.stderr:
+            if "agent.registered" in line and "new_token=True" in line:
+                break
+        token_file = tmp_path / "a" / "agent-token"
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        assert token not in token_file.read_text()  # its own token, not the join token
+        _stop(agent)
+    finally:
+        _stop(manager)
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    """SIGTERM, and the process ends by itself with exit code 0."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.stderr is not None:
+            process.stderr.close()
