@@ -9,7 +9,7 @@ the rows anyway.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -93,29 +93,48 @@ class SessionController:
 
         The same `creation_id` from the same owner returns the session it first created.
         """
-        if spec.creation_id is not None:
-            existing = await self._by_creation_id(owner, spec.creation_id)
-            if existing is not None:
-                return Submitted(existing, created=False)
-        now = self.clock()
-        new = _new_session(spec, owner)
-        try:
-            async with self.db.transaction() as conn:
-                await self._check_references(conn, spec, owner)
-                await insert_sessions(conn, [new], now)
-                created = await append_events(conn, [_created_event(new, spec, now)], now)
-        except sa.exc.IntegrityError:
-            # A concurrent submission with the same creation_id won the unique index.
-            if spec.creation_id is None:
-                raise
-            existing = await self._by_creation_id(owner, spec.creation_id)
-            if existing is None:
-                raise
-            return Submitted(existing, created=False)
-        await self.hints.set(Hint.SCHEDULE)
-        if self.events is not None:
-            await self.events.publish(created)
-        return Submitted(new.id, created=True)
+        (submitted,) = await self.enqueue_many([spec], owner)
+        return submitted
+
+    async def enqueue_many(self, specs: Sequence[SessionSpec], owner: UserId) -> list[Submitted]:
+        """Submit several sessions in one transaction (all or none); one result per spec.
+
+        A `creation_id` the owner used before (or earlier in the same batch) returns that
+        session instead of creating one.
+        """
+        for _ in range(2):  # a second pass only after losing a creation_id race
+            created = await self._by_creation_ids(
+                owner, {s.creation_id for s in specs if s.creation_id is not None}
+            )
+            results: list[Submitted] = []
+            new: list[NewSession] = []
+            for spec in specs:
+                if spec.creation_id is not None and spec.creation_id in created:
+                    results.append(Submitted(created[spec.creation_id], created=False))
+                    continue
+                session = _new_session(spec, owner)
+                if spec.creation_id is not None:
+                    created[spec.creation_id] = session.id
+                new.append(session)
+                results.append(Submitted(session.id, created=True))
+            if not new:
+                return results
+            now = self.clock()
+            try:
+                async with self.db.transaction() as conn:
+                    await self._check_references(conn, specs, owner)
+                    await insert_sessions(conn, new, now)
+                    events = await append_events(conn, [_created_event(n, now) for n in new], now)
+            except sa.exc.IntegrityError:
+                # A concurrent submission with the same creation_id won the unique index.
+                if all(spec.creation_id is None for spec in specs):
+                    raise
+                continue
+            await self.hints.set(Hint.SCHEDULE)
+            if self.events is not None:
+                await self.events.publish(events)
+            return results
+        raise RuntimeError("creation_id race could not be resolved; submit again")
 
     async def mark_terminate(
         self, session_ids: Collection[SessionId], reason: str
@@ -165,38 +184,47 @@ class SessionController:
             await self.events.publish(appended)
         return outcome
 
-    async def _by_creation_id(self, owner: UserId, creation_id: str) -> SessionId | None:
+    async def _by_creation_ids(
+        self, owner: UserId, creation_ids: Collection[str]
+    ) -> dict[str, SessionId]:
+        if not creation_ids:
+            return {}
         async with self.db.read() as conn:
-            found = await conn.scalar(
-                sa.select(sessions.c.id).where(
-                    sessions.c.owner_id == owner, sessions.c.creation_id == creation_id
+            rows = await conn.execute(
+                sa.select(sessions.c.creation_id, sessions.c.id).where(
+                    sessions.c.owner_id == owner,
+                    in_values(self.db.dialect, sessions.c.creation_id, list(creation_ids)),
                 )
             )
-        return SessionId(found) if found is not None else None
+            return {creation_id: SessionId(sid) for creation_id, sid in rows}
 
     async def _check_references(
-        self, conn: AsyncConnection, spec: SessionSpec, owner: UserId
+        self, conn: AsyncConnection, specs: Sequence[SessionSpec], owner: UserId
     ) -> None:
-        group = await conn.scalar(
-            sa.select(resource_groups.c.name).where(resource_groups.c.name == spec.resource_group)
+        groups = {spec.resource_group for spec in specs}
+        known = set(
+            (
+                await conn.execute(
+                    sa.select(resource_groups.c.name).where(resource_groups.c.name.in_(groups))
+                )
+            ).scalars()
         )
-        if group is None:
-            raise SubmissionError(
-                "resource_group", f"resource group {spec.resource_group!r} does not exist"
-            )
-        if not spec.dependencies:
+        for group in sorted(groups - known):
+            raise SubmissionError("resource_group", f"resource group {group!r} does not exist")
+        wanted = {dep for spec in specs for dep in spec.dependencies}
+        if not wanted:
             return
         found = set(
             (
                 await conn.execute(
                     sa.select(sessions.c.id).where(
-                        in_values(self.db.dialect, sessions.c.id, spec.dependencies),
+                        in_values(self.db.dialect, sessions.c.id, wanted),
                         sessions.c.owner_id == owner,
                     )
                 )
             ).scalars()
         )
-        missing = [str(dep) for dep in spec.dependencies if dep not in found]
+        missing = sorted(str(dep) for dep in wanted - found)
         if missing:
             raise SubmissionError(
                 "dependencies", f"no session of yours has the id {', '.join(missing)}"
@@ -221,7 +249,7 @@ def _new_session(spec: SessionSpec, owner: UserId) -> NewSession:
     )
 
 
-def _created_event(new: NewSession, spec: SessionSpec, now: datetime) -> Event:
+def _created_event(new: NewSession, now: datetime) -> Event:
     return Event(
         id=None,
         kind="session.created",
@@ -230,9 +258,9 @@ def _created_event(new: NewSession, spec: SessionSpec, now: datetime) -> Event:
         owner_id=new.owner_id,
         payload={
             "status": SessionStatus.PENDING.value,
-            "name": spec.name,
-            "resource_group": spec.resource_group,
-            "cluster_size": spec.cluster_size,
+            "name": new.name,
+            "resource_group": new.resource_group,
+            "cluster_size": new.cluster_size,
         },
         created_at=now,
     )

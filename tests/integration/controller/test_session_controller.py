@@ -175,3 +175,23 @@ async def test_terminate_cancels_pending_marks_started_and_ignores_ended(
     again = await controller.mark_terminate([pending, started], "twice")
     assert again.unchanged == [pending, started]
     assert not await hints.consume(Hint.TERMINATE)
+
+
+async def test_a_batch_is_written_in_one_go_and_refused_whole(
+    db: Database, controller: SessionController
+) -> None:
+    """enqueue_many: one session per spec, creation_id repeats resolved; a bad spec writes none."""
+    owner = await add_user(db)
+    first, again, other = await controller.enqueue_many(
+        [spec(creation_id="a"), spec(creation_id="a"), spec()], owner
+    )
+    assert first.created and not again.created and other.created
+    assert again.session_id == first.session_id
+    (later,) = await controller.enqueue_many([spec(creation_id="a")], owner)
+    assert later == type(later)(first.session_id, created=False)
+    pending = SessionRepository(db).load([SessionStatus.PENDING])
+    before = len(await pending)
+    with pytest.raises(SubmissionError) as refused:
+        await controller.enqueue_many([spec(), spec(resource_group="nowhere")], owner)
+    assert refused.value.field == "resource_group"
+    assert len(await SessionRepository(db).load([SessionStatus.PENDING])) == before == 2

@@ -1,0 +1,62 @@
+"""`corral simulate`: a manager and simulated agents running sessions end to end (JSON)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from corral.bench.simulate import SimulationConfig, SimulationError, run_simulation
+from corral.cli._common import fail
+
+_err = Console(stderr=True)
+
+
+def simulate_command(
+    agents: Annotated[
+        int, typer.Option(min=1, help="Simulated agents (8 cpu, 32 GiB each).")
+    ] = 100,
+    sessions: Annotated[int, typer.Option(min=1, help="Batch sessions to run.")] = 1_000,
+    cluster_size: Annotated[
+        int, typer.Option(min=1, max=64, help="Kernels per session (multi-node when > 1).")
+    ] = 1,
+    fail_rate: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Chance that a kernel fails somewhere.")
+    ] = 0.0,
+    database: Annotated[
+        str,
+        typer.Option(help="`sqlite` (a temporary file) or a postgresql:// URL (scratch db)."),
+    ] = "sqlite",
+    redis: Annotated[
+        str | None, typer.Option(help="redis:// URL for hints, locks, events.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seeds the simulated faults.")] = 0,
+    timeout: Annotated[float, typer.Option(min=1, help="Give up after this many seconds.")] = 600,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
+) -> None:
+    """Run M sessions through N simulated agents; check invariants; print the figures."""
+    config = SimulationConfig(
+        database=database,
+        redis_url=redis,
+        agents=agents,
+        sessions=sessions,
+        cluster_size=cluster_size,
+        fail_rate=fail_rate,
+        seed=seed,
+        timeout_s=timeout,
+    )
+    progress = None if as_json else (lambda message: _err.print(f"[dim]simulate: {message}[/]"))
+    try:
+        result = asyncio.run(run_simulation(config, progress))
+    except SimulationError as exc:
+        fail(str(exc), code=1)
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        for key, value in result.items():
+            typer.echo(f"{key:>28}: {value}")
+    if result["invariant_violations"]:
+        raise typer.Exit(1)

@@ -1,0 +1,95 @@
+"""The agent protocol without HTTP: agents in the manager's process call its controller.
+
+`corral simulate` runs thousands of agents this way; they go through the same controller, and
+so the same store operations, validation and hints, as agents calling the HTTP routes.
+"""
+
+from __future__ import annotations
+
+from corral.agent.client import ManagerRejectedError
+from corral.agent.protocol import (
+    AssignmentMessage,
+    HeartbeatResponse,
+    KernelReportMessage,
+    LogChunkMessage,
+    OutputMessage,
+    RegisterRequest,
+    RegisterResponse,
+)
+from corral.controller.agents import AgentAuthError, AgentController, UnknownAgentError
+from corral.domain.types import AgentId
+from corral.manager.wire import assignment_message, kernel_reports, log_chunks, output_blobs
+from corral.store.kernel_logs import UploadRefusedError
+from corral.store.kernel_reports import KernelReportConflictError
+
+
+class InProcessManagerClient:
+    """A ManagerClient that calls an AgentController directly (one per agent)."""
+
+    def __init__(self, controller: AgentController) -> None:
+        self._controller = controller
+
+    async def register(self, request: RegisterRequest, token: str) -> RegisterResponse:
+        """Register through the controller (the same token rules as over HTTP)."""
+        try:
+            registration = await self._controller.register(
+                token,
+                AgentId(request.agent_id),
+                address=request.address,
+                slots=request.slots,
+                resource_group=request.resource_group,
+                labels=dict(request.labels),
+                runtime=request.runtime,
+            )
+        except AgentAuthError as exc:
+            raise ManagerRejectedError(401, {"detail": str(exc)}) from exc
+        timings = self._controller.timings
+        return RegisterResponse(
+            agent_id=registration.agent_id,
+            token=registration.token,
+            heartbeat_interval_s=timings.heartbeat_interval_s,
+            heartbeat_timeout_s=timings.heartbeat_timeout_s,
+            assignment_wait_s=timings.assignment_wait_s,
+        )
+
+    async def heartbeat(self, agent_id: str) -> HeartbeatResponse:
+        """Heartbeat through the controller."""
+        try:
+            return HeartbeatResponse(status=await self._controller.heartbeat(AgentId(agent_id)))
+        except UnknownAgentError as exc:
+            raise ManagerRejectedError(404, {"detail": str(exc)}) from exc
+
+    async def assignment(
+        self, agent_id: str, since: int | None, wait_s: float
+    ) -> AssignmentMessage:
+        """The assignment, long-polling like the HTTP route."""
+        try:
+            found = await self._controller.assignment(AgentId(agent_id), since, wait_s)
+        except UnknownAgentError as exc:
+            raise ManagerRejectedError(404, {"detail": str(exc)}) from exc
+        return assignment_message(found)
+
+    async def report(self, agent_id: str, reports: list[KernelReportMessage]) -> None:
+        """Apply reports; a refused batch raises as a 409 would."""
+        try:
+            await self._controller.report(AgentId(agent_id), kernel_reports(reports))
+        except KernelReportConflictError as exc:
+            conflicts = {str(k): why for k, why in exc.conflicts.items()}
+            raise ManagerRejectedError(409, {"detail": str(exc), "conflicts": conflicts}) from exc
+
+    async def upload_logs(self, agent_id: str, chunks: list[LogChunkMessage]) -> None:
+        """Store log chunks."""
+        try:
+            await self._controller.upload_logs(AgentId(agent_id), log_chunks(chunks))
+        except UploadRefusedError as exc:
+            raise ManagerRejectedError(409, {"detail": str(exc)}) from exc
+
+    async def upload_outputs(self, agent_id: str, outputs: list[OutputMessage]) -> None:
+        """Store output files."""
+        try:
+            await self._controller.upload_outputs(AgentId(agent_id), output_blobs(outputs))
+        except UploadRefusedError as exc:
+            raise ManagerRejectedError(409, {"detail": str(exc)}) from exc
+
+    async def close(self) -> None:
+        """Nothing to release."""

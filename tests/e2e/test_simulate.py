@@ -1,0 +1,59 @@
+"""`corral simulate` as a user runs it: simulated agents, sessions end to end, invariants."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.e2e._cli import corral
+
+
+def _simulate(tmp_path: Path, *args: str) -> dict[str, object]:
+    env = {**os.environ, "CORRAL_CONFIG": str(tmp_path / "none.toml")}
+    result = corral("simulate", *args, "--json", env=env, timeout_s=120)
+    assert result.returncode == 0, result.stderr
+    output = json.loads(result.stdout)
+    assert isinstance(output, dict)
+    return output
+
+
+def test_every_session_ends_and_no_invariant_breaks(tmp_path: Path) -> None:
+    """20 agents, 200 sessions: all terminal and successful, nothing over capacity or leaked."""
+    output = _simulate(tmp_path, "--agents", "20", "--sessions", "200")
+    assert output["terminal"] == output["sessions"] == 200
+    assert output["by_status"] == {"TERMINATED": 200}
+    assert output["invariant_violations"] == 0
+    assert output["reports"] == 200 * 5  # PULLING, PREPARED, RUNNING, TERMINATING, TERMINATED
+    assert isinstance(output["lifecycle_sessions_per_s"], float)
+    assert output["lifecycle_sessions_per_s"] > 0
+
+
+@pytest.mark.parametrize("cluster_size", [1, 3])
+def test_failures_end_in_error_with_their_causes(tmp_path: Path, cluster_size: int) -> None:
+    """With a 30 % fault rate some sessions end in ERROR, each with a cause; still no violation."""
+    output = _simulate(
+        tmp_path,
+        "--agents", "10",
+        "--sessions", "100",
+        "--cluster-size", str(cluster_size),
+        "--fail-rate", "0.3",
+        "--seed", "7",
+    )  # fmt: skip
+    assert output["terminal"] == 100
+    assert output["invariant_violations"] == 0, output["violation_examples"]
+    by_status = output["by_status"]
+    assert isinstance(by_status, dict)
+    assert by_status.get("ERROR", 0) > 0
+    assert by_status.get("ERROR", 0) + by_status.get("TERMINATED", 0) == 100
+    causes = output["failure_causes"]
+    assert isinstance(causes, dict)
+    assert sum(causes.values()) == by_status["ERROR"]
+    assert set(causes) <= {
+        "image_pull_failure",
+        "kernel_start_failure",
+        "kernel_nonzero_exit",
+        "oom_killed",
+    }
