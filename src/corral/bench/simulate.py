@@ -57,7 +57,7 @@ JOIN_TOKEN = "simulate"
 AGENT_SLOTS = ResourceSlots({"cpu": 8, "mem": "32g"})
 KERNEL_RESOURCES = {"cpu": "1", "mem": "1g"}
 SUBMIT_BATCH = 1_000
-SAMPLE_EVERY_S = 0.25
+SAMPLE_EVERY_S = 1.0
 MAX_REPORTED_VIOLATIONS = 20
 
 

@@ -29,6 +29,7 @@ class _Poll:
     since: int | None  # None: answer at once
     deadline: float  # loop time after which it is answered whatever the revision
     future: asyncio.Future[Assignment]
+    checked: bool = False  # its revision was compared once; later only a hint re-checks it
 
 
 class AssignmentPolls:
@@ -40,6 +41,7 @@ class AssignmentPolls:
         self._recheck_s = recheck_s
         self._parked: dict[AgentId, list[_Poll]] = {}
         self._wake = asyncio.Event()
+        self._recheck = True  # a hint (or the recheck interval) asks to compare every poll
 
     async def get(self, agent_id: AgentId, since: int | None, wait_s: float) -> Assignment:
         """The agent's assignment once its revision is not `since` or `wait_s` passed."""
@@ -61,6 +63,7 @@ class AssignmentPolls:
         for polls in self._parked.values():
             for poll in polls:
                 poll.deadline = 0.0
+        self._recheck = True
         self._wake.set()
 
     async def run(self) -> None:
@@ -78,17 +81,29 @@ class AssignmentPolls:
                 await listener
 
     async def serve(self) -> None:
-        """Answer every parked poll that is due, in one batch."""
+        """Answer every parked poll that is due, in one batch.
+
+        Revisions are read for every parked poll after a hint or the recheck interval, and
+        otherwise only for polls that arrived since the last batch: a revision that moved
+        since then has set the hint.
+        """
         if not self._parked:
             return
-        revisions = await read_revisions(self._db, list(self._parked))
+        recheck, self._recheck = self._recheck, False
         now = asyncio.get_running_loop().time()
+        looked_at = [
+            agent_id
+            for agent_id, polls in self._parked.items()
+            if recheck or any(not p.checked or p.deadline <= now for p in polls)
+        ]
+        revisions = await read_revisions(self._db, looked_at) if looked_at else {}
         due: dict[AgentId, list[_Poll]] = {}
-        for agent_id, polls in self._parked.items():
+        for agent_id in looked_at:
             revision = revisions.get(agent_id)
-            for poll in polls:
+            for poll in self._parked.get(agent_id, ()):
                 if poll.future.done():
                     continue
+                poll.checked = True
                 if revision is None or poll.since != revision or poll.deadline <= now:
                     due.setdefault(agent_id, []).append(poll)
         if not due:
@@ -111,6 +126,7 @@ class AssignmentPolls:
         while True:
             await self._hints.wait([Hint.ASSIGNMENTS.value], self._recheck_s)
             await self._hints.consume(Hint.ASSIGNMENTS.value)
+            self._recheck = True
             if self._parked:
                 self._wake.set()
 

@@ -170,6 +170,12 @@ class PostgresLockManager(LockManager):
             self._lose(conn, reason="timeout")
             conn.terminate()
             raise LockConnectionLostError("the PostgreSQL lock connection timed out") from exc
+        except asyncpg.exceptions.InternalClientError as exc:
+            # The server ended the session while a query was on the wire: asyncpg's protocol
+            # state is broken ("cannot switch to state ..."); the connection is unusable.
+            self._lose(conn, reason="broken")
+            conn.terminate()
+            raise LockConnectionLostError("the PostgreSQL lock connection broke") from exc
         except _CONNECTION_ERRORS as exc:
             if not conn.is_closed():
                 raise
