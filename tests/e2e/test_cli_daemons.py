@@ -25,7 +25,11 @@ def _start_manager(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
         ],
         stderr=subprocess.PIPE,
         text=True,
-        env={**_ENV, "CORRAL_CONFIG": str(tmp_path / "none.toml")},
+        env={
+            **_ENV,
+            "CORRAL_CONFIG": str(tmp_path / "none.toml"),
+            "CORRAL_DATA_DIR": str(tmp_path / "data"),
+        },
     )  # fmt: skip
     assert process.stderr is not None
     for line in process.stderr:
@@ -35,13 +39,10 @@ def _start_manager(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
 
 
 def test_manager_prints_a_join_token_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
-    """No join token configured: one is printed; /healthz answers; SIGTERM ends it with 0."""
+    """No join token configured: one is made, kept in a 0600 file; /healthz answers; SIGTERM."""
     manager, url = _start_manager(tmp_path)
     try:
-        assert manager.stderr is not None
-        token_line = manager.stderr.readline()
-        assert token_line.startswith("agent join token: ")
-        token = token_line.split(": ", 1)[1].strip()
+        token = _join_token(manager, tmp_path)
         assert httpx.get(f"{url}/healthz", timeout=10).json() == {"status": "ok"}
         refused = httpx.post(
             f"{url}/v1/agents/register",
@@ -68,8 +69,7 @@ def test_agent_joins_and_leaves_cleanly_on_sigterm(tmp_path: Path) -> None:
     """An agent registers (its token saved 0600), and SIGTERM stops it with exit code 0."""
     manager, url = _start_manager(tmp_path)
     try:
-        assert manager.stderr is not None
-        token = manager.stderr.readline().split(": ", 1)[1].strip()
+        token = _join_token(manager, tmp_path)
         agent = subprocess.Popen(
             [
                 sys.executable, "-m", "corral", "agent", "--manager", url, "--token", token,
@@ -87,6 +87,16 @@ def test_agent_joins_and_leaves_cleanly_on_sigterm(tmp_path: Path) -> None:
         _stop(agent)
     finally:
         _stop(manager)
+
+
+def _join_token(manager: subprocess.Popen[str], tmp_path: Path) -> str:
+    """The generated join token: its file is named on the console, the token itself is not."""
+    assert manager.stderr is not None
+    line = manager.stderr.readline()
+    path = tmp_path / "data" / "join-token"
+    assert line.strip() == f"agent join token written to {path}"
+    assert path.stat().st_mode & 0o777 == 0o600
+    return path.read_text().strip()
 
 
 def _stop(process: subprocess.Popen[str]) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import secrets
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -61,13 +63,25 @@ def manager_command(
         ),
     )
 
+    token_file = settings.data_dir.expanduser() / "join-token"
+    if generated:
+        # Kept out of the logs and the console: agents' operators read it from this file.
+        _write_secret(token_file, token)
+
     def on_ready(url: str) -> None:
         typer.echo(f"corral manager listening on {url}", err=True)
         if generated:
-            # Printed once to the console (not to the logs): agents need it to join.
-            typer.echo(f"agent join token: {token}", err=True)
+            typer.echo(f"agent join token written to {token_file}", err=True)
 
     try:
         run_manager(config, on_ready)
     except OSError as exc:
         fail(str(exc))
+
+
+def _write_secret(path: Path, secret: str) -> None:
+    """Write `secret` to `path`, readable by its owner only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secret + "\n")
