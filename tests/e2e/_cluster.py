@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -43,10 +43,20 @@ class LiveCluster:
     """The manager, its database, a user, and the agent processes started so far."""
 
     manager: ManagerDaemon
+    runner: asyncio.Task[None]
     db: Database
     owner: UserId
     tmp_path: Path
     agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    async def restart_manager(self) -> None:
+        """Stop the manager and start a new one on the same database and port."""
+        config = replace(self.manager.config, port=int(self.manager.url.rsplit(":", 1)[1]))
+        await self.manager.stop()
+        await self.runner
+        self.manager, self.runner = await _start(config)
+        assert self.manager.parts is not None
+        self.db = self.manager.parts.db
 
     def start_agent(
         self, agent_id: str, slots: str, *args: str, address: str = "127.0.0.1"
@@ -153,24 +163,32 @@ async def poll(
         await asyncio.sleep(0.05)
 
 
+async def _start(config: ManagerConfig) -> tuple[ManagerDaemon, asyncio.Task[None]]:
+    daemon = ManagerDaemon(config)
+    runner = asyncio.create_task(daemon.run())
+    ready = asyncio.create_task(daemon.ready.wait())
+    await asyncio.wait({runner, ready}, return_when=asyncio.FIRST_COMPLETED)
+    if runner.done():
+        ready.cancel()
+        runner.result()  # re-raises why the manager could not start
+    return daemon, runner
+
+
 @asynccontextmanager
-async def live_cluster(database_url: str, tmp_path: Path) -> AsyncIterator[LiveCluster]:
+async def live_cluster(
+    database_url: str, tmp_path: Path, *, heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S
+) -> AsyncIterator[LiveCluster]:
     """A running manager on `database_url`; agents are started by the test and killed after."""
-    daemon = ManagerDaemon(
+    daemon, runner = await _start(
         ManagerConfig(
             database_url=database_url,
             port=0,
             join_token=JOIN_TOKEN,
             prefix=f"e2e{uuid.uuid4().hex[:8]}",
-            timings=AgentTimings(heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, assignment_wait_s=10),
+            timings=AgentTimings(heartbeat_timeout_s=heartbeat_timeout_s, assignment_wait_s=10),
             grace_period_s=2,
         )
     )
-    runner = asyncio.create_task(daemon.run())
-    ready = asyncio.create_task(daemon.ready.wait())
-    await asyncio.wait({runner, ready}, return_when=asyncio.FIRST_COMPLETED)
-    if runner.done():
-        runner.result()  # re-raises why the manager could not start
     assert daemon.parts is not None
     owner = UserId(uuid.uuid4())
     async with daemon.parts.db.transaction() as conn:
@@ -178,7 +196,7 @@ async def live_cluster(database_url: str, tmp_path: Path) -> AsyncIterator[LiveC
             users.insert(),
             [{"id": owner, "name": "e2e", "role": "user", "created_at": datetime.now(UTC)}],
         )
-    cluster = LiveCluster(daemon, daemon.parts.db, owner, tmp_path)
+    cluster = LiveCluster(daemon, runner, daemon.parts.db, owner, tmp_path)
     try:
         yield cluster
     finally:
@@ -191,5 +209,5 @@ async def live_cluster(database_url: str, tmp_path: Path) -> AsyncIterator[LiveC
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        await daemon.stop()
-        await runner
+        await cluster.manager.stop()
+        await cluster.runner

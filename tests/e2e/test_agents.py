@@ -171,3 +171,23 @@ def _alive(pid: int) -> bool:
 
 
 pytestmark = pytest.mark.timeout(120)
+
+
+async def test_agents_reconnect_to_a_restarted_manager(database_url: str, tmp_path: Path) -> None:
+    """The manager restarts: the agent reconnects, its running kernel is kept and still obeys."""
+    async with live_cluster(database_url, tmp_path, heartbeat_timeout_s=30) as cluster:
+        cluster.start_agent("node-a", "cpu=2,mem=2g")
+        await cluster.wait_agents_alive({"node-a"})
+        spec = {"image": "shell", "command": ["sleep 600"], "resources": {"cpu": 1, "mem": "256m"}}
+        running = await cluster.submit(**spec)
+        await cluster.wait_status(running, {S.RUNNING})
+        await cluster.restart_manager()
+        after = await cluster.submit(
+            image="shell", command=["echo after"], resources=spec["resources"]
+        )
+        assert (await cluster.wait_status(after))["status"] == S.TERMINATED
+        assert (await cluster.session(running))["status"] == S.RUNNING
+        assert cluster.manager.parts is not None
+        await cluster.manager.parts.sessions.mark_terminate([running], "test")
+        assert (await cluster.wait_status(running))["status"] == S.TERMINATED
+        assert "agent.manager_unreachable" in cluster.agent_log("node-a")
