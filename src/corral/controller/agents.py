@@ -130,7 +130,9 @@ class AgentController:
         known = await read_agent(self.db, agent_id)
         own = known is not None and _matches(bearer, known.token_hash)
         if not own:
-            if not self._join_token or not hmac.compare_digest(bearer, self._join_token):
+            if not self._join_token or not hmac.compare_digest(
+                bearer.encode(), self._join_token.encode()
+            ):
                 raise AgentAuthError(
                     "registering needs the manager's join token, or the agent's own token "
                     "to come back under the same id"

@@ -96,6 +96,12 @@ async def test_register_issues_a_token_once_and_a_restart_keeps_the_id(api: Api)
 async def test_registration_refusals_are_problem_details(api: Api) -> None:
     """Bad token 401, a live id taken 409, bad slots 422: each a problem naming the issue."""
     await api.join("node-1")
+    latin = await api.http.post(  # a header byte outside ASCII: still just a 401
+        "/v1/agents/register",
+        json={"agent_id": "node-2", "address": "h", "slots": {"cpu": 1}},
+        headers={"Authorization": b"Bearer t\xf6ken"},
+    )
+    assert latin.status_code == 401
     wrong = await api.register("node-2", token="not-the-join-token")
     assert wrong.status_code == 401
     assert wrong.headers["content-type"] == "application/problem+json"
