@@ -2,18 +2,40 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
 from fastapi import FastAPI
 
 from corral import __version__
 from corral.api import agents
 from corral.api.problems import install_problem_handlers
 from corral.controller.agents import AgentController
+from corral.controller.sessions import SessionController
+from corral.coordination.loop import DualLoop
+from corral.infra.events import EventBus
+from corral.store.database import Database
 
 
-def create_app(agent_controller: AgentController) -> FastAPI:
+@dataclass(frozen=True, slots=True)
+class ApiContext:
+    """What the routes work with: the manager's store, controllers and buses."""
+
+    db: Database
+    agents: AgentController
+    sessions: SessionController
+    events: EventBus | None = None
+    loops: Sequence[DualLoop] = field(default_factory=tuple)  # for metrics
+
+
+def create_app(context: ApiContext) -> FastAPI:
     """The API app over the manager's controllers (the caller runs their side tasks)."""
     app = FastAPI(title="corral", version=__version__, docs_url=None, redoc_url=None)
-    app.state.agents = agent_controller
+    app.state.context = context
+    app.state.db = context.db
+    app.state.agents = context.agents
+    app.state.sessions = context.sessions
+    app.state.token_cache = {}
     install_problem_handlers(app)
     app.include_router(agents.router)
 

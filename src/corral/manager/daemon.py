@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import uvicorn
 
-from corral.api.app import create_app
+from corral.api.app import ApiContext, create_app
 from corral.controller.agents import AgentController, AgentTimings
 from corral.controller.sessions import SessionController
 from corral.coordination.coordinator import SessionCoordinator
@@ -117,7 +117,15 @@ class ManagerDaemon:
             coordinator,
             orchestrator,
         )
-        app = create_app(agents)
+        app = create_app(
+            ApiContext(
+                db=db,
+                agents=agents,
+                sessions=self.parts.sessions,
+                events=buses.events,
+                loops=loops,
+            )
+        )
         self._sock = _bind(config.host, config.port)
         server = uvicorn.Server(
             uvicorn.Config(

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from corral.api.app import create_app
+from corral.api.app import ApiContext, create_app
 from corral.controller.agents import AgentController, AgentTimings
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import AgentId, KernelId, SessionId
@@ -75,7 +75,8 @@ async def api(db: Database) -> AsyncIterator[Api]:
         clock=cluster.clock,
     )
     watcher = asyncio.create_task(agents.polls.run())
-    transport = httpx.ASGITransport(app=create_app(agents))
+    context = ApiContext(db=db, agents=agents, sessions=cluster.controller)
+    transport = httpx.ASGITransport(app=create_app(context))
     async with httpx.AsyncClient(transport=transport, base_url="http://manager") as http:
         yield Api(http, cluster, agents)
     watcher.cancel()
