@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI
 
 from corral import __version__
-from corral.api import agents
+from corral.api import agents, sessions
 from corral.api.problems import install_problem_handlers
 from corral.controller.agents import AgentController
 from corral.controller.sessions import SessionController
@@ -38,6 +38,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.state.token_cache = {}
     install_problem_handlers(app)
     app.include_router(agents.router)
+    app.include_router(sessions.router)
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

@@ -1,0 +1,310 @@
+"""`/v1/sessions`: submit, list, inspect, terminate, read logs, explain and remove sessions.
+
+A user sees and acts on only their own sessions (another user's answers 404, as if it did not
+exist); admins see all. Creation validates the whole spec (422 naming the field), is idempotent
+on `creation_id`, and only marks: the coordinator does the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+
+from corral.api.auth import CurrentUser, Db
+from corral.api.problems import Problem
+from corral.controller.sessions import SessionController, SubmissionError
+from corral.domain.slots import ResourceSlots
+from corral.domain.spec import SessionSpec
+from corral.domain.status import SESSION_TERMINAL, SessionStatus
+from corral.domain.types import KernelId, SessionId, UserId, utcnow
+from corral.scheduler.explain import SessionNotFoundError, explain
+from corral.store.kernel_logs import read_log
+from corral.store.session_views import (
+    BadCursorError,
+    SessionFilter,
+    SessionNotEndedError,
+    delete_session,
+    get_session,
+    kernel_at,
+    list_sessions,
+    session_history_rows,
+)
+from corral.store.users import Principal, find_user
+
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+
+FOLLOW_POLL_S = 0.5  # how often a followed log is read again while the session runs
+
+
+class KernelOut(BaseModel):
+    """One kernel of a session."""
+
+    id: uuid.UUID
+    cluster_role: str
+    cluster_index: int
+    agent_id: str | None
+    status: str
+    status_info: str | None
+    exit_code: int | None
+    failure_cause: str | None
+    runtime_info: dict[str, Any]
+    status_changed_at: datetime
+
+
+class SessionOut(BaseModel):
+    """A session as users see it."""
+
+    id: uuid.UUID
+    name: str | None
+    owner: str
+    type: str
+    status: str
+    status_info: str | None
+    status_changed_at: datetime
+    created_at: datetime
+    started_at: datetime | None
+    terminated_at: datetime | None
+    result: str | None
+    failure_cause: str | None
+    exit_code: int | None
+    resource_group: str
+    cluster_mode: str
+    cluster_size: int
+    priority: int
+    image: str
+    command: list[str]
+    resources: dict[str, str]  # per kernel, human readable
+    creation_id: str | None
+    kernels: list[KernelOut] | None = None
+
+
+class SessionPage(BaseModel):
+    """A page of sessions, newest first."""
+
+    items: list[SessionOut]
+    next_cursor: str | None
+
+
+class TerminateOut(BaseModel):
+    """What a terminate request did."""
+
+    id: uuid.UUID
+    outcome: Literal["cancelled", "terminating", "unchanged"]
+    status: str
+
+
+class HistoryEntry(BaseModel):
+    """One row of a session's scheduling history."""
+
+    phase: str
+    from_status: str | None
+    to_status: str | None
+    result: str
+    error_code: str | None
+    message: str
+    attempts: int
+    created_at: datetime
+    updated_at: datetime
+
+
+class HistoryOut(BaseModel):
+    """A session's scheduling history, oldest first."""
+
+    items: list[HistoryEntry]
+
+
+class ExplanationOut(BaseModel):
+    """Where a session stands in its group's queue, and why it is (not) placed."""
+
+    session_id: uuid.UUID
+    status: str
+    resource_group: str
+    position: int | None
+    queue_length: int
+    outcome: str
+    code: str | None
+    message: str
+
+
+def _controller(request: Request) -> SessionController:
+    sessions: SessionController = request.app.state.sessions
+    return sessions
+
+
+def _out(row: dict[str, Any], *, with_kernels: bool = False) -> SessionOut:
+    spec = row["spec"] or {}
+    resources = ResourceSlots.from_json(spec.get("resources") or {})
+    return SessionOut(
+        **{k: row[k] for k in SessionOut.model_fields if k in row and k != "kernels"},
+        image=str(spec.get("image", "")),
+        command=list(spec.get("command") or []),
+        resources={name: _human(resources, name) for name in sorted(resources)},
+        kernels=[KernelOut(**k) for k in row["kernels"]] if with_kernels else None,
+    )
+
+
+def _human(slots: ResourceSlots, name: str) -> str:
+    return ResourceSlots({name: slots[name]}).format_human().split("=", 1)[-1]
+
+
+async def _visible(db: Any, user: Principal, session_id: uuid.UUID) -> dict[str, Any]:
+    """The session if the caller may see it; 404 otherwise (another's session included)."""
+    found = await get_session(db, session_id)
+    if found is None or (not user.is_admin and found["owner_id"] != user.user_id):
+        raise Problem(404, "session-not-found", "No such session", f"no session {session_id}")
+    return found
+
+
+@router.post("", status_code=201, response_model=SessionOut)
+async def create_session(
+    spec: SessionSpec, user: CurrentUser, db: Db, request: Request, response: Response
+) -> SessionOut:
+    """Submit a session (201); the same `creation_id` again returns the first one (200)."""
+    try:
+        submitted = await _controller(request).enqueue(spec, user.user_id)
+    except SubmissionError as exc:
+        raise Problem(
+            422,
+            "validation-error",
+            "The request is not valid",
+            str(exc),
+            errors=[{"field": exc.field, "message": exc.message}],
+        ) from exc
+    if not submitted.created:
+        response.status_code = 200
+    return _out(await _visible(db, user, submitted.session_id), with_kernels=True)
+
+
+@router.get("", response_model=SessionPage)
+async def list_sessions_route(
+    user: CurrentUser,
+    db: Db,
+    status: Annotated[list[SessionStatus] | None, Query()] = None,
+    owner: Annotated[str | None, Query(description="admins: one owner's sessions")] = None,
+    resource_group: str | None = None,
+    type: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: str | None = None,
+) -> SessionPage:
+    """Sessions, newest first: your own, or (admins) everyone's or one owner's."""
+    owner_id: UserId | None = user.user_id
+    if user.is_admin:
+        owner_id = None
+        if owner is not None:
+            found = await find_user(db, owner)
+            if found is None:
+                return SessionPage(items=[], next_cursor=None)
+            owner_id = found.user_id
+    elif owner is not None and owner != user.name:
+        raise Problem(403, "forbidden", "Admins only", "only admins list other users' sessions")
+    where = SessionFilter(
+        owner_id=owner_id,
+        statuses=tuple(s.value for s in status or ()),
+        resource_group=resource_group,
+        type=type.upper() if type else None,
+    )
+    try:
+        rows, next_cursor = await list_sessions(db, where, limit=limit, cursor=cursor)
+    except BadCursorError as exc:
+        raise Problem(400, "bad-cursor", "Bad cursor", str(exc)) from exc
+    return SessionPage(items=[_out(r) for r in rows], next_cursor=next_cursor)
+
+
+@router.get("/{session_id}", response_model=SessionOut)
+async def get_session_route(session_id: uuid.UUID, user: CurrentUser, db: Db) -> SessionOut:
+    """One session with its kernels."""
+    return _out(await _visible(db, user, session_id), with_kernels=True)
+
+
+@router.post("/{session_id}/terminate", response_model=TerminateOut)
+async def terminate_session(
+    session_id: uuid.UUID, user: CurrentUser, db: Db, request: Request
+) -> TerminateOut:
+    """Cancel a pending session, stop a started one; an ended one is left as it is."""
+    await _visible(db, user, session_id)
+    outcome = await _controller(request).mark_terminate([SessionId(session_id)], "user request")
+    said: Literal["cancelled", "terminating", "unchanged"] = (
+        "cancelled" if outcome.cancelled else "terminating" if outcome.terminating else "unchanged"
+    )
+    after = await _visible(db, user, session_id)
+    return TerminateOut(id=session_id, outcome=said, status=after["status"])
+
+
+@router.get("/{session_id}/logs")
+async def session_logs(
+    session_id: uuid.UUID,
+    user: CurrentUser,
+    db: Db,
+    stream: Literal["stdout", "stderr"] = "stdout",
+    kernel: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    follow: bool = False,
+) -> Response:
+    """A kernel's output as uploaded so far; with `follow`, streamed until the session ends."""
+    found = await _visible(db, user, session_id)
+    chosen = kernel_at(found, kernel)
+    if chosen is None:
+        raise Problem(
+            404, "kernel-not-found", "No such kernel", f"the session has no kernel {kernel}"
+        )
+    kernel_id = KernelId(chosen["id"])
+    if not follow:
+        data = await read_log(db, kernel_id, stream, offset)
+        return Response(data, media_type="text/plain; charset=utf-8")
+
+    async def chunks() -> AsyncIterator[bytes]:
+        position = offset
+        while True:
+            ended = await _ended(db, session_id)  # read before the log: nothing is missed
+            data = await read_log(db, kernel_id, stream, position)
+            if data:
+                position += len(data)
+                yield data
+            if ended:
+                return
+            await asyncio.sleep(FOLLOW_POLL_S)
+
+    return StreamingResponse(chunks(), media_type="text/plain; charset=utf-8")
+
+
+async def _ended(db: Any, session_id: uuid.UUID) -> bool:
+    found = await get_session(db, session_id)
+    return found is None or SessionStatus(found["status"]) in SESSION_TERMINAL
+
+
+@router.get("/{session_id}/history", response_model=HistoryOut)
+async def history(session_id: uuid.UUID, user: CurrentUser, db: Db) -> HistoryOut:
+    """The session's scheduling history: every phase, its result and attempts."""
+    await _visible(db, user, session_id)
+    return HistoryOut(
+        items=[HistoryEntry(**row) for row in await session_history_rows(db, session_id)]
+    )
+
+
+@router.get("/{session_id}/explain", response_model=ExplanationOut)
+async def explain_route(session_id: uuid.UUID, user: CurrentUser, db: Db) -> ExplanationOut:
+    """Why a pending session waits: its place in the queue and the scheduler's reason."""
+    await _visible(db, user, session_id)
+    try:
+        result = await explain(db, session_id, utcnow())
+    except SessionNotFoundError as exc:
+        raise Problem(404, "session-not-found", "No such session", str(exc)) from exc
+    return ExplanationOut.model_validate(result.as_json())
+
+
+@router.delete("/{session_id}", status_code=204)
+async def remove_session(session_id: uuid.UUID, user: CurrentUser, db: Db) -> Response:
+    """Remove an ended session with its kernels, history, logs and outputs."""
+    await _visible(db, user, session_id)
+    try:
+        await delete_session(db, SessionId(session_id))
+    except SessionNotEndedError as exc:
+        raise Problem(409, "session-not-ended", "Session has not ended", str(exc)) from exc
+    return Response(status_code=204)

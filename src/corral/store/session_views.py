@@ -1,0 +1,222 @@
+"""Sessions as the API shows them: pages, one session with its kernels, its history; removal."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from corral.domain.status import SESSION_TERMINAL
+from corral.domain.types import SessionId, UserId
+from corral.store.database import Database
+from corral.store.tables import (
+    kernel_history,
+    kernel_logs,
+    kernel_outputs,
+    kernels,
+    session_dependencies,
+    session_history,
+    sessions,
+    users,
+)
+
+MAX_PAGE = 1_000
+
+
+class BadCursorError(ValueError):
+    """A pagination cursor this API did not hand out."""
+
+
+class SessionNotEndedError(ValueError):
+    """Only a session that has ended may be removed."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionFilter:
+    """Which sessions a listing shows; `owner_id` None means every owner (admins)."""
+
+    owner_id: UserId | None = None
+    statuses: tuple[str, ...] = ()
+    resource_group: str | None = None
+    type: str | None = None
+
+
+_COLUMNS = (
+    sessions.c.id,
+    sessions.c.name,
+    users.c.name.label("owner"),
+    sessions.c.owner_id,
+    sessions.c.type,
+    sessions.c.status,
+    sessions.c.status_info,
+    sessions.c.status_changed_at,
+    sessions.c.created_at,
+    sessions.c.started_at,
+    sessions.c.terminated_at,
+    sessions.c.result,
+    sessions.c.failure_cause,
+    sessions.c.exit_code,
+    sessions.c.resource_group,
+    sessions.c.cluster_mode,
+    sessions.c.cluster_size,
+    sessions.c.priority,
+    sessions.c.spec,
+    sessions.c.creation_id,
+)
+_FROM = sessions.join(users, users.c.id == sessions.c.owner_id)
+
+
+async def list_sessions(
+    db: Database, where: SessionFilter, *, limit: int = 100, cursor: str | None = None
+) -> tuple[list[dict[str, Any]], str | None]:
+    """A page of sessions, newest first, and the cursor of the next page (None: last page)."""
+    limit = max(1, min(limit, MAX_PAGE))
+    query = sa.select(*_COLUMNS).select_from(_FROM)
+    if where.owner_id is not None:
+        query = query.where(sessions.c.owner_id == where.owner_id)
+    if where.statuses:
+        query = query.where(sessions.c.status.in_(where.statuses))
+    if where.resource_group is not None:
+        query = query.where(sessions.c.resource_group == where.resource_group)
+    if where.type is not None:
+        query = query.where(sessions.c.type == where.type)
+    if cursor is not None:
+        created_at, last_id = _decode(cursor)
+        query = query.where(
+            sa.or_(
+                sessions.c.created_at < created_at,
+                sa.and_(sessions.c.created_at == created_at, sessions.c.id < last_id),
+            )
+        )
+    query = query.order_by(sessions.c.created_at.desc(), sessions.c.id.desc()).limit(limit + 1)
+    async with db.read() as conn:
+        rows = [dict(row._mapping) for row in await conn.execute(query)]
+    more = len(rows) > limit
+    rows = rows[:limit]
+    next_cursor = _encode(rows[-1]["created_at"], rows[-1]["id"]) if more and rows else None
+    return rows, next_cursor
+
+
+async def get_session(db: Database, session_id: uuid.UUID) -> dict[str, Any] | None:
+    """One session with its kernels (by cluster index)."""
+    async with db.read() as conn:
+        row = (
+            await conn.execute(
+                sa.select(*_COLUMNS).select_from(_FROM).where(sessions.c.id == session_id)
+            )
+        ).first()
+        if row is None:
+            return None
+        found = dict(row._mapping)
+        found["kernels"] = [
+            dict(k._mapping)
+            for k in await conn.execute(
+                sa.select(
+                    kernels.c.id,
+                    kernels.c.cluster_role,
+                    kernels.c.cluster_index,
+                    kernels.c.agent_id,
+                    kernels.c.status,
+                    kernels.c.status_info,
+                    kernels.c.exit_code,
+                    kernels.c.failure_cause,
+                    kernels.c.runtime_info,
+                    kernels.c.status_changed_at,
+                )
+                .where(kernels.c.session_id == session_id)
+                .order_by(kernels.c.cluster_index)
+            )
+        ]
+    return found
+
+
+async def session_history_rows(db: Database, session_id: uuid.UUID) -> list[dict[str, Any]]:
+    """The session's scheduling history, oldest first."""
+    h = session_history.c
+    async with db.read() as conn:
+        rows = await conn.execute(
+            sa.select(
+                h.phase,
+                h.from_status,
+                h.to_status,
+                h.result,
+                h.error_code,
+                h.message,
+                h.attempts,
+                h.created_at,
+                h.updated_at,
+            )
+            .where(h.session_id == session_id)
+            .order_by(h.id)
+        )
+        return [dict(r._mapping) for r in rows]
+
+
+async def delete_session(db: Database, session_id: SessionId) -> None:
+    """Remove an ended session and everything recorded about it (events stay: the audit log)."""
+    ended = [s.value for s in SESSION_TERMINAL]
+    async with db.transaction() as conn:
+        status = await conn.scalar(sa.select(sessions.c.status).where(sessions.c.id == session_id))
+        if status is None:
+            return
+        if status not in ended:
+            raise SessionNotEndedError(
+                f"session {session_id} is {status}; terminate it first, then remove it"
+            )
+        waiting = await conn.scalar(
+            sa.select(sa.func.count())
+            .select_from(
+                session_dependencies.join(
+                    sessions, sessions.c.id == session_dependencies.c.session_id
+                )
+            )
+            .where(session_dependencies.c.depends_on == session_id, sessions.c.status.not_in(ended))
+        )
+        if waiting:
+            raise SessionNotEndedError(
+                f"{waiting} session(s) that have not ended depend on session {session_id}"
+            )
+        kernel_ids = sa.select(kernels.c.id).where(kernels.c.session_id == session_id)
+        await conn.execute(kernel_logs.delete().where(kernel_logs.c.kernel_id.in_(kernel_ids)))
+        await conn.execute(
+            kernel_outputs.delete().where(kernel_outputs.c.kernel_id.in_(kernel_ids))
+        )
+        await conn.execute(kernel_history.delete().where(kernel_history.c.session_id == session_id))
+        await conn.execute(
+            session_history.delete().where(session_history.c.session_id == session_id)
+        )
+        await conn.execute(
+            session_dependencies.delete().where(
+                sa.or_(
+                    session_dependencies.c.session_id == session_id,
+                    session_dependencies.c.depends_on == session_id,
+                )
+            )
+        )
+        await conn.execute(kernels.delete().where(kernels.c.session_id == session_id))
+        await conn.execute(sessions.delete().where(sessions.c.id == session_id))
+
+
+def _encode(created_at: datetime, session_id: uuid.UUID) -> str:
+    raw = json.dumps([created_at.isoformat(), str(session_id)]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created_at, session_id = json.loads(raw)
+        return datetime.fromisoformat(created_at), uuid.UUID(session_id)
+    except (ValueError, TypeError) as exc:
+        raise BadCursorError("cursor: not a cursor this API handed out") from exc
+
+
+def kernel_at(found: Mapping[str, Any], index: int) -> Mapping[str, Any] | None:
+    """The session's kernel with this cluster index."""
+    return next((k for k in found["kernels"] if k["cluster_index"] == index), None)

@@ -1,0 +1,194 @@
+"""`/v1/sessions` over HTTP (the real app in-process), on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import httpx
+
+from corral.domain.types import KernelId, SessionId
+from corral.store.kernel_logs import LogChunk, append_log_chunks
+from tests.integration.api.conftest import ApiWorld, Caller
+
+BODY = {"image": "python", "command": ["python", "-c", "print(1)"], "resources": {"cpu": 1}}
+
+
+async def create(world: ApiWorld, caller: Caller, **fields: Any) -> httpx.Response:
+    return await world.http.post("/v1/sessions", json={**BODY, **fields}, headers=caller.headers)
+
+
+def problem(response: httpx.Response, status: int, slug: str) -> dict[str, Any]:
+    """The response is a problem-details document with this status and type."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    body: dict[str, Any] = response.json()
+    assert body["type"].endswith("/" + slug)
+    assert body["status"] == status
+    return body
+
+
+async def test_every_route_needs_a_valid_token(world: ApiWorld) -> None:
+    """No token and an unknown token are both 401 problems, on reads and writes."""
+    sid = (await create(world, world.alice)).json()["id"]
+    for method, url in (
+        ("POST", "/v1/sessions"),
+        ("GET", "/v1/sessions"),
+        ("GET", f"/v1/sessions/{sid}"),
+        ("POST", f"/v1/sessions/{sid}/terminate"),
+        ("GET", f"/v1/sessions/{sid}/logs"),
+        ("GET", f"/v1/sessions/{sid}/history"),
+        ("DELETE", f"/v1/sessions/{sid}"),
+    ):
+        anonymous = await world.http.request(method, url, json=BODY)
+        problem(anonymous, 401, "unauthenticated")
+        forged = await world.http.request(
+            method, url, json=BODY, headers={"Authorization": "Bearer crl_forged"}
+        )
+        problem(forged, 401, "unauthenticated")
+
+
+async def test_create_returns_the_session_and_is_idempotent_on_creation_id(
+    world: ApiWorld,
+) -> None:
+    """201 with the session and its kernels; the same creation_id again is 200, same id."""
+    first = await create(world, world.alice, creation_id="job-1", cluster_size=2)
+    assert first.status_code == 201, first.text
+    body = first.json()
+    assert (body["owner"], body["status"], body["image"]) == ("alice", "PENDING", "python")
+    assert body["resources"] == {"cpu": "1"}
+    assert [k["cluster_index"] for k in body["kernels"]] == [0, 1]
+    again = await create(world, world.alice, creation_id="job-1", cluster_size=2)
+    assert again.status_code == 200
+    assert again.json()["id"] == body["id"]
+    other_owner = await create(world, world.bob, creation_id="job-1")
+    assert other_owner.status_code == 201
+    assert other_owner.json()["id"] != body["id"]
+
+
+async def test_bad_specs_are_422_naming_the_field_and_write_nothing(world: ApiWorld) -> None:
+    """A bad field, or a resource group that does not exist, names the field; nothing stored."""
+    bad_cpu = await create(world, world.alice, resources={"cpu": "-1"})
+    assert "resources" in problem(bad_cpu, 422, "validation-error")["errors"][0]["field"]
+    no_group = await create(world, world.alice, resource_group="nowhere")
+    assert problem(no_group, 422, "validation-error")["errors"][0]["field"] == "resource_group"
+    page = await world.http.get("/v1/sessions", headers=world.alice.headers)
+    assert page.json()["items"] == []
+
+
+async def test_users_see_only_their_own_sessions_and_admins_see_all(world: ApiWorld) -> None:
+    """Bob gets 404 for Alice's session on every route; the admin sees and lists both."""
+    alice_sid = (await create(world, world.alice)).json()["id"]
+    bob_sid = (await create(world, world.bob)).json()["id"]
+    for method, suffix in (
+        ("GET", ""),
+        ("POST", "/terminate"),
+        ("GET", "/logs"),
+        ("GET", "/history"),
+        ("GET", "/explain"),
+        ("DELETE", ""),
+    ):
+        refused = await world.http.request(
+            method, f"/v1/sessions/{alice_sid}{suffix}", headers=world.bob.headers
+        )
+        problem(refused, 404, "session-not-found")
+    bobs = await world.http.get("/v1/sessions", headers=world.bob.headers)
+    assert [s["id"] for s in bobs.json()["items"]] == [bob_sid]
+    everyone = await world.http.get("/v1/sessions", headers=world.admin.headers)
+    assert {s["id"] for s in everyone.json()["items"]} == {alice_sid, bob_sid}
+    only_alice = await world.http.get(
+        "/v1/sessions", params={"owner": "alice"}, headers=world.admin.headers
+    )
+    assert [s["id"] for s in only_alice.json()["items"]] == [alice_sid]
+    asked = await world.http.get(
+        "/v1/sessions", params={"owner": "alice"}, headers=world.bob.headers
+    )
+    problem(asked, 403, "forbidden")
+    admin_get = await world.http.get(f"/v1/sessions/{alice_sid}", headers=world.admin.headers)
+    assert admin_get.status_code == 200
+
+
+async def test_pages_walk_every_session_once_newest_first(world: ApiWorld) -> None:
+    """limit + next_cursor visit all sessions exactly once; a forged cursor is a 400."""
+    made = []
+    for i in range(7):
+        world.cluster.clock.advance(1)  # distinct submission times: a defined order
+        made.append((await create(world, world.alice, name=f"s{i}")).json()["id"])
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"limit": 3}
+        if cursor:
+            params["cursor"] = cursor
+        page = await world.http.get("/v1/sessions", params=params, headers=world.alice.headers)
+        seen += [s["id"] for s in page.json()["items"]]
+        cursor = page.json()["next_cursor"]
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted(made) and len(seen) == 7
+    assert seen == sorted(seen, key=made.index, reverse=True)
+    forged = await world.http.get(
+        "/v1/sessions", params={"cursor": "garbage"}, headers=world.alice.headers
+    )
+    problem(forged, 400, "bad-cursor")
+    pending = await world.http.get(
+        "/v1/sessions", params={"status": "RUNNING"}, headers=world.alice.headers
+    )
+    assert pending.json()["items"] == []
+
+
+async def test_terminate_twice_and_remove_only_when_ended(world: ApiWorld) -> None:
+    """Terminate cancels a pending session, then is a no-op; remove: 409 before the end, 204."""
+    sid = (await create(world, world.alice)).json()["id"]
+    url = f"/v1/sessions/{sid}"
+    running = (await create(world, world.alice)).json()["id"]
+    await world.cluster.settle()
+    removed_early = await world.http.delete(f"/v1/sessions/{running}", headers=world.alice.headers)
+    problem(removed_early, 409, "session-not-ended")
+    first = await world.http.post(f"{url}/terminate", headers=world.alice.headers)
+    assert first.json()["outcome"] in ("cancelled", "terminating")
+    await world.cluster.settle()
+    second = await world.http.post(f"{url}/terminate", headers=world.alice.headers)
+    assert second.json()["outcome"] == "unchanged"
+    ended = (await world.http.get(url, headers=world.alice.headers)).json()["status"]
+    assert ended in ("CANCELLED", "TERMINATED")
+    assert (await world.http.delete(url, headers=world.alice.headers)).status_code == 204
+    problem(await world.http.get(url, headers=world.alice.headers), 404, "session-not-found")
+
+
+async def test_logs_history_and_explain_of_a_session(world: ApiWorld) -> None:
+    """Logs by kernel and stream, the history of its phases, the scheduler's explanation."""
+    sid = (await create(world, world.alice)).json()["id"]
+    explained = await world.http.get(f"/v1/sessions/{sid}/explain", headers=world.alice.headers)
+    assert explained.json()["status"] == "PENDING"
+    await world.cluster.settle()
+    session = (await world.http.get(f"/v1/sessions/{sid}", headers=world.alice.headers)).json()
+    assert session["status"] == "RUNNING"
+    kernel = session["kernels"][0]
+    await append_log_chunks(
+        world.cluster.db,
+        kernel["agent_id"],
+        [LogChunk(KernelId(uuid.UUID(kernel["id"])), "stdout", 0, b"hello\n")],
+        world.cluster.clock(),
+    )
+    logs = await world.http.get(f"/v1/sessions/{sid}/logs", headers=world.alice.headers)
+    assert logs.content == b"hello\n"
+    tail = await world.http.get(
+        f"/v1/sessions/{sid}/logs", params={"offset": 2}, headers=world.alice.headers
+    )
+    assert tail.content == b"llo\n"
+    missing = await world.http.get(
+        f"/v1/sessions/{sid}/logs", params={"kernel": 5}, headers=world.alice.headers
+    )
+    problem(missing, 404, "kernel-not-found")
+    history = await world.http.get(f"/v1/sessions/{sid}/history", headers=world.alice.headers)
+    phases = [(h["phase"], h["to_status"]) for h in history.json()["items"]]
+    assert ("ScheduleNewSessions", "SCHEDULED") in phases
+    assert ("PromoteToRunning", "RUNNING") in phases
+    await world.cluster.agent.exit([KernelId(uuid.UUID(kernel["id"]))], exit_code=0)
+    await world.cluster.settle()
+    followed = await world.http.get(
+        f"/v1/sessions/{sid}/logs", params={"follow": True}, headers=world.alice.headers
+    )
+    assert followed.content == b"hello\n"  # the session ended: the stream ends too
+    assert SessionId(uuid.UUID(sid))
