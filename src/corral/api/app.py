@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI
 
 from corral import __version__
-from corral.api import agents, sessions
+from corral.api import agents, agents_admin, events, resource_groups, sessions, users
 from corral.api.problems import install_problem_handlers
 from corral.controller.agents import AgentController
 from corral.controller.sessions import SessionController
@@ -37,8 +37,15 @@ def create_app(context: ApiContext) -> FastAPI:
     app.state.sessions = context.sessions
     app.state.token_cache = {}
     install_problem_handlers(app)
-    app.include_router(agents.router)
-    app.include_router(sessions.router)
+    for router in (
+        agents.router,
+        agents_admin.router,
+        sessions.router,
+        resource_groups.router,
+        users.router,
+        events.router,
+    ):
+        app.include_router(router)
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

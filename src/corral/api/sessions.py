@@ -17,6 +17,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
+from corral.api._pages import invalid_cursor
 from corral.api.auth import CurrentUser, Db
 from corral.api.problems import Problem
 from corral.controller.sessions import SessionController, SubmissionError
@@ -213,7 +214,7 @@ async def list_sessions_route(
     try:
         rows, next_cursor = await list_sessions(db, where, limit=limit, cursor=cursor)
     except BadCursorError as exc:
-        raise Problem(400, "bad-cursor", "Bad cursor", str(exc)) from exc
+        raise invalid_cursor(cursor or "") from exc
     return SessionPage(items=[_out(r) for r in rows], next_cursor=next_cursor)
 
 

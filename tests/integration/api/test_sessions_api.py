@@ -109,7 +109,7 @@ async def test_users_see_only_their_own_sessions_and_admins_see_all(world: ApiWo
 
 
 async def test_pages_walk_every_session_once_newest_first(world: ApiWorld) -> None:
-    """limit + next_cursor visit all sessions exactly once; a forged cursor is a 400."""
+    """limit + next_cursor visit all sessions exactly once; a forged cursor is a 422."""
     made = []
     for i in range(7):
         world.cluster.clock.advance(1)  # distinct submission times: a defined order
@@ -130,7 +130,7 @@ async def test_pages_walk_every_session_once_newest_first(world: ApiWorld) -> No
     forged = await world.http.get(
         "/v1/sessions", params={"cursor": "garbage"}, headers=world.alice.headers
     )
-    problem(forged, 400, "bad-cursor")
+    problem(forged, 422, "invalid-cursor")
     pending = await world.http.get(
         "/v1/sessions", params={"status": "RUNNING"}, headers=world.alice.headers
     )

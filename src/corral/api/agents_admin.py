@@ -1,0 +1,154 @@
+"""Agents as users see them (`GET /v1/agents`, `GET /v1/agents/{id}`) and admins drain them.
+
+Apart from the agent protocol in `api/agents.py`, which shares the `/v1/agents` prefix but is
+authenticated by agents' own tokens: these routes take users' bearer tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated, Literal
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, Field
+
+from corral.api._pages import Cursor, Limit, Page, decode_cursor, page_of
+from corral.api.auth import AdminUser, CurrentUser, Db
+from corral.api.problems import Problem
+from corral.coordination.hints import Hint
+from corral.domain.events import Event
+from corral.domain.slots import ResourceSlots
+from corral.domain.types import AgentId
+from corral.store.agent_views import AgentView, get_agent, list_agents, set_schedulable
+
+if TYPE_CHECKING:
+    from corral.api.app import ApiContext
+
+router = APIRouter(prefix="/v1/agents", tags=["agents"])
+logger = logging.getLogger(__name__)
+
+LISTING = "agents"
+AgentStatus = Literal["ALIVE", "LOST", "TERMINATED"]
+
+
+class AgentOut(BaseModel):
+    """An agent: where it is, whether it takes work, what it offers and holds."""
+
+    id: str
+    address: str
+    resource_group: str
+    status: str = Field(description="ALIVE, LOST or TERMINATED")
+    schedulable: bool = Field(description="false: drained, the scheduler places nothing here")
+    runtime: str
+    labels: dict[str, str]
+    last_heartbeat_at: datetime | None
+    status_changed_at: datetime
+    created_at: datetime
+    capacity: str = Field(description="slots offered, e.g. 'cpu=8 mem=16GiB'")
+    occupied: str = Field(description="slots held by kernels, e.g. 'cpu=1' ('' when idle)")
+    capacity_milli: dict[str, int] = Field(description="slots offered, in milli-units")
+    occupied_milli: dict[str, int] = Field(description="slots held, in milli-units")
+    kernels: int = Field(description="how many kernels on the agent have not ended")
+
+
+@router.get("", response_model=Page[AgentOut])
+async def agents_list(
+    user: CurrentUser,
+    db: Db,
+    status: AgentStatus | None = None,
+    resource_group: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Limit = 100,
+    cursor: Cursor = None,
+) -> Page[AgentOut]:
+    """Agents by id, optionally of one status or resource group."""
+    rows = await list_agents(
+        db,
+        after_id=decode_cursor(LISTING, cursor, str),
+        limit=limit + 1,
+        status=status,
+        resource_group=resource_group,
+    )
+    page = page_of(LISTING, rows, limit, lambda a: a.id)
+    return Page[AgentOut](items=[agent_out(a) for a in page.items], next_cursor=page.next_cursor)
+
+
+@router.get("/{agent_id}", response_model=AgentOut)
+async def agent_get(agent_id: str, user: CurrentUser, db: Db) -> AgentOut:
+    """One agent; 404 if there is no such agent."""
+    return agent_out(await _existing(db, agent_id))
+
+
+@router.post("/{agent_id}/drain", response_model=AgentOut)
+async def agent_drain(agent_id: str, admin: AdminUser, db: Db, request: Request) -> AgentOut:
+    """Place no new kernels on the agent (its kernels keep running); idempotent."""
+    return await _set_schedulable(request, db, agent_id, False, admin.name)
+
+
+@router.post("/{agent_id}/undrain", response_model=AgentOut)
+async def agent_undrain(agent_id: str, admin: AdminUser, db: Db, request: Request) -> AgentOut:
+    """Let the scheduler place kernels on the agent again; idempotent."""
+    return await _set_schedulable(request, db, agent_id, True, admin.name)
+
+
+def agent_out(agent: AgentView) -> AgentOut:
+    """The API shape of an agent."""
+    return AgentOut(
+        id=agent.id,
+        address=agent.address,
+        resource_group=agent.resource_group,
+        status=agent.status,
+        schedulable=agent.schedulable,
+        runtime=agent.runtime,
+        labels=agent.labels,
+        last_heartbeat_at=agent.last_heartbeat_at,
+        status_changed_at=agent.status_changed_at,
+        created_at=agent.created_at,
+        capacity=ResourceSlots.from_milli(agent.capacity).format_human(),
+        occupied=ResourceSlots.from_milli(agent.occupied).format_human(),
+        capacity_milli=agent.capacity,
+        occupied_milli=agent.occupied,
+        kernels=agent.kernel_count,
+    )
+
+
+async def _existing(db: Db, agent_id: str) -> AgentView:
+    agent = await get_agent(db, AgentId(agent_id))
+    if agent is None:
+        raise _not_found(agent_id)
+    return agent
+
+
+async def _set_schedulable(
+    request: Request, db: Db, agent_id: str, schedulable: bool, by: str
+) -> AgentOut:
+    context: ApiContext = request.app.state.context
+    exists, events = await set_schedulable(
+        db, AgentId(agent_id), schedulable, context.agents.clock()
+    )
+    if not exists:
+        raise _not_found(agent_id)
+    if events:
+        logger.info(
+            events[0].kind, extra={"agent_id": agent_id, "schedulable": schedulable, "by": by}
+        )
+        if schedulable:
+            # Capacity came back: pending sessions may fit now.
+            await context.agents.hints.set(Hint.SCHEDULE.value)
+        await _publish(context, events)
+    return agent_out(await _existing(db, agent_id))
+
+
+async def _publish(context: ApiContext, events: Sequence[Event]) -> None:
+    if context.events is not None:
+        await context.events.publish(events)
+
+
+def _not_found(agent_id: str) -> Problem:
+    return Problem(
+        404,
+        "agent-not-found",
+        "No such agent",
+        f"agent {agent_id!r} is not registered; `corral agent ls` lists the agents",
+    )

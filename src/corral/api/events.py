@@ -1,0 +1,259 @@
+"""`GET /v1/events`: the audit log as Server-Sent Events, or as JSON pages (`follow=false`).
+
+A user sees the events of what they own; admins see every event. The stream subscribes to the
+event bus first and then replays the table after `since` (or the `Last-Event-ID` a reconnecting
+EventSource sends), so nothing committed in between is lost; an event both replayed and
+delivered live is sent once. Where the bus reports dropped events, the gap is re-read from the
+table, which is the truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated, Any
+
+import sqlalchemy as sa
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+
+from corral.api._pages import Cursor, Limit, Page, decode_cursor, page_of
+from corral.api.auth import CurrentUser, Db
+from corral.api.problems import Problem
+from corral.domain.events import DROPPED_KIND, Event
+from corral.infra.events import EventBus, EventBusError, Subscription
+from corral.store.database import Database
+from corral.store.events import read_events
+from corral.store.tables import events as events_table
+
+if TYPE_CHECKING:
+    from corral.api.app import ApiContext
+
+router = APIRouter(tags=["events"])
+logger = logging.getLogger(__name__)
+
+LISTING = "events"
+SSE_MEDIA_TYPE = "text/event-stream"
+KEEPALIVE_S = 15.0  # an idle stream sends a comment this often, so proxies keep it open
+REPLAY_BATCH = 1000
+# Ids sent lately, to send an event both replayed and delivered live only once; a duplicate
+# only ever comes from the short overlap around subscribing or a gap re-read.
+SEEN_WINDOW = 10_000
+
+
+class EventOut(BaseModel):
+    """One change to one entity (`kind` e.g. "session.status_changed")."""
+
+    id: int
+    kind: str
+    entity_type: str
+    entity_id: str
+    owner_id: uuid.UUID | None
+    payload: dict[str, Any]
+    created_at: datetime
+
+
+_STREAM_DOC: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "follow=true: a text/event-stream of `id:`, `event: <kind>` and "
+        "`data: <event as JSON>` frames, with `: keep-alive` comments while idle; "
+        "follow=false: a JSON page of events",
+        "model": Page[EventOut],
+        "content": {SSE_MEDIA_TYPE: {"schema": {"type": "string"}}},
+    }
+}
+
+
+@router.get("/v1/events", response_model=None, responses=_STREAM_DOC)
+async def events(
+    request: Request,
+    user: CurrentUser,
+    db: Db,
+    follow: Annotated[bool, Query(description="false: a JSON page instead of a stream")] = True,
+    since: Annotated[int | None, Query(ge=0, description="only events after this id")] = None,
+    entity_id: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Limit = 100,
+    cursor: Cursor = None,
+    last_event_id: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> StreamingResponse | Page[EventOut]:
+    """The caller's events: live (and replayed after `since`), or a page (`follow=false`)."""
+    owner = None if user.is_admin else user.user_id
+    if since is None and last_event_id is not None:
+        since = _event_id(last_event_id)
+    if not follow:
+        after = decode_cursor(LISTING, cursor, int)
+        rows = await read_events(
+            db,
+            after_id=after if after is not None else since or 0,
+            limit=limit + 1,
+            owner_id=owner,
+            entity_id=entity_id,
+        )
+        page = page_of(LISTING, rows, limit, lambda e: e.id or 0)
+        return Page[EventOut](items=[_out(e) for e in page.items], next_cursor=page.next_cursor)
+    context: ApiContext = request.app.state.context
+    bus = context.events
+    if bus is None:
+        raise _unavailable("this manager runs without an event bus")
+    try:
+        # Fail here, as a problem, rather than after the stream's headers went out.
+        async with bus.subscribe(maxsize=1):
+            pass
+    except EventBusError as exc:
+        raise _unavailable(str(exc)) from exc
+    stream = EventStream(db, bus, owner=owner, entity_id=entity_id)
+    return StreamingResponse(
+        stream.frames(since),
+        media_type=SSE_MEDIA_TYPE,
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+class EventStream:
+    """One client's stream: replay after an id, then live events, each visible event once."""
+
+    def __init__(
+        self,
+        db: Database,
+        bus: EventBus,
+        *,
+        owner: uuid.UUID | None,
+        entity_id: str | None,
+    ) -> None:
+        self.db = db
+        self.bus = bus
+        self.owner = owner  # None: an admin's stream, every event
+        self.entity_id = entity_id
+        self._seen: set[int] = set()
+        self._floor = 0  # events at or below it were replayed or predate the stream
+
+    async def frames(self, since: int | None) -> AsyncGenerator[str, None]:
+        """SSE frames until the client goes away (or the bus closes)."""
+        async with self.bus.subscribe() as subscription:
+            # Subscribed: from here on nothing committed is missed.
+            yield ": connected\n\n"
+            if since is None:
+                self._floor = await self._last_id()
+            else:
+                self._floor = since
+                async with aclosing(self._replay(since)) as replayed:
+                    async for frame in replayed:
+                        yield frame
+            async with aclosing(self._live(subscription)) as live:
+                async for frame in live:
+                    yield frame
+
+    async def _live(self, subscription: Subscription) -> AsyncGenerator[str, None]:
+        pending = asyncio.ensure_future(_next(subscription))
+        try:
+            while True:
+                done, _ = await asyncio.wait({pending}, timeout=KEEPALIVE_S)
+                if not done:
+                    yield ": keep-alive\n\n"
+                    continue
+                event = pending.result()
+                if event is None:
+                    return
+                pending = asyncio.ensure_future(_next(subscription))
+                if event.kind == DROPPED_KIND:
+                    gap = event.payload.get("after_id")
+                    logger.info("events.stream_gap", extra={"after_id": gap})
+                    start = self._floor if gap is None else max(int(gap), self._floor)
+                    async with aclosing(self._replay(start)) as replayed:
+                        async for frame in replayed:
+                            yield frame
+                elif self._visible(event):
+                    yield self._frame(event)
+        finally:
+            pending.cancel()
+
+    async def _replay(self, after_id: int) -> AsyncGenerator[str, None]:
+        while True:
+            batch = await read_events(
+                self.db,
+                after_id=after_id,
+                limit=REPLAY_BATCH,
+                owner_id=self.owner,
+                entity_id=self.entity_id,
+            )
+            for event in batch:
+                if event.id not in self._seen:
+                    yield self._frame(event)
+            if len(batch) < REPLAY_BATCH:
+                return
+            after_id = batch[-1].id or after_id
+
+    def _visible(self, event: Event) -> bool:
+        if event.id is None or event.id in self._seen:
+            return False
+        if self.owner is not None and event.owner_id != self.owner:
+            return False
+        return self.entity_id is None or event.entity_id == self.entity_id
+
+    def _frame(self, event: Event) -> str:
+        assert event.id is not None
+        self._seen.add(event.id)
+        if len(self._seen) > 2 * SEEN_WINDOW:
+            self._seen = set(sorted(self._seen)[-SEEN_WINDOW:])
+        return f"id: {event.id}\nevent: {event.kind}\ndata: {event.to_json()}\n\n"
+
+    async def _last_id(self) -> int:
+        async with self.db.read() as conn:
+            last = await conn.scalar(sa.select(sa.func.max(events_table.c.id)))
+        return int(last or 0)
+
+
+async def _next(subscription: Subscription) -> Event | None:
+    """The next live event; None once the bus closed (StopAsyncIteration cannot cross a task)."""
+    try:
+        return await anext(subscription)
+    except StopAsyncIteration:
+        return None
+    except EventBusError as exc:
+        logger.warning("events.stream_bus_failed", extra={"error": str(exc)})
+        return None
+
+
+def _out(event: Event) -> EventOut:
+    assert event.id is not None
+    return EventOut(
+        id=event.id,
+        kind=event.kind,
+        entity_type=event.entity_type,
+        entity_id=event.entity_id,
+        owner_id=event.owner_id,
+        payload=dict(event.payload),
+        created_at=event.created_at,
+    )
+
+
+def _event_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise Problem(
+            422,
+            "validation-error",
+            "The request is not valid",
+            f"Last-Event-ID: {text[:40]!r} is not an event id; send the `id:` of the last "
+            "event received",
+            errors=[{"field": "Last-Event-ID", "message": "not an event id"}],
+        )
+    return value
+
+
+def _unavailable(why: str) -> Problem:
+    return Problem(
+        503,
+        "event-stream-unavailable",
+        "Event stream unavailable",
+        f"live events are unavailable ({why}); read them with follow=false, paging with "
+        "`since` or `cursor`, or try again later",
+    )

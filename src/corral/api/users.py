@@ -1,0 +1,211 @@
+"""Users and their API tokens (admins), and `GET /v1/me` for whoever calls."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime, timedelta
+from typing import Annotated, Literal, cast
+
+from fastapi import APIRouter, Path, Request, Response
+from pydantic import BaseModel, Field
+
+from corral.api._pages import Cursor, Limit, Page, decode_cursor, invalid_cursor, page_of
+from corral.api.auth import AdminUser, CurrentUser, Db
+from corral.api.problems import Problem
+from corral.domain.types import utcnow
+from corral.store.user_directory import (
+    TokenRecord,
+    UserRecord,
+    get_user_record,
+    list_tokens,
+    list_user_records,
+)
+from corral.store.users import UserExistsError, create_user, issue_token, revoke_token
+
+router = APIRouter(tags=["users"])
+logger = logging.getLogger(__name__)
+
+USERS_LISTING = "users"
+TOKENS_LISTING = "tokens"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+# Ten years: a bound that keeps `now + expires_in_s` far from datetime's limits.
+MAX_TOKEN_LIFETIME_S = 10 * 365 * 24 * 3600
+UserName = Annotated[str, Path(max_length=64)]
+Role = Literal["admin", "user"]
+
+
+class Me(BaseModel):
+    """Who the caller is."""
+
+    id: uuid.UUID
+    name: str
+    role: Role
+
+
+class UserOut(BaseModel):
+    """A user."""
+
+    id: uuid.UUID
+    name: str
+    role: Role
+    created_at: datetime
+
+
+class UserCreate(BaseModel):
+    """A new user."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="1 to 64 letters, digits, '.', '_', '-'")
+    role: Role = "user"
+
+
+class TokenCreate(BaseModel):
+    """A new API token for a user."""
+
+    name: str = Field(min_length=1, max_length=64, description="what the token is for")
+    expires_in_s: int | None = Field(
+        default=None, ge=1, le=MAX_TOKEN_LIFETIME_S, description="null: never expires"
+    )
+
+
+class TokenOut(BaseModel):
+    """An API token's metadata (its secret is shown only when it is created)."""
+
+    id: uuid.UUID
+    name: str
+    created_at: datetime
+    expires_at: datetime | None
+    last_used_at: datetime | None
+
+
+class IssuedTokenOut(BaseModel):
+    """A token just created: `token` is the secret, shown this once and never again."""
+
+    id: uuid.UUID
+    name: str
+    user: str
+    token: str
+    created_at: datetime
+    expires_at: datetime | None
+
+
+@router.get("/v1/me", response_model=Me)
+async def me(user: CurrentUser) -> Me:
+    """The user the bearer token belongs to."""
+    return Me(id=user.user_id, name=user.name, role=cast(Role, user.role))
+
+
+@router.get("/v1/users", response_model=Page[UserOut])
+async def users_list(
+    admin: AdminUser, db: Db, limit: Limit = 100, cursor: Cursor = None
+) -> Page[UserOut]:
+    """Users by name."""
+    rows = await list_user_records(
+        db, after_name=decode_cursor(USERS_LISTING, cursor, str), limit=limit + 1
+    )
+    page = page_of(USERS_LISTING, rows, limit, lambda u: u.name)
+    return Page[UserOut](items=[_user_out(u) for u in page.items], next_cursor=page.next_cursor)
+
+
+@router.post("/v1/users", response_model=UserOut, status_code=201)
+async def user_create(body: UserCreate, admin: AdminUser, db: Db) -> UserOut:
+    """Create a user (no token yet: issue one with `POST /v1/users/{name}/tokens`)."""
+    try:
+        await create_user(db, body.name, body.role, utcnow())
+    except UserExistsError as exc:
+        raise Problem(409, "user-exists", "User exists", str(exc)) from exc
+    logger.info("user.created", extra={"user": body.name, "role": body.role, "by": admin.name})
+    return _user_out(await _existing(db, body.name))
+
+
+@router.get("/v1/users/{name}/tokens", response_model=Page[TokenOut])
+async def tokens_list(
+    name: UserName, admin: AdminUser, db: Db, limit: Limit = 100, cursor: Cursor = None
+) -> Page[TokenOut]:
+    """The user's tokens (without their secrets), by id."""
+    user = await _existing(db, name)
+    after = decode_cursor(TOKENS_LISTING, cursor, str)
+    rows = await list_tokens(
+        db, user.id, after_id=None if after is None else _token_id(after), limit=limit + 1
+    )
+    page = page_of(TOKENS_LISTING, rows, limit, lambda t: str(t.id))
+    return Page[TokenOut](items=[_token_out(t) for t in page.items], next_cursor=page.next_cursor)
+
+
+@router.post("/v1/users/{name}/tokens", response_model=IssuedTokenOut, status_code=201)
+async def token_create(
+    name: UserName, body: TokenCreate, admin: AdminUser, db: Db
+) -> IssuedTokenOut:
+    """Issue an API token for the user; its secret is in this answer only."""
+    user = await _existing(db, name)
+    now = utcnow()
+    expires_at = None if body.expires_in_s is None else now + timedelta(seconds=body.expires_in_s)
+    issued = await issue_token(db, user.id, body.name, now, expires_at)
+    logger.info(
+        "token.issued",
+        extra={"user": name, "token_id": str(issued.id), "by": admin.name},
+    )
+    return IssuedTokenOut(
+        id=issued.id,
+        name=body.name,
+        user=name,
+        token=issued.secret,
+        created_at=now,
+        expires_at=expires_at,
+    )
+
+
+@router.delete("/v1/tokens/{token_id}", status_code=204)
+async def token_revoke(token_id: uuid.UUID, admin: AdminUser, db: Db, request: Request) -> Response:
+    """Revoke a token: this manager refuses it at once, other managers within seconds."""
+    if not await revoke_token(db, token_id):
+        raise Problem(
+            404,
+            "token-not-found",
+            "No such token",
+            f"token {token_id} does not exist (or was revoked already); "
+            "`GET /v1/users/{name}/tokens` lists a user's tokens",
+        )
+    # The token → user cache is keyed by secret, which is not known here: drop it all.
+    request.app.state.token_cache.clear()
+    logger.info("token.revoked", extra={"token_id": str(token_id), "by": admin.name})
+    return Response(status_code=204)
+
+
+async def _existing(db: Db, name: str) -> UserRecord:
+    user = await get_user_record(db, name)
+    if user is None:
+        raise Problem(
+            404,
+            "user-not-found",
+            "No such user",
+            f"user {name!r} does not exist; `GET /v1/users` lists the users",
+        )
+    return user
+
+
+def _token_id(key: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(key)
+    except ValueError as exc:
+        # Our cursors of this list always hold a token id: this one was not issued by us.
+        raise invalid_cursor(key) from exc
+
+
+def _user_out(user: UserRecord) -> UserOut:
+    return UserOut(
+        id=user.id,
+        name=user.name,
+        role=cast(Role, user.role),
+        created_at=user.created_at,
+    )
+
+
+def _token_out(token: TokenRecord) -> TokenOut:
+    return TokenOut(
+        id=token.id,
+        name=token.name,
+        created_at=token.created_at,
+        expires_at=token.expires_at,
+        last_used_at=token.last_used_at,
+    )
