@@ -28,7 +28,7 @@ docs: $(STAMP)
 	$(BIN)/corral states --mermaid --markdown > docs/lifecycles.md
 
 run: $(STAMP)
-	$(BIN)/corral states
+	$(BIN)/corral up
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -17,6 +17,7 @@ from corral.agent.protocol import (
     ReportBatch,
 )
 from corral.api.problems import Problem
+from corral.controller._assignment_polls import PollsClosedError
 from corral.controller.agents import (
     AgentAuthError,
     AgentController,
@@ -120,7 +121,10 @@ async def assignments(
 ) -> AssignmentMessage:
     """The agent's full desired state; with `since`, waits until it differs from that revision."""
     wait_s = agents.timings.assignment_wait_s if wait is None else wait
-    return assignment_message(await agents.assignment(agent_id, since, wait_s))
+    try:
+        return assignment_message(await agents.assignment(agent_id, since, wait_s))
+    except PollsClosedError as exc:
+        raise Problem(503, "manager-stopping", "The manager is stopping", str(exc)) from exc
 
 
 @router.post("/{agent_id}/reports", response_model=ReportAccepted)

@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import typer
 
-from corral.cli import agent, bench, db, explain, manager, simulate, states
+from corral.cli import (
+    agent,
+    agents_cli,
+    bench,
+    db,
+    events,
+    explain,
+    manager,
+    run,
+    session,
+    simulate,
+    states,
+    up,
+)
 
 app = typer.Typer(
     name="corral",
@@ -15,7 +28,12 @@ app = typer.Typer(
 app.command("states")(states.states_command)
 app.command("explain")(explain.explain_command)
 app.command("manager")(manager.manager_command)
-app.command("agent")(agent.agent_command)
+app.add_typer(agent.app, name="agent")
+agent.app.command("ls")(agents_cli.agent_ls_command)
+app.command("run", context_settings=run.CONTEXT_SETTINGS)(run.run_command)
+app.add_typer(session.app, name="session")
+app.command("events")(events.events_command)
+app.command("up")(up.up_command)
 app.command("simulate")(simulate.simulate_command)
 app.add_typer(bench.app, name="bench")
 app.add_typer(db.app, name="db")

@@ -33,12 +33,23 @@ def detect_slots() -> ResourceSlots:
     return ResourceSlots(amounts)
 
 
+app = typer.Typer(
+    help="Run an agent daemon (`corral agent --manager URL --token T`), or list agents (`ls`).",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+
+
+@app.callback()
 def agent_command(
-    manager: Annotated[str, typer.Option(help="The manager's URL, e.g. http://10.0.0.1:8470")],
+    ctx: typer.Context,
+    manager: Annotated[
+        str | None, typer.Option(help="The manager's URL, e.g. http://10.0.0.1:8470")
+    ] = None,
     token: Annotated[
-        str,
+        str | None,
         typer.Option(envvar="CORRAL_AGENT_TOKEN", help="The join token (or the agent's own)."),
-    ],
+    ] = None,
     slots: Annotated[
         str, typer.Option(help="`auto`, or e.g. cpu=8,mem=32g,cuda.device=2")
     ] = "auto",
@@ -63,7 +74,13 @@ def agent_command(
     stop_grace: Annotated[float, typer.Option(min=0, help="SIGTERM → SIGKILL, seconds.")] = 10.0,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR.")] = "INFO",
 ) -> None:
-    """Run an agent until Ctrl-C / SIGTERM."""
+    """Run an agent until Ctrl-C / SIGTERM (with a subcommand: that subcommand)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if not manager:
+        fail("--manager is required to run an agent, e.g. --manager http://10.0.0.1:8470")
+    if not token:
+        fail("--token (or CORRAL_AGENT_TOKEN) is required: the manager's join token")
     if runtime not in ("process", "simulated"):
         fail(f"--runtime must be `process` or `simulated`, not {runtime!r}")
     if on_shutdown not in ("stop", "leave"):

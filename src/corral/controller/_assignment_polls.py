@@ -24,6 +24,10 @@ class UnknownAgentError(LookupError):
     """No agent has this id (HTTP 404)."""
 
 
+class PollsClosedError(RuntimeError):
+    """The manager is stopping: the agent should poll again, here or at another manager."""
+
+
 @dataclass(eq=False, slots=True)
 class _Poll:
     since: int | None  # None: answer at once
@@ -42,9 +46,12 @@ class AssignmentPolls:
         self._parked: dict[AgentId, list[_Poll]] = {}
         self._wake = asyncio.Event()
         self._recheck = True  # a hint (or the recheck interval) asks to compare every poll
+        self._closed = False
 
     async def get(self, agent_id: AgentId, since: int | None, wait_s: float) -> Assignment:
         """The agent's assignment once its revision is not `since` or `wait_s` passed."""
+        if self._closed:
+            raise PollsClosedError("the manager is stopping; poll again")
         loop = asyncio.get_running_loop()
         poll = _Poll(since, loop.time() + max(wait_s, 0.0), loop.create_future())
         self._parked.setdefault(agent_id, []).append(poll)
@@ -58,13 +65,13 @@ class AssignmentPolls:
         """How many long-polls of this agent are parked now."""
         return len(self._parked.get(agent_id, ()))
 
-    def release_all(self) -> None:
-        """The manager is stopping: answer every parked poll at its deadline, i.e. now."""
+    def close(self) -> None:
+        """The manager is stopping: every parked poll (and any later one) is told so now."""
+        self._closed = True
         for polls in self._parked.values():
             for poll in polls:
-                poll.deadline = 0.0
-        self._recheck = True
-        self._wake.set()
+                if not poll.future.done():
+                    poll.future.set_exception(PollsClosedError("the manager is stopping"))
 
     async def run(self) -> None:
         """Serve polls until cancelled."""

@@ -159,7 +159,7 @@ class ManagerDaemon:
                 )
         finally:
             stopping.cancel()
-            agents.polls.release_all()  # long-polls answer now instead of holding shutdown
+            agents.polls.close()  # long-polls answer now instead of holding the shutdown
             server.should_exit = True
             await orchestrator.stop()
             for task in components:

@@ -6,7 +6,7 @@ so the same store operations, validation and hints, as agents calling the HTTP r
 
 from __future__ import annotations
 
-from corral.agent.client import ManagerRejectedError
+from corral.agent.client import ManagerRejectedError, ManagerUnavailableError
 from corral.agent.protocol import (
     AssignmentMessage,
     HeartbeatResponse,
@@ -16,6 +16,7 @@ from corral.agent.protocol import (
     RegisterRequest,
     RegisterResponse,
 )
+from corral.controller._assignment_polls import PollsClosedError
 from corral.controller.agents import AgentAuthError, AgentController, UnknownAgentError
 from corral.domain.types import AgentId
 from corral.manager.wire import assignment_message, kernel_reports, log_chunks, output_blobs
@@ -67,6 +68,8 @@ class InProcessManagerClient:
             found = await self._controller.assignment(AgentId(agent_id), since, wait_s)
         except UnknownAgentError as exc:
             raise ManagerRejectedError(404, {"detail": str(exc)}) from exc
+        except PollsClosedError as exc:
+            raise ManagerUnavailableError(str(exc)) from exc
         return assignment_message(found)
 
     async def report(self, agent_id: str, reports: list[KernelReportMessage]) -> None:

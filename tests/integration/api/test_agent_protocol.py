@@ -252,3 +252,27 @@ async def test_an_unknown_path_is_a_problem_too(api: Api) -> None:
     response = await api.http.get(f"/v1/agents/x/{uuid.uuid4()}")
     assert response.status_code == 404
     assert response.headers["content-type"] == "application/problem+json"
+
+
+async def test_a_stopping_manager_answers_parked_polls_at_once(api: Api) -> None:
+    """close(): a parked long-poll gets 503 manager-stopping now, and so does a new one."""
+    token = await api.join("node-1")
+    first = await api.http.get(
+        "/v1/agents/node-1/assignments", params={"wait": 0}, headers=bearer(token)
+    )
+    poll = asyncio.create_task(
+        api.http.get(
+            "/v1/agents/node-1/assignments",
+            params={"since": first.json()["revision"], "wait": 60},
+            headers=bearer(token),
+        )
+    )
+    while not api.agents.polls.waiting(AgentId("node-1")):
+        assert not poll.done(), poll.result().text
+        await asyncio.sleep(0.01)
+    api.agents.polls.close()
+    parked = await asyncio.wait_for(poll, 10)
+    assert parked.status_code == 503
+    assert parked.json()["type"].endswith("/manager-stopping")
+    later = await api.http.get("/v1/agents/node-1/assignments", headers=bearer(token))
+    assert later.status_code == 503

@@ -1,0 +1,55 @@
+"""`corral up`: a manager and a local agent on this machine, ready for `corral run`."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from corral.cli._common import fail, settings_from_flags
+from corral.cli._logging import configure_logging
+from corral.cli.agent import detect_slots
+from corral.manager.up import UpConfig, UpReady, run_up
+
+
+def up_command(
+    port: Annotated[int, typer.Option(min=0, max=65535, help="The API's port.")] = 8470,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Database, agent and kernel files (default: data_dir).")
+    ] = None,
+    agents: Annotated[
+        int, typer.Option(min=1, max=16, help="Local agents sharing this machine (multi-node).")
+    ] = 1,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR.")] = "WARNING",
+) -> None:
+    """Run corral on this machine (SQLite, one local agent) until Ctrl-C."""
+    settings = settings_from_flags(data_dir=data_dir)
+    configure_logging(log_level)
+    config = UpConfig(
+        data_dir=settings.data_dir.expanduser(), slots=detect_slots(), port=port, agents=agents
+    )
+
+    def ready(up: UpReady) -> None:
+        from corral.client import write_client_config
+
+        path = write_client_config(up.url, up.admin_token)
+        typer.echo(f"corral is up at {up.url}, agents: {', '.join(up.agent_ids)}")
+        typer.echo(f"admin token: {up.admin_token}")
+        typer.echo(f"client config written to {path}; try:")
+        typer.echo("  corral run -- python -c \"print('hello')\"")
+        typer.echo("Ctrl-C stops corral (running sessions are stopped).")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await run_up(config, ready, stop)
+
+    try:
+        asyncio.run(main())
+    except OSError as exc:
+        fail(str(exc))

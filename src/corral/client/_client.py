@@ -1,0 +1,456 @@
+"""The async SDK client: one method per API operation, typed results, errors as exceptions."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+from urllib.parse import quote
+
+import httpx
+import pydantic
+
+from corral import __version__
+from corral.client._sse import parse_sse
+from corral.client.config import ClientConfig, check_url, load_client_config
+from corral.client.errors import (
+    CorralError,
+    FieldError,
+    NotFoundError,
+    UnreachableError,
+    ValidationError,
+    error_from_response,
+)
+from corral.client.models import (
+    Agent,
+    Event,
+    Explanation,
+    HistoryEntry,
+    Page,
+    Session,
+    TerminateResult,
+    User,
+)
+from corral.domain.spec import SessionSpec
+
+T = TypeVar("T")
+SessionRef = uuid.UUID | str
+LogStream = Literal["stdout", "stderr"]
+
+DEFAULT_TIMEOUT_S = 30.0
+VALIDATION_PROBLEM = "https://corral.dev/problems/validation-error"
+_AMBIGUOUS_SHOWN = 5  # sessions an ambiguous reference lists
+
+
+class Client:
+    """An async client of corral's REST API; use it as `async with Client(url, token) as c:`.
+
+    Every method raises a `CorralError` subclass for an error answer or an unreachable server.
+    `transport` replaces the network (tests pass an `httpx.MockTransport` or an
+    `httpx.ASGITransport` over the app).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url = check_url(url)
+        self.timeout_s = timeout_s
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {token}", "User-Agent": f"corral/{__version__}"},
+            timeout=timeout_s,
+            transport=transport,
+        )
+
+    @classmethod
+    def from_config(
+        cls, config: ClientConfig | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> Client:
+        """A client of the configured server (see `corral.client.config`)."""
+        config = config or load_client_config()
+        return cls(config.url, config.token, timeout_s=timeout_s)
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connections (idempotent)."""
+        await self._http.aclose()
+
+    # --- sessions -------------------------------------------------------------------------
+
+    async def create_session(self, spec: SessionSpec | None = None, **fields: Any) -> Session:
+        """Submit a session: a `SessionSpec`, or its fields (e.g. `image=`, `command=`).
+
+        Fields are validated here first, so a bad one raises `ValidationError` without a request.
+        With a `creation_id` a repeated call returns the session the first one created.
+        """
+        if spec is None:
+            spec = validate_spec(fields)
+        elif fields:
+            raise TypeError("give a SessionSpec or its fields, not both")
+        body = spec.model_dump(mode="json", exclude_unset=True)
+        return Session.model_validate(await self._json("POST", "/v1/sessions", json=body))
+
+    async def list_sessions(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        owner: str | None = None,
+        resource_group: str | None = None,
+        type: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page[Session]:
+        """One page of sessions, newest first, filtered (any of several `status`es).
+
+        A user lists their own sessions; an admin everyone's, or one `owner`'s (a user name).
+        """
+        params = {
+            "status": status,
+            "owner": owner,
+            "resource_group": resource_group,
+            "type": type,
+            "limit": limit,
+            "cursor": cursor,
+        }
+        data = await self._json("GET", "/v1/sessions", params=params)
+        return Page[Session].model_validate(data)
+
+    async def iter_sessions(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        owner: str | None = None,
+        resource_group: str | None = None,
+        type: str | None = None,
+        page_size: int | None = None,
+    ) -> AsyncGenerator[Session, None]:
+        """Every session `list_sessions` would list, following the cursors page by page."""
+
+        def fetch(cursor: str | None) -> Awaitable[Page[Session]]:
+            return self.list_sessions(
+                status=status,
+                owner=owner,
+                resource_group=resource_group,
+                type=type,
+                limit=page_size,
+                cursor=cursor,
+            )
+
+        async with contextlib.aclosing(_every_item(fetch)) as sessions:
+            async for session in sessions:
+                yield session
+
+    async def get_session(self, session_id: SessionRef) -> Session:
+        """The session, with its kernels."""
+        return Session.model_validate(await self._json("GET", _session_path(session_id)))
+
+    async def resolve_session_id(self, ref: str) -> uuid.UUID:
+        """The id of the session `ref` names: a full id, a unique id prefix, or a unique name.
+
+        Prefixes and names are matched against the caller's sessions, listed page by page.
+        """
+        with contextlib.suppress(ValueError):
+            return uuid.UUID(ref)
+        if not ref:
+            raise ValidationError("a session id is empty", errors=[FieldError("session", "empty")])
+        prefix = ref.lower()
+        matches: list[uuid.UUID] = []
+        sessions = self.iter_sessions(page_size=1000)
+        async with contextlib.aclosing(sessions):
+            async for session in sessions:
+                if str(session.id).startswith(prefix) or session.name == ref:
+                    matches.append(session.id)
+                    if len(matches) > _AMBIGUOUS_SHOWN:
+                        break
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise NotFoundError(
+                f"no session you can see has the name {ref!r} or an id starting with it; "
+                "list them with `corral session ls`",
+                title="No such session",
+            )
+        shown = ", ".join(str(m) for m in matches[:_AMBIGUOUS_SHOWN])
+        more = ", ..." if len(matches) > _AMBIGUOUS_SHOWN else ""
+        raise ValidationError(
+            f"session {ref!r} is ambiguous: it matches {shown}{more}; give more of the id",
+            errors=[FieldError("session", "matches several sessions")],
+        )
+
+    async def terminate_session(self, session_id: SessionRef) -> TerminateResult:
+        """Ask the session to end: cancelled if it never ran, else terminated on its agents."""
+        data = await self._json("POST", f"{_session_path(session_id)}/terminate")
+        return TerminateResult.model_validate(data)
+
+    async def delete_session(self, session_id: SessionRef) -> None:
+        """Remove an ended session and its logs (ConflictError while it has not ended)."""
+        await self._send("DELETE", _session_path(session_id))
+
+    async def session_logs(
+        self,
+        session_id: SessionRef,
+        *,
+        stream: LogStream = "stdout",
+        kernel: int = 0,
+        offset: int = 0,
+    ) -> bytes:
+        """The kernel's log as stored so far, from byte `offset`."""
+        params = {"stream": stream, "kernel": kernel, "offset": offset}
+        response = await self._send("GET", f"{_session_path(session_id)}/logs", params=params)
+        return response.content
+
+    async def follow_logs(
+        self,
+        session_id: SessionRef,
+        *,
+        stream: LogStream = "stdout",
+        kernel: int = 0,
+        offset: int = 0,
+    ) -> AsyncGenerator[bytes, None]:
+        """The kernel's log from byte `offset` as it grows; ends when the session has ended.
+
+        Close it (`contextlib.aclosing`) when stopping early.
+        """
+        params = {"stream": stream, "kernel": kernel, "offset": offset, "follow": "true"}
+        async with self._stream("GET", f"{_session_path(session_id)}/logs", params) as response:
+            async for chunk in response.aiter_bytes():
+                yield chunk
+
+    async def session_history(self, session_id: SessionRef) -> list[HistoryEntry]:
+        """The session's scheduling phases, oldest first."""
+        data = await self._json("GET", f"{_session_path(session_id)}/history")
+        return [HistoryEntry.model_validate(item) for item in data["items"]]
+
+    async def explain(self, session_id: SessionRef) -> Explanation:
+        """Where the session stands in its resource group's queue, and why it waits."""
+        data = await self._json("GET", f"{_session_path(session_id)}/explain")
+        return Explanation.model_validate(data)
+
+    # --- agents, events, the caller -------------------------------------------------------
+
+    async def list_agents(
+        self,
+        *,
+        status: str | None = None,
+        resource_group: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page[Agent]:
+        """One page of the cluster's agents by id, optionally of one status or resource group."""
+        params = {
+            "status": status,
+            "resource_group": resource_group,
+            "limit": limit,
+            "cursor": cursor,
+        }
+        return Page[Agent].model_validate(await self._json("GET", "/v1/agents", params=params))
+
+    async def iter_agents(
+        self,
+        *,
+        status: str | None = None,
+        resource_group: str | None = None,
+        page_size: int | None = None,
+    ) -> AsyncGenerator[Agent, None]:
+        """Every agent `list_agents` would list, following the cursors page by page."""
+
+        def fetch(cursor: str | None) -> Awaitable[Page[Agent]]:
+            return self.list_agents(
+                status=status, resource_group=resource_group, limit=page_size, cursor=cursor
+            )
+
+        async with contextlib.aclosing(_every_item(fetch)) as agents:
+            async for agent in agents:
+                yield agent
+
+    async def events(
+        self,
+        *,
+        since: int | None = None,
+        entity_id: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page[Event]:
+        """One page of the events the caller may see, oldest first, after event id `since`."""
+        params = {
+            "follow": "false",
+            "since": since,
+            "entity_id": entity_id,
+            "limit": limit,
+            "cursor": cursor,
+        }
+        return Page[Event].model_validate(await self._json("GET", "/v1/events", params=params))
+
+    async def follow_events(
+        self, *, since: int | None = None, entity_id: str | None = None
+    ) -> AsyncGenerator[Event, None]:
+        """Events as they happen, after event id `since` if given (else from now); until closed.
+
+        `entity_id` keeps one entity's events (e.g. a session id). Close the iterator
+        (`contextlib.aclosing`) when stopping.
+        """
+        params = {"since": since, "entity_id": entity_id}
+        headers = {"Accept": "text/event-stream"}
+        async with self._stream("GET", "/v1/events", params, headers) as response:
+            async for message in parse_sse(response.aiter_lines()):
+                if message.data:
+                    yield Event.model_validate_json(message.data)
+
+    async def me(self) -> User:
+        """The user the token belongs to."""
+        return User.model_validate(await self._json("GET", "/v1/me"))
+
+    # --- transport ------------------------------------------------------------------------
+
+    async def _json(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, object] | None = None,
+        json: object = None,
+    ) -> Any:
+        response = await self._send(method, path, params=params, json=json)
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise CorralError(
+                f"{method} {path} answered {response.status_code} without JSON; is {self.url} "
+                "a corral manager?",
+                status=response.status_code,
+            ) from exc
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, object] | None = None,
+        json: object = None,
+    ) -> httpx.Response:
+        with self._network_errors():
+            response = await self._http.request(method, path, params=_query(params), json=json)
+        if response.is_error:
+            raise error_from_response(response)
+        return response
+
+    @contextlib.asynccontextmanager
+    async def _stream(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, object],
+        headers: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[httpx.Response]:
+        # A followed stream may stay quiet for as long as the session does: no read timeout.
+        timeout = httpx.Timeout(self.timeout_s, read=None)
+        answered = False
+        try:
+            async with self._http.stream(
+                method, path, params=_query(params), headers=headers, timeout=timeout
+            ) as response:
+                answered = True
+                if response.is_error:
+                    await response.aread()
+                    raise error_from_response(response)
+                yield response
+        except httpx.TransportError as exc:
+            if not answered:
+                raise self._unreachable(exc) from exc
+            raise UnreachableError(
+                f"lost the connection to corral at {self.url} in the middle of the stream: "
+                f"{exc or type(exc).__name__}"
+            ) from exc
+
+    @contextlib.contextmanager
+    def _network_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from exc
+
+    def _unreachable(self, exc: httpx.TransportError) -> UnreachableError:
+        if isinstance(exc, httpx.TimeoutException):
+            return UnreachableError(
+                f"{self.url} did not answer within {self.timeout_s:g} s ({type(exc).__name__})"
+            )
+        return UnreachableError(
+            f"cannot reach corral at {self.url}: {exc or type(exc).__name__}; is the "
+            "manager running (`corral up`), and is the URL right?"
+        )
+
+
+async def _every_item(fetch: Callable[[str | None], Awaitable[Page[T]]]) -> AsyncGenerator[T, None]:
+    cursor: str | None = None
+    while True:
+        page = await fetch(cursor)
+        for item in page.items:
+            yield item
+        if page.next_cursor is None:
+            return
+        cursor = page.next_cursor
+
+
+def validate_spec(fields: Mapping[str, Any]) -> SessionSpec:
+    """The session spec of `fields`, or `ValidationError` naming each bad field (no request)."""
+    try:
+        return SessionSpec.model_validate(fields)
+    except pydantic.ValidationError as exc:
+        errors = [
+            FieldError(
+                ".".join(str(part) for part in error["loc"]) or "spec",
+                error["msg"].removeprefix("Value error, "),
+            )
+            for error in exc.errors()
+        ]
+        raise ValidationError(
+            "; ".join(f"{e.field}: {e.message}" for e in errors),
+            type=VALIDATION_PROBLEM,
+            title="The session spec is not valid",
+            errors=errors,
+        ) from None
+
+
+def _session_path(session_id: SessionRef) -> str:
+    return f"/v1/sessions/{quote(str(session_id), safe='')}"
+
+
+def _query(params: Mapping[str, object] | None) -> httpx.QueryParams:
+    # Parameters left at None are not sent, so the server's defaults apply; a sequence is
+    # sent as the parameter repeated (`status=A&status=B`).
+    query: list[tuple[str, str | int | float | bool | None]] = []
+    for key, value in (params or {}).items():
+        values = value if isinstance(value, list | tuple) else [value]
+        query.extend((key, _text(item)) for item in values if item is not None)
+    return httpx.QueryParams(query)
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

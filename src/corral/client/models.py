@@ -1,0 +1,160 @@
+"""What the API answers, as typed, immutable values (unknown fields are ignored)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from corral.domain.slots import ResourceSlots
+from corral.domain.status import KernelStatus, SessionStatus
+
+T = TypeVar("T")
+
+TERMINAL_STATUSES = frozenset(
+    {SessionStatus.TERMINATED, SessionStatus.CANCELLED, SessionStatus.ERROR}
+)
+
+
+class ApiModel(BaseModel):
+    """Base of the API's values: frozen, and tolerant of fields a newer server adds."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class Page(ApiModel, Generic[T]):
+    """One page of a list; pass `next_cursor` back for the next (None: this was the last)."""
+
+    items: tuple[T, ...]
+    next_cursor: str | None = None
+
+
+class Kernel(ApiModel):
+    """One kernel of a session: where it runs and how it stands."""
+
+    id: uuid.UUID
+    cluster_role: str
+    cluster_index: int
+    agent_id: str | None = None
+    status: KernelStatus
+    status_info: str | None = None
+    exit_code: int | None = None
+    failure_cause: str | None = None
+    runtime_info: dict[str, Any] | None = None
+    status_changed_at: datetime | None = None
+
+
+class Session(ApiModel):
+    """A session as the API shows it; `kernels` only when fetched one by one."""
+
+    id: uuid.UUID
+    name: str | None = None
+    owner: str
+    type: str
+    status: SessionStatus
+    status_info: str | None = None
+    status_changed_at: datetime
+    created_at: datetime
+    started_at: datetime | None = None
+    terminated_at: datetime | None = None
+    result: str | None = None
+    failure_cause: str | None = None
+    exit_code: int | None = None
+    resource_group: str
+    cluster_mode: str
+    cluster_size: int
+    priority: int = 0
+    image: str
+    command: tuple[str, ...] = ()
+    resources: ResourceSlots  # per kernel
+    creation_id: str | None = None
+    kernels: tuple[Kernel, ...] | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        """Whether the session has ended (TERMINATED, CANCELLED or ERROR)."""
+        return self.status in TERMINAL_STATUSES
+
+
+class TerminateResult(ApiModel):
+    """What a terminate request did: `cancelled` (never ran), `terminating`, or `unchanged`."""
+
+    id: uuid.UUID
+    outcome: str
+    status: SessionStatus
+
+
+class HistoryEntry(ApiModel):
+    """One scheduling phase of a session: its outcome, attempts and last message."""
+
+    phase: str
+    from_status: str | None = None
+    to_status: str | None = None
+    result: str
+    error_code: str | None = None
+    message: str | None = None
+    attempts: int = 1
+    created_at: datetime
+    updated_at: datetime
+
+
+class Explanation(ApiModel):
+    """Where a session stands in its resource group's queue and why it is (not) placed."""
+
+    session_id: uuid.UUID
+    status: SessionStatus
+    resource_group: str
+    position: int | None = None  # 1-based; None when the session is not a candidate
+    queue_length: int
+    outcome: str  # placed / failed / waiting / blocked / not_pending / not_due
+    code: str | None = None
+    message: str
+
+
+class Agent(ApiModel):
+    """An agent node: its state, slot capacity and occupancy, and how many kernels it runs."""
+
+    id: str
+    address: str
+    resource_group: str
+    status: str
+    schedulable: bool
+    runtime: str
+    labels: dict[str, str] = {}
+    last_heartbeat_at: datetime | None = None
+    capacity: ResourceSlots
+    occupied: ResourceSlots
+    kernels: int  # kernels on the agent that have not ended
+
+    @model_validator(mode="before")
+    @classmethod
+    def _exact_slots(cls, data: Any) -> Any:
+        # The API sends slots both human-readable and exact (milli-units); keep the exact ones.
+        if isinstance(data, dict):
+            data = dict(data)
+            for name in ("capacity", "occupied"):
+                milli = data.get(f"{name}_milli")
+                if isinstance(milli, dict):
+                    data[name] = ResourceSlots.from_milli(milli)
+        return data
+
+
+class Event(ApiModel):
+    """One change to one entity, e.g. kind `session.status_changed` with `{from, to, reason}`."""
+
+    id: int | None = None
+    kind: str
+    entity_type: str
+    entity_id: str
+    payload: dict[str, Any] = {}
+    created_at: datetime
+
+
+class User(ApiModel):
+    """Who a token belongs to."""
+
+    id: uuid.UUID
+    name: str
+    role: str

@@ -1,0 +1,140 @@
+"""`corral up`: a manager and one local agent in one process, on the embedded defaults.
+
+SQLite in the data directory, in-process hints, locks and events, the API on localhost, and
+a process agent with this host's cpus, memory and GPUs, joined over real HTTP with a join
+token that never leaves the process. An admin user is made on first start; each start issues
+it a fresh token, which is printed and written to the client config so that `corral run`
+works next. Stopping (Ctrl-C, SIGTERM) stops the agent first — its kernels are stopped and
+reported — then the manager.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from corral.agent.client import HttpManagerClient
+from corral.agent.daemon import AgentConfig, AgentDaemon
+from corral.agent.devices import DeviceAllocator
+from corral.agent.runtime.process import ProcessRuntime
+from corral.domain.slots import ResourceSlots
+from corral.domain.types import utcnow
+from corral.manager.daemon import ManagerConfig, ManagerDaemon
+from corral.store.database import Database
+from corral.store.users import create_user, find_user, issue_token
+
+logger = logging.getLogger(__name__)
+
+ADMIN = "admin"
+
+
+@dataclass(frozen=True, slots=True)
+class UpConfig:
+    """Where `corral up` keeps its state and listens."""
+
+    data_dir: Path
+    slots: ResourceSlots
+    port: int = 8470
+    host: str = "127.0.0.1"
+    agents: int = 1  # local agents sharing the machine's slots (to try multi-node sessions)
+
+
+@dataclass(frozen=True, slots=True)
+class UpReady:
+    """What a user needs once corral is up."""
+
+    url: str
+    admin_token: str
+    agent_ids: tuple[str, ...]
+
+
+async def admin_token(db: Database) -> str:
+    """A fresh token of the admin user, made on first start."""
+    now = utcnow()
+    admin = await find_user(db, ADMIN)
+    user_id = admin.user_id if admin is not None else await create_user(db, ADMIN, "admin", now)
+    return (await issue_token(db, user_id, "corral up", now)).secret
+
+
+async def run_up(
+    config: UpConfig,
+    on_ready: Callable[[UpReady], None],
+    stop: asyncio.Event,
+) -> None:
+    """Run the manager and the local agent until `stop` is set or one of them fails."""
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    join_token = secrets.token_urlsafe(24)
+    manager = ManagerDaemon(
+        ManagerConfig(
+            database_url=f"sqlite:///{config.data_dir / 'corral.db'}",
+            host=config.host,
+            port=config.port,
+            join_token=join_token,
+        )
+    )
+    managing = asyncio.create_task(manager.run(), name="up-manager")
+    ready = asyncio.create_task(manager.ready.wait())
+    await asyncio.wait({managing, ready}, return_when=asyncio.FIRST_COMPLETED)
+    if managing.done():
+        ready.cancel()
+        managing.result()  # why the manager could not start
+        return
+    assert manager.parts is not None
+    token = await admin_token(manager.parts.db)
+    share = split_slots(config.slots, config.agents)
+    agents = [
+        AgentDaemon(
+            AgentConfig(
+                agent_id=f"{socket.gethostname()}-local{'' if i == 0 else f'-{i}'}",
+                token=join_token,
+                address=config.host,
+                slots=share,
+                data_dir=config.data_dir / "agents" / str(i),
+            ),
+            HttpManagerClient(manager.url),
+            ProcessRuntime(host=config.host),
+            devices=DeviceAllocator(int(share.get("cuda.device", 0))),
+        )
+        for i in range(config.agents)
+    ]
+    agenting = [asyncio.create_task(a.run(), name=f"up-agent-{i}") for i, a in enumerate(agents)]
+    registered = asyncio.gather(*(a.registered.wait() for a in agents))
+    starting: set[asyncio.Future[Any]] = {*agenting, registered}
+    await asyncio.wait(starting, return_when=asyncio.FIRST_COMPLETED)
+    if registered.done():
+        on_ready(UpReady(manager.url, token, tuple(a.config.agent_id for a in agents)))
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({managing, *agenting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        registered.cancel()
+        for agent in agents:
+            await agent.stop()
+        agent_outcome = await asyncio.gather(*agenting, return_exceptions=True)
+        await manager.stop()
+        manager_outcome = await asyncio.gather(managing, return_exceptions=True)
+    for outcome in (*agent_outcome, *manager_outcome):
+        if isinstance(outcome, Exception):
+            raise outcome
+
+
+def split_slots(slots: ResourceSlots, parts: int) -> ResourceSlots:
+    """An equal share of `slots` for each of `parts` agents (whole cpus and devices, rounded
+    down, at least one cpu each)."""
+    if parts < 1:
+        raise ValueError(f"agents must be at least 1, not {parts}")
+    milli = slots.to_milli()
+    share: dict[str, int] = {}
+    for name, amount in milli.items():
+        each = amount // parts
+        if name in ("cpu", "cuda.device"):
+            each = each // 1000 * 1000
+        share[name] = max(each, 1000) if name == "cpu" else each
+    return ResourceSlots.from_milli({k: v for k, v in share.items() if v})

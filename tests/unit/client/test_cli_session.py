@@ -1,0 +1,240 @@
+"""`corral session ...`: tables, JSON, raw logs, and errors as `corral: error:` with exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from corral.cli import _remote
+from corral.client import Client
+from tests.unit.client._fake_api import URL, FakeApi, kernel_json
+from tests.unit.client.conftest import Cli, cli_app
+
+FIRST = "aaaa1111-0000-4000-8000-000000000000"
+SECOND = "bbbb2222-0000-4000-8000-000000000000"
+
+
+def _lines(text: str) -> list[list[str]]:
+    return [line.split() for line in text.splitlines()]
+
+
+def test_ls_prints_an_aligned_table_of_the_callers_sessions(cli: Cli, api: FakeApi) -> None:
+    """Headers and one row per session, columns aligned; only the caller's own are asked for."""
+    api.add_session(id=FIRST, name="train", status="RUNNING")
+    api.add_session(id=SECOND, owner="bob")
+    result = cli("session", "ls")
+    assert result.exit_code == 0, result.output
+    header, row = result.stdout.splitlines()
+    assert header.split() == [
+        "ID", "NAME", "STATUS", "TYPE", "SIZE", "RESOURCES", "GROUP", "AGE", "EXIT",
+    ]  # fmt: skip
+    assert row.split()[:7] == [FIRST, "train", "RUNNING", "BATCH", "1", "cpu=1", "mem=1GiB"]
+    assert header.index("STATUS") == row.index("RUNNING")
+    assert api.sent("GET", "/v1/sessions")[0].url.params["owner"] == "alice"
+
+
+def test_ls_all_asks_for_every_owner_and_shows_the_owner(cli: Cli, api: FakeApi) -> None:
+    """`--all` sends no owner filter and adds an OWNER column."""
+    api.add_session(id=FIRST, owner="bob")
+    result = cli("session", "ls", "--all")
+    assert result.exit_code == 0, result.output
+    assert _lines(result.stdout)[1][:3] == [FIRST, "-", "bob"]
+    assert "owner" not in api.sent("GET", "/v1/sessions")[0].url.params
+
+
+def test_ls_json_is_a_list_of_sessions(cli: Cli, api: FakeApi) -> None:
+    """`--json` prints a JSON list with the sessions' fields."""
+    api.add_session(id=FIRST, status="ERROR", exit_code=3)
+    result = cli("session", "ls", "--json")
+    sessions = json.loads(result.stdout)
+    assert [(s["id"], s["status"], s["exit_code"]) for s in sessions] == [(FIRST, "ERROR", 3)]
+
+
+def test_ls_filters_by_status_case_insensitively(cli: Cli, api: FakeApi) -> None:
+    """`--status running` asks the API for RUNNING sessions."""
+    cli("session", "ls", "--status", "running", "-s", "PENDING")
+    params = api.sent("GET", "/v1/sessions")[0].url.params
+    assert params.get_list("status") == ["RUNNING", "PENDING"]
+
+
+def test_ls_refuses_an_unknown_status(cli: Cli, api: FakeApi) -> None:
+    """A misspelt status is a usage error (exit 2) listing the statuses, before any request."""
+    result = cli("session", "ls", "--status", "RUNING")
+    assert result.exit_code == 2
+    assert "corral: error: --status 'RUNING' is not a session status" in result.stderr
+    assert api.requests == []
+
+
+def test_ls_limit_stops_after_enough_sessions(cli: Cli, api: FakeApi) -> None:
+    """`--limit 2` prints two sessions and asks for no more than two."""
+    for _ in range(5):
+        api.add_session()
+    result = cli("session", "ls", "--limit", "2", "--json")
+    assert len(json.loads(result.stdout)) == 2
+    assert api.sent("GET", "/v1/sessions")[0].url.params["limit"] == "2"
+
+
+def test_ls_without_sessions_says_so_on_stderr(cli: Cli) -> None:
+    """An empty listing prints nothing on stdout and a note on stderr."""
+    result = cli("session", "ls")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "", "no sessions\n")
+
+
+def test_info_shows_the_session_and_its_kernels(cli: Cli, api: FakeApi) -> None:
+    """Facts as `key: value` lines, then a table of kernels; a prefix finds the session."""
+    api.add_session(
+        id=FIRST,
+        status="ERROR",
+        failure_cause="agent_lost",
+        exit_code=137,
+        cluster_size=2,
+        kernels=[
+            kernel_json(0, status="ERROR", agent_id="node-1", failure_cause="agent_lost"),
+            kernel_json(1, status="TERMINATED", agent_id="node-2", exit_code=0),
+        ],
+    )
+    result = cli("session", "info", "aaaa")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert f"id:         {FIRST}" in out
+    assert "command:    python -c 'print(42)'" in out
+    assert "failure:    agent_lost" in out
+    kernels = _lines(out.split("\n\n")[1])
+    assert kernels[0][:5] == ["KERNEL", "ROLE", "STATUS", "AGENT", "EXIT"]
+    assert kernels[1][:6] == ["0", "main", "ERROR", "node-1", "-", "agent_lost"]
+    assert kernels[2][:5] == ["1", "sub", "TERMINATED", "node-2", "0"]
+
+
+def test_info_json_includes_the_kernels(cli: Cli, api: FakeApi) -> None:
+    """`info --json` prints the session with its kernels."""
+    api.add_session(id=FIRST)
+    data = json.loads(cli("session", "info", FIRST, "--json").stdout)
+    assert data["id"] == FIRST
+    assert [k["cluster_index"] for k in data["kernels"]] == [0]
+
+
+def test_logs_prints_the_bytes_untouched(cli: Cli, api: FakeApi) -> None:
+    """Logs reach stdout byte for byte, stderr logs too with `--stderr`."""
+    api.add_session(id=FIRST)
+    api.logs[(FIRST, "stdout")] = b"line\r\n\xff\x00raw"
+    api.logs[(FIRST, "stderr")] = b"warning\n"
+    assert cli("session", "logs", FIRST).stdout_bytes == b"line\r\n\xff\x00raw"
+    assert cli("session", "logs", FIRST, "--stderr").stdout_bytes == b"warning\n"
+    assert api.sent("GET", f"/v1/sessions/{FIRST}/logs")[1].url.params["stream"] == "stderr"
+
+
+def test_logs_follow_streams_until_the_session_ends(cli: Cli, api: FakeApi) -> None:
+    """`logs -f` copies the stream of the chosen kernel until the server ends it."""
+    api.add_session(id=FIRST)
+    api.logs[(FIRST, "stdout")] = b"done\n"
+
+    async def end(session_id: str) -> None:
+        await api.finish(session_id)
+
+    api.on_follow = end
+    result = cli("session", "logs", "-f", "--kernel", "1", FIRST)
+    assert result.exit_code == 0, result.output
+    assert result.stdout_bytes == b"done\n"
+    params = api.sent("GET", f"/v1/sessions/{FIRST}/logs")[0].url.params
+    assert (params["follow"], params["kernel"]) == ("true", "1")
+
+
+def test_history_is_a_table_of_phases(cli: Cli, api: FakeApi) -> None:
+    """Each scheduling phase is a row with its result and attempts."""
+    api.add_session(id=FIRST)
+    api.history[FIRST] = [
+        {
+            "phase": "schedule",
+            "from_status": "PENDING",
+            "to_status": "SCHEDULED",
+            "result": "SUCCESS",
+            "error_code": None,
+            "message": "",
+            "attempts": 2,
+            "created_at": "2030-01-01T09:00:00+00:00",
+            "updated_at": "2030-01-01T09:00:05+00:00",
+        }
+    ]
+    rows = _lines(cli("session", "history", FIRST).stdout)
+    assert rows[0][:5] == ["PHASE", "FROM", "TO", "RESULT", "ATTEMPTS"]
+    assert rows[1][:7] == ["schedule", "PENDING", "SCHEDULED", "SUCCESS", "2", "-", "-"]
+    history = json.loads(cli("session", "history", FIRST, "--json").stdout)
+    assert history[0]["attempts"] == 2
+
+
+def test_explain_says_where_the_session_waits_and_why(cli: Cli, api: FakeApi) -> None:
+    """The queue position and the scheduler's reason, in words."""
+    api.add_session(id=FIRST)
+    out = cli("session", "explain", FIRST).stdout
+    assert out == (
+        f"session {FIRST}: PENDING, position 1 of 2 in resource group 'default'\n"
+        "  waiting (insufficient_resources): no agent has 8 cpu free\n"
+    )
+    assert json.loads(cli("session", "explain", FIRST, "--json").stdout)["position"] == 1
+
+
+def test_terminate_reports_the_outcome(cli: Cli, api: FakeApi) -> None:
+    """Terminating a running session says it is terminating; again, that it had ended."""
+    api.add_session(id=FIRST, status="RUNNING")
+    assert cli("session", "terminate", FIRST).stdout == (
+        f"session {FIRST}: terminating (TERMINATING)\n"
+    )
+    api.sessions[FIRST]["status"] = "TERMINATED"
+    assert cli("session", "terminate", FIRST).stdout == (
+        f"session {FIRST} had already ended (TERMINATED)\n"
+    )
+
+
+def test_rm_removes_ended_sessions_and_refuses_running_ones(cli: Cli, api: FakeApi) -> None:
+    """An ended session is removed; a running one is an error (exit 1) from the API."""
+    api.add_session(id=FIRST, status="TERMINATED")
+    api.add_session(id=SECOND, status="RUNNING")
+    removed = cli("session", "rm", FIRST)
+    assert (removed.exit_code, removed.stdout) == (0, f"removed session {FIRST}\n")
+    refused = cli("session", "rm", SECOND)
+    assert refused.exit_code == 1
+    assert refused.stderr == f"corral: error: session {SECOND} has not ended\n"
+    assert SECOND in api.sessions
+
+
+def test_an_unknown_session_exits_1_with_the_apis_message(cli: Cli) -> None:
+    """A 404 becomes `corral: error: <detail>` and exit code 1."""
+    result = cli("session", "info", FIRST)
+    assert (result.exit_code, result.stdout) == (1, "")
+    assert result.stderr == f"corral: error: no session {FIRST}\n"
+
+
+def test_an_ambiguous_prefix_is_a_usage_error(cli: Cli, api: FakeApi) -> None:
+    """A prefix of two sessions exits 2, naming both."""
+    api.add_session(id="abcd1111-0000-4000-8000-000000000000")
+    api.add_session(id="abcd2222-0000-4000-8000-000000000000")
+    result = cli("session", "info", "abcd")
+    assert result.exit_code == 2
+    assert "is ambiguous" in result.stderr
+
+
+def test_a_refused_token_exits_1(cli: Cli, api: FakeApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 401 prints the API's reason."""
+    transport = httpx.MockTransport(api.handle)
+    monkeypatch.setattr(_remote, "connect", lambda: Client(URL, "wrong", transport=transport))
+    result = cli("session", "ls")
+    assert result.exit_code == 1
+    assert result.stderr == "corral: error: the token is unknown or expired\n"
+
+
+def test_no_configuration_says_how_to_configure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a config file or variables, the command exits 2 pointing at `corral up`."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv("CORRAL_URL", raising=False)
+    monkeypatch.delenv("CORRAL_TOKEN", raising=False)
+    result = Cli(FakeApi()).runner.invoke(cli_app(), ["session", "ls"])
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "corral: error: no corral server is configured: run `corral up` or set CORRAL_URL "
+        "and CORRAL_TOKEN\n"
+    )
