@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -12,66 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e._cli import corral
-
-
-class Up:
-    """A `corral up` process and the environment of a user on the same machine."""
-
-    def __init__(self, process: subprocess.Popen[str], env: dict[str, str]) -> None:
-        self.process = process
-        self.env = env
-
-    def corral(self, *args: str, timeout_s: float = 90) -> subprocess.CompletedProcess[str]:
-        return corral(*args, env=self.env, timeout_s=timeout_s)
-
-
-def _home_env(tmp_path: Path) -> dict[str, str]:
-    """A user with nothing configured: HOME, config and data all under tmp_path."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-    env.update(
-        HOME=str(tmp_path / "home"),
-        XDG_CONFIG_HOME=str(tmp_path / "home" / ".config"),
-        XDG_DATA_HOME=str(tmp_path / "home" / ".local" / "share"),
-        CORRAL_CONFIG=str(tmp_path / "none.toml"),
-    )
-    return env
-
-
-def _start_up(tmp_path: Path, *args: str) -> Iterator[Up]:
-    env = _home_env(tmp_path)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "corral", "up", "--port", "0", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-    assert process.stdout is not None
-    seen = []
-    for line in process.stdout:
-        seen.append(line)
-        if line.startswith("client config written to"):
-            break
-    else:
-        raise AssertionError(
-            f"corral up ended ({process.wait()}) before it was up:\n{''.join(seen)}"
-        )
-    assert any(line.startswith("admin token: crl_") for line in seen), seen
-    try:
-        yield Up(process, env)
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            assert process.wait(timeout=60) == 0
-        finally:
-            process.stdout.close()
+from tests.e2e._up import Up, start_up
 
 
 @pytest.fixture
 def up(tmp_path: Path) -> Iterator[Up]:
     """`corral up` with one local agent."""
-    yield from _start_up(tmp_path)
+    yield from start_up(tmp_path)
 
 
 def test_run_prints_the_output_untouched_and_returns_the_exit_code(up: Up) -> None:
@@ -121,7 +67,7 @@ def test_events_follow_shows_a_sessions_status_changes(up: Up) -> None:
 
 def test_multi_node_run_on_two_local_agents(tmp_path: Path) -> None:
     """`corral up --agents 2`, then a 2-kernel multi-node run: each rank prints its own line."""
-    for up in _start_up(tmp_path, "--agents", "2"):
+    for up in start_up(tmp_path, "--agents", "2"):
         done = up.corral(
             "run", "--cluster-size", "2", "--multi-node", "--",
             "python", "-c", "import os; print(os.environ['RANK'], os.environ['WORLD_SIZE'])",
