@@ -23,6 +23,7 @@ Key = TypeVar("Key", str, int)
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
+MAX_ID = 2**63 - 1  # the largest BIGINT: a larger id would overflow the query, not match
 
 Limit = Annotated[
     int, Query(ge=1, le=MAX_LIMIT, description=f"items per page (at most {MAX_LIMIT})")
@@ -60,6 +61,8 @@ def decode_cursor(listing: str, cursor: str | None, key_type: type[Key]) -> Key 
     key = data.get("k")
     # bool is an int to Python, never a key of ours.
     if not isinstance(key, key_type) or isinstance(key, bool):
+        raise invalid_cursor(cursor)
+    if isinstance(key, int) and not -MAX_ID <= key <= MAX_ID:
         raise invalid_cursor(cursor)
     return key
 

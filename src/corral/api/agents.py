@@ -73,7 +73,11 @@ async def authenticated(agent_id: str, agents: Controller, token: Bearer) -> Age
 Agent = Annotated[AgentId, Depends(authenticated)]
 
 
-@router.post("/register", response_model=RegisterResponse)
+@router.post(
+    "/register",
+    response_model=RegisterResponse,
+    responses={201: {"model": RegisterResponse, "description": "A new agent joined"}},
+)
 async def register(
     body: RegisterRequest, agents: Controller, token: Bearer, response: Response
 ) -> RegisterResponse:

@@ -8,11 +8,13 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI
 
 from corral import __version__
-from corral.api import agents, agents_admin, events, resource_groups, sessions, users
-from corral.api.problems import install_problem_handlers
+from corral.api import agents, agents_admin, events, health, resource_groups, sessions, users
+from corral.api.metrics import metrics_router
+from corral.api.problems import PROBLEM_RESPONSES, install_problem_handlers
 from corral.controller.agents import AgentController
 from corral.controller.sessions import SessionController
 from corral.coordination.loop import DualLoop
+from corral.coordination.metrics import CoordinatorMetrics
 from corral.infra.events import EventBus
 from corral.store.database import Database
 
@@ -25,7 +27,8 @@ class ApiContext:
     agents: AgentController
     sessions: SessionController
     events: EventBus | None = None
-    loops: Sequence[DualLoop] = field(default_factory=tuple)  # for metrics
+    loops: Sequence[DualLoop] = field(default_factory=tuple)  # for metrics and readiness
+    metrics: CoordinatorMetrics | None = None
 
 
 def create_app(context: ApiContext) -> FastAPI:
@@ -37,6 +40,8 @@ def create_app(context: ApiContext) -> FastAPI:
     app.state.sessions = context.sessions
     app.state.token_cache = {}
     install_problem_handlers(app)
+    app.include_router(health.router)
+    app.include_router(metrics_router(context, context.metrics))
     for router in (
         agents.router,
         agents_admin.router,
@@ -45,11 +50,6 @@ def create_app(context: ApiContext) -> FastAPI:
         users.router,
         events.router,
     ):
-        app.include_router(router)
-
-    @app.get("/healthz", tags=["health"])
-    async def healthz() -> dict[str, str]:
-        """The process answers."""
-        return {"status": "ok"}
+        app.include_router(router, responses=PROBLEM_RESPONSES)
 
     return app

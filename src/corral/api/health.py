@@ -2,7 +2,9 @@
 
 Both are unauthenticated, like every orchestrator's probes: a load balancer or kubelet calls
 them without a token. They say nothing a caller could use: a failed check names its kind of
-error, never the message (which may carry hosts or SQL); the log event has the details.
+error, never the message (which may carry hosts or SQL); the log event has the details. They
+are infrastructure, not the user's API, so they stay out of the OpenAPI document (where a
+fuzzer would also read a not-ready 503 as a server error).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import sqlalchemy as sa
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
-from corral.api.problems import PROBLEM_MEDIA_TYPE, Problem
+from corral.api.problems import Problem
 from corral.store.database import Database
 
 if TYPE_CHECKING:
@@ -41,22 +43,13 @@ class Readiness(BaseModel):
     checks: dict[str, str]
 
 
-@router.get("/healthz", response_model=Liveness)
+@router.get("/healthz", response_model=Liveness, include_in_schema=False)
 async def healthz() -> Liveness:
     """Liveness: the process answers (it checks nothing else, so a restart would not help)."""
     return Liveness(status="ok")
 
 
-@router.get(
-    "/readyz",
-    response_model=Readiness,
-    responses={
-        503: {
-            "description": "Not ready: the problem names each failed check.",
-            "content": {PROBLEM_MEDIA_TYPE: {}},
-        }
-    },
-)
+@router.get("/readyz", response_model=Readiness, include_in_schema=False)
 async def readyz(request: Request) -> Readiness:
     """Readiness: the database answers within 2 s and the coordinator's loops run; else 503."""
     context: ApiContext = request.app.state.context

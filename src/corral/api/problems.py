@@ -7,10 +7,33 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 PROBLEM_BASE = "https://corral.dev/problems/"
 PROBLEM_MEDIA_TYPE = "application/problem+json"
+
+
+class ProblemDetails(BaseModel):
+    """The body of every error answer; some kinds add members (e.g. `errors`, per field)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+
+
+# Every route's client errors, for the OpenAPI document (it replaces FastAPI's default 422,
+# whose body is not ours).
+PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    "4XX": {
+        "description": "A problem-details document (RFC 9457) whose `type` names the error",
+        "content": {PROBLEM_MEDIA_TYPE: {"schema": ProblemDetails.model_json_schema()}},
+    }
+}
 
 
 class Problem(Exception):

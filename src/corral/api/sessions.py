@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel
 
 from corral.api._pages import invalid_cursor
@@ -163,7 +163,17 @@ async def _visible(db: Any, user: Principal, session_id: uuid.UUID) -> dict[str,
     return found
 
 
-@router.post("", status_code=201, response_model=SessionOut)
+@router.post(
+    "",
+    status_code=201,
+    response_model=SessionOut,
+    responses={
+        200: {
+            "model": SessionOut,
+            "description": "Created before: the session of this `creation_id`",
+        }
+    },
+)
 async def create_session(
     spec: SessionSpec, user: CurrentUser, db: Db, request: Request, response: Response
 ) -> SessionOut:
@@ -238,7 +248,7 @@ async def terminate_session(
     return TerminateOut(id=session_id, outcome=said, status=after["status"])
 
 
-@router.get("/{session_id}/logs")
+@router.get("/{session_id}/logs", response_class=PlainTextResponse)
 async def session_logs(
     session_id: uuid.UUID,
     user: CurrentUser,

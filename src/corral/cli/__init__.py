@@ -8,6 +8,7 @@ from corral.cli import (
     agent,
     agents_cli,
     bench,
+    bench_api,
     db,
     events,
     explain,
@@ -35,6 +36,7 @@ app.add_typer(session.app, name="session")
 app.command("events")(events.events_command)
 app.command("up")(up.up_command)
 app.command("simulate")(simulate.simulate_command)
+bench.app.command("api")(bench_api.api_command)
 app.add_typer(bench.app, name="bench")
 app.add_typer(db.app, name="db")
 

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.coordination.hints import Hint, hints_after_moves
 from corral.coordination.judge import PhaseLimits, judge
+from corral.coordination.metrics import CoordinatorMetrics
 from corral.coordination.promotion import run_promotion
 from corral.coordination.tasks import Task, TaskRun
 from corral.domain.events import Event
@@ -80,8 +81,10 @@ class SessionCoordinator:
         clock: Clock = utcnow,
         limits: Mapping[str, PhaseLimits] = DEFAULT_LIMITS,
         lock_prefix: str = "sessions",
+        metrics: CoordinatorMetrics | None = None,
     ) -> None:
         self.db = db
+        self.metrics = metrics
         self.hints = hints
         self.events = events
         self.clock = clock
@@ -89,7 +92,12 @@ class SessionCoordinator:
         self.lock_prefix = lock_prefix
         self.repository = SessionRepository(db)
         self.lifecycle: tuple[LifecycleHandler, ...] = (
-            ScheduleNewSessions(db, clock, on_placed=self._record_placed),
+            ScheduleNewSessions(
+                db,
+                clock,
+                on_placed=self._record_placed,
+                on_pass=metrics.observe_placement if metrics is not None else None,
+            ),
             PrepareSessions(db),
             StartSessions(db),
             TerminateSessions(db),
@@ -135,6 +143,8 @@ class SessionCoordinator:
             limits=limits,
             now=now,
         )
+        if self.metrics is not None:
+            self.metrics.observe_results(name, changes)
         if handler.commits_successes:
             changes = [c for c in changes if c.result is not SchedulingResult.SUCCESS]
         appended: list[Event] = list(placed_events)
@@ -172,6 +182,8 @@ class SessionCoordinator:
 
         applied = await run_promotion(self.db, handler, self.clock(), on_applied=record)
         moved = applied.moved()
+        if self.metrics is not None:
+            self.metrics.observe_result(name, SchedulingResult.SUCCESS, len(moved))
         await self._post_process(hints_after_moves(after for _, after in moved.values()), appended)
         return TaskRun(
             name,

@@ -25,6 +25,7 @@ from corral.controller.sessions import SessionController
 from corral.coordination.coordinator import SessionCoordinator
 from corral.coordination.loop import DualLoop
 from corral.coordination.manager import LoopIntervals, task_loops
+from corral.coordination.metrics import CoordinatorMetrics
 from corral.coordination.orchestrator import Orchestrator
 from corral.coordination.tasks import Task, TaskRun
 from corral.domain.types import Clock, utcnow
@@ -105,7 +106,10 @@ class ManagerDaemon:
         agents = AgentController(
             db, buses.hints, join_token=config.join_token, timings=config.timings, clock=self.clock
         )
-        coordinator = SessionCoordinator(db, buses.hints, buses.events, clock=self.clock)
+        metrics = CoordinatorMetrics()
+        coordinator = SessionCoordinator(
+            db, buses.hints, buses.events, clock=self.clock, metrics=metrics
+        )
         loops = task_loops(coordinator.tasks(), buses.hints, buses.locks, config.intervals)
         loops.append(_sweep_loop(agents, buses, config))
         orchestrator = Orchestrator(loops, grace_period_s=config.grace_period_s)
@@ -124,6 +128,7 @@ class ManagerDaemon:
                 sessions=self.parts.sessions,
                 events=buses.events,
                 loops=loops,
+                metrics=metrics,
             )
         )
         self._sock = _bind(config.host, config.port)
@@ -204,7 +209,9 @@ def _sweep_loop(agents: AgentController, buses: Buses, config: ManagerConfig) ->
 def _bind(host: str, port: int) -> socket.socket:
     """Bind the API's socket up front, so port 0 yields a known port before serving."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets of that protocol, and
+    # without it every keep-alive response waited ~40 ms for a delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

@@ -7,6 +7,7 @@ import socket
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -16,7 +17,6 @@ from prometheus_client.samples import Sample
 
 from corral.api import health
 from corral.api.app import ApiContext, create_app
-from corral.api.metrics import metrics_router
 from corral.coordination.loop import DualLoop
 from corral.coordination.metrics import CoordinatorMetrics
 from corral.coordination.tasks import Task, TaskRun
@@ -34,18 +34,8 @@ PROBE = "Probe"
 
 
 def build_app(context: ApiContext, metrics: CoordinatorMetrics | None = None) -> FastAPI:
-    """The manager's app with the probes and /metrics (included here until app.py does)."""
-    app = create_app(context)
-    paths = {getattr(route, "path", None) for route in app.routes}
-    if "/readyz" not in paths:
-        # Until app.py includes the health router in place of its own inline /healthz.
-        app.router.routes[:] = [
-            r for r in app.router.routes if getattr(r, "path", "") != "/healthz"
-        ]
-        app.include_router(health.router)
-    if "/metrics" not in paths:
-        app.include_router(metrics_router(context, metrics))
-    return app
+    """The manager's app, its /metrics fed by `metrics`."""
+    return create_app(replace(context, metrics=metrics) if metrics is not None else context)
 
 
 @asynccontextmanager
@@ -317,13 +307,14 @@ async def test_metrics_still_answer_without_the_database(world: ApiWorld) -> Non
     assert "corral_agents" not in families
 
 
-async def test_metrics_and_probes_need_no_token_and_metrics_stay_out_of_openapi(
+async def test_metrics_and_probes_need_no_token_and_stay_out_of_openapi(
     world: ApiWorld,
 ) -> None:
-    """Scrapers and probes call without a token; /metrics is not an API route in the schema."""
+    """Scrapers and probes call without a token; none of them is an API route in the schema."""
     async with client(build_app(context(world))) as http:
         metrics = await http.get("/metrics")
+        ready = await http.get("/readyz")
         schema = (await http.get("/openapi.json")).json()
     assert metrics.status_code == 200
-    assert "/metrics" not in schema["paths"]
-    assert {"/healthz", "/readyz"} <= set(schema["paths"])
+    assert ready.status_code == 503  # no loops here; not a 401
+    assert not {"/metrics", "/healthz", "/readyz"} & set(schema["paths"])

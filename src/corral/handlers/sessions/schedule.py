@@ -11,7 +11,7 @@ from corral.domain.session import SessionWithKernels
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import Clock, SessionId
 from corral.handlers.base import LifecycleHandler
-from corral.scheduler.scheduler import schedule_group
+from corral.scheduler.scheduler import PassResult, schedule_group
 from corral.store.database import Database
 
 OnPlaced = Callable[[AsyncConnection, list[SessionId]], Awaitable[None]]
@@ -34,10 +34,12 @@ class ScheduleNewSessions(LifecycleHandler):
         clock: Clock,
         *,
         on_placed: OnPlaced | None = None,
+        on_pass: Callable[[PassResult], None] | None = None,
     ) -> None:
         self.db = db
         self.clock = clock
         self.on_placed = on_placed
+        self.on_pass = on_pass  # told about every scheduling pass (metrics)
 
     @classmethod
     def name(cls) -> str:
@@ -65,6 +67,8 @@ class ScheduleNewSessions(LifecycleHandler):
         result = HandlerResult()
         for group in sorted({s.resource_group for s in targets}):
             passed = await schedule_group(self.db, group, self.clock(), on_committed=self.on_placed)
+            if self.on_pass is not None:
+                self.on_pass(passed)
             part = passed.handler_result()
             result.successes.extend(part.successes)
             result.failures.extend(part.failures)
