@@ -16,6 +16,7 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.controller._group_commit import GroupCommit
 from corral.coordination.hints import Hint
 from corral.domain.events import Event
 from corral.domain.results import ResultNote, SchedulingResult, TransitionStatus
@@ -87,14 +88,42 @@ class SessionController:
         self.hints = hints
         self.events = events
         self.clock = clock
+        # Submissions arriving together (API requests) share one transaction.
+        self._submissions: GroupCommit[tuple[SessionSpec, UserId], Submitted] = GroupCommit(
+            self._enqueue_together
+        )
 
     async def enqueue(self, spec: SessionSpec, owner: UserId) -> Submitted:
         """Write the session and its kernels as PENDING, set the scheduling hint, return.
 
         The same `creation_id` from the same owner returns the session it first created.
+        Concurrent calls are written together (group commit); each gets its own answer, and a
+        refused spec fails only its own call.
         """
-        (submitted,) = await self.enqueue_many([spec], owner)
-        return submitted
+        return await self._submissions.submit((spec, owner))
+
+    async def _enqueue_together(
+        self, items: Sequence[tuple[SessionSpec, UserId]]
+    ) -> list[Submitted | BaseException]:
+        by_owner: dict[UserId, list[int]] = {}
+        for index, (_, owner) in enumerate(items):
+            by_owner.setdefault(owner, []).append(index)
+        results: list[Submitted | BaseException] = [RuntimeError("not submitted")] * len(items)
+        for owner, indexes in by_owner.items():
+            specs = [items[i][0] for i in indexes]
+            try:
+                done: list[Submitted | BaseException] = list(await self.enqueue_many(specs, owner))
+            except SubmissionError:
+                # One refused spec refuses the batch: submit each alone to find whose it is.
+                done = []
+                for spec in specs:
+                    try:
+                        done.extend(await self.enqueue_many([spec], owner))
+                    except SubmissionError as exc:
+                        done.append(exc)
+            for index, result in zip(indexes, done, strict=True):
+                results[index] = result
+        return results
 
     async def enqueue_many(self, specs: Sequence[SessionSpec], owner: UserId) -> list[Submitted]:
         """Submit several sessions in one transaction (all or none); one result per spec.

@@ -195,3 +195,21 @@ async def test_a_batch_is_written_in_one_go_and_refused_whole(
         await controller.enqueue_many([spec(), spec(resource_group="nowhere")], owner)
     assert refused.value.field == "resource_group"
     assert len(await SessionRepository(db).load([SessionStatus.PENDING])) == before == 2
+
+
+async def test_concurrent_submissions_share_a_transaction_and_fail_alone(
+    db: Database, controller: SessionController
+) -> None:
+    """Ten enqueues at once: nine sessions, and only the bad spec's call is refused."""
+    owner = await add_user(db)
+    specs = [spec() for _ in range(9)]
+    specs.insert(4, spec(resource_group="nowhere"))
+    results = await asyncio.gather(
+        *(controller.enqueue(s, owner) for s in specs), return_exceptions=True
+    )
+    refused = [r for r in results if isinstance(r, BaseException)]
+    assert len(refused) == 1 and isinstance(results[4], SubmissionError)
+    assert results[4].field == "resource_group"
+    made = [r for r in results if not isinstance(r, BaseException)]
+    assert len({m.session_id for m in made}) == 9
+    assert len(await SessionRepository(db).load([SessionStatus.PENDING])) == 9
