@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 
 from corral.agent.protocol import (
     AssignmentMessage,
@@ -16,6 +16,7 @@ from corral.agent.protocol import (
     ReportAccepted,
     ReportBatch,
 )
+from corral.api.auth import bearer
 from corral.api.problems import Problem
 from corral.controller._assignment_polls import PollsClosedError
 from corral.controller.agents import (
@@ -25,7 +26,13 @@ from corral.controller.agents import (
     UnknownAgentError,
 )
 from corral.domain.types import AgentId
-from corral.manager.wire import assignment_message, kernel_reports, log_chunks, output_blobs
+from corral.manager.wire import (
+    assignment_message,
+    kernel_reports,
+    log_chunks,
+    output_blobs,
+    register_response,
+)
 from corral.store.agent_registry import AgentCapacityError
 from corral.store.kernel_logs import UploadRefusedError
 from corral.store.kernel_reports import KernelReportConflictError
@@ -41,22 +48,8 @@ def controller(request: Request) -> AgentController:
     return agents
 
 
-def bearer_token(authorization: Annotated[str | None, Header()] = None) -> str:
-    """The bearer token of the request; 401 without one."""
-    scheme, _, token = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise Problem(
-            401,
-            "unauthenticated",
-            "Authentication required",
-            "send 'Authorization: Bearer <token>' (the join token to register, else the "
-            "agent's own token)",
-        )
-    return token.strip()
-
-
 Controller = Annotated[AgentController, Depends(controller)]
-Bearer = Annotated[str, Depends(bearer_token)]
+Bearer = Annotated[str, Depends(bearer)]
 
 
 async def authenticated(agent_id: str, agents: Controller, token: Bearer) -> AgentId:
@@ -100,14 +93,7 @@ async def register(
         raise Problem(409, "agent-capacity-conflict", "Capacity below use", str(exc)) from exc
     if registration.created:
         response.status_code = 201
-    timings = agents.timings
-    return RegisterResponse(
-        agent_id=registration.agent_id,
-        token=registration.token,
-        heartbeat_interval_s=timings.heartbeat_interval_s,
-        heartbeat_timeout_s=timings.heartbeat_timeout_s,
-        assignment_wait_s=timings.assignment_wait_s,
-    )
+    return register_response(registration, agents.timings)
 
 
 @router.post("/{agent_id}/heartbeat", response_model=HeartbeatResponse)

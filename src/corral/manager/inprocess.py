@@ -19,7 +19,13 @@ from corral.agent.protocol import (
 from corral.controller._assignment_polls import PollsClosedError
 from corral.controller.agents import AgentAuthError, AgentController, UnknownAgentError
 from corral.domain.types import AgentId
-from corral.manager.wire import assignment_message, kernel_reports, log_chunks, output_blobs
+from corral.manager.wire import (
+    assignment_message,
+    kernel_reports,
+    log_chunks,
+    output_blobs,
+    register_response,
+)
 from corral.store.kernel_logs import UploadRefusedError
 from corral.store.kernel_reports import KernelReportConflictError
 
@@ -44,14 +50,7 @@ class InProcessManagerClient:
             )
         except AgentAuthError as exc:
             raise ManagerRejectedError(401, {"detail": str(exc)}) from exc
-        timings = self._controller.timings
-        return RegisterResponse(
-            agent_id=registration.agent_id,
-            token=registration.token,
-            heartbeat_interval_s=timings.heartbeat_interval_s,
-            heartbeat_timeout_s=timings.heartbeat_timeout_s,
-            assignment_wait_s=timings.assignment_wait_s,
-        )
+        return register_response(registration, self._controller.timings)
 
     async def heartbeat(self, agent_id: str) -> HeartbeatResponse:
         """Heartbeat through the controller."""

@@ -10,7 +10,9 @@ from corral.agent.protocol import (
     KernelReportMessage,
     LogChunkMessage,
     OutputMessage,
+    RegisterResponse,
 )
+from corral.controller.agents import AgentTimings, Registration
 from corral.domain.types import KernelId
 from corral.store.assignments import Assignment
 from corral.store.kernel_logs import LogChunk, OutputBlob
@@ -43,6 +45,17 @@ def assignment_message(assignment: Assignment) -> AssignmentMessage:
             )
             for k in assignment.kernels
         ],
+    )
+
+
+def register_response(registration: Registration, timings: AgentTimings) -> RegisterResponse:
+    """What a registered agent is told: who it is, its token if new, how often to speak."""
+    return RegisterResponse(
+        agent_id=registration.agent_id,
+        token=registration.token,
+        heartbeat_interval_s=timings.heartbeat_interval_s,
+        heartbeat_timeout_s=timings.heartbeat_timeout_s,
+        assignment_wait_s=timings.assignment_wait_s,
     )
 
 
