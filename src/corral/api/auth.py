@@ -36,8 +36,9 @@ def bearer(authorization: Annotated[str | None, Header()] = None) -> str:
             401,
             "unauthenticated",
             "Authentication required",
-            "send 'Authorization: Bearer <token>'; `corral up` prints an admin token, and "
-            "admins create tokens for users",
+            "send 'Authorization: Bearer <token>': a user's token (`corral up` prints an "
+            "admin's; admins make users' tokens), or for agents the join token to register, "
+            "then the agent's own",
         )
     return token.strip()
 
