@@ -19,6 +19,9 @@ from corral.domain.status import KernelStatus
 AGENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 MAX_BATCH = 10_000  # reports, chunks or outputs in one request
 MAX_CHUNK_BYTES = 1 << 20  # one log chunk, decoded
+# The columns' ranges: a value past them would fail the write (a 500) instead of a 422.
+MAX_OFFSET = 2**63 - 1  # BIGINT
+EXIT_CODE_MIN, EXIT_CODE_MAX = -(2**31), 2**31 - 1  # INTEGER
 
 
 class _Message(BaseModel):
@@ -89,7 +92,7 @@ class KernelReportMessage(_Message):
 
     kernel_id: uuid.UUID
     status: KernelStatus
-    exit_code: int | None = None
+    exit_code: int | None = Field(default=None, ge=EXIT_CODE_MIN, le=EXIT_CODE_MAX)
     failure_cause: str | None = Field(default=None, max_length=64)
     message: str | None = Field(default=None, max_length=4096)
     runtime_info: dict[str, Any] | None = None
@@ -113,7 +116,7 @@ class LogChunkMessage(_Message):
 
     kernel_id: uuid.UUID
     stream: Literal["stdout", "stderr"]
-    offset: int = Field(ge=0)
+    offset: int = Field(ge=0, le=MAX_OFFSET)
     data: str  # base64
 
     @field_validator("data")
@@ -140,6 +143,12 @@ class OutputMessage(_Message):
     kernel_id: uuid.UUID
     name: str = Field(min_length=1, max_length=512)
     data: str  # base64
+
+    @field_validator("data")
+    @classmethod
+    def _check_data(cls, value: str) -> str:
+        decode_bytes(value)  # a ValueError here is a 422 naming the field, not a 500 later
+        return value
 
     def raw(self) -> bytes:
         """The file's bytes."""

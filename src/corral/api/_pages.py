@@ -23,7 +23,7 @@ Key = TypeVar("Key", str, int)
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
-MAX_ID = 2**63 - 1  # the largest BIGINT: a larger id would overflow the query, not match
+MAX_BIGINT = 2**63 - 1  # ids and offsets past it would overflow the query (a 500), not match
 
 Limit = Annotated[
     int, Query(ge=1, le=MAX_LIMIT, description=f"items per page (at most {MAX_LIMIT})")
@@ -62,7 +62,7 @@ def decode_cursor(listing: str, cursor: str | None, key_type: type[Key]) -> Key 
     # bool is an int to Python, never a key of ours.
     if not isinstance(key, key_type) or isinstance(key, bool):
         raise invalid_cursor(cursor)
-    if isinstance(key, int) and not -MAX_ID <= key <= MAX_ID:
+    if isinstance(key, int) and not -MAX_BIGINT <= key <= MAX_BIGINT:
         raise invalid_cursor(cursor)
     return key
 

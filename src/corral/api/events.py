@@ -22,7 +22,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from corral.api._pages import MAX_ID, Cursor, Limit, Page, decode_cursor, page_of
+from corral.api._pages import MAX_BIGINT, Cursor, Limit, Page, decode_cursor, page_of
 from corral.api.auth import CurrentUser, Db
 from corral.api.problems import Problem
 from corral.domain.events import DROPPED_KIND, Event
@@ -76,7 +76,7 @@ async def events(
     db: Db,
     follow: Annotated[bool, Query(description="false: a JSON page instead of a stream")] = True,
     since: Annotated[
-        int | None, Query(ge=0, le=MAX_ID, description="only events after this id")
+        int | None, Query(ge=0, le=MAX_BIGINT, description="only events after this id")
     ] = None,
     entity_id: Annotated[str | None, Query(max_length=64)] = None,
     limit: Limit = 100,
@@ -239,7 +239,7 @@ def _event_id(text: str) -> int:
         value = int(text)
     except ValueError:
         value = -1
-    if not 0 <= value <= MAX_ID:
+    if not 0 <= value <= MAX_BIGINT:
         raise Problem(
             422,
             "validation-error",

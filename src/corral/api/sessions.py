@@ -17,7 +17,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel
 
-from corral.api._pages import invalid_cursor
+from corral.api._pages import MAX_BIGINT, invalid_cursor
 from corral.api.auth import CurrentUser, Db
 from corral.api.problems import Problem
 from corral.controller.sessions import SessionController, SubmissionError
@@ -255,7 +255,7 @@ async def session_logs(
     db: Db,
     stream: Literal["stdout", "stderr"] = "stdout",
     kernel: Annotated[int, Query(ge=0)] = 0,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_BIGINT)] = 0,
     follow: bool = False,
 ) -> Response:
     """A kernel's output as uploaded so far; with `follow`, streamed until the session ends."""
