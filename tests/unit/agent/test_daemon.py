@@ -24,13 +24,12 @@ from corral.agent.daemon import (
     TOKEN_FILE,
     AgentConfig,
     AgentDaemon,
-    Backoff,
-    ReportShipper,
     ShutdownPolicy,
 )
 from corral.agent.devices import DeviceAllocator
 from corral.agent.kernel_worker import WorkerSettings
 from corral.agent.protocol import MAX_BATCH, KernelReportMessage
+from corral.agent.shipper import Backoff, ReportShipper
 from corral.domain.session import KernelIntent
 from corral.domain.slots import ResourceSlots
 from corral.domain.status import KernelStatus
