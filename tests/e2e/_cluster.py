@@ -165,13 +165,7 @@ async def poll(
 
 async def _start(config: ManagerConfig) -> tuple[ManagerDaemon, asyncio.Task[None]]:
     daemon = ManagerDaemon(config)
-    runner = asyncio.create_task(daemon.run())
-    ready = asyncio.create_task(daemon.ready.wait())
-    await asyncio.wait({runner, ready}, return_when=asyncio.FIRST_COMPLETED)
-    if runner.done():
-        ready.cancel()
-        runner.result()  # re-raises why the manager could not start
-    return daemon, runner
+    return daemon, await daemon.start()
 
 
 @asynccontextmanager

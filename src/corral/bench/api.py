@@ -138,9 +138,8 @@ async def run_api_bench(
             database_url=url, port=0, timings=SILENT_AGENT_TIMINGS, grace_period_s=5.0
         )
         daemon = ManagerDaemon(config)
-        runner = asyncio.create_task(daemon.run(), name="bench-manager")
+        runner = await daemon.start()
         try:
-            await _until_ready(daemon, runner)
             assert daemon.parts is not None
             token = await _admin_token(daemon.parts.db)
             await _add_silent_agents(daemon.parts.db, agents)
@@ -171,18 +170,6 @@ async def _until_quiet(loops: Sequence[DualLoop]) -> float:
             seen, changed_at = ended, clock()
         await asyncio.sleep(_SETTLE_POLL_S)  # polling counters the loops keep; no event exists
     return clock() - started
-
-
-async def _until_ready(daemon: ManagerDaemon, runner: asyncio.Task[None]) -> None:
-    """Return once the manager listens; raise what stopped it if it ended first."""
-    ready = asyncio.create_task(daemon.ready.wait(), name="bench-manager-ready")
-    try:
-        await asyncio.wait({runner, ready}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        ready.cancel()
-    if runner.done():
-        await runner  # raises the manager's error, if it had one
-        raise ApiBenchError("the manager stopped before it was ready")
 
 
 async def _admin_token(db: Database) -> str:

@@ -101,6 +101,23 @@ class ManagerDaemon:
         """Ask the manager to stop; returns at once (await run() for the end). Idempotent."""
         self._stopping.set()
 
+    async def start(self) -> asyncio.Task[None]:
+        """Run in the background; return its task once the API listens.
+
+        If the manager ends before it listens (a port taken, a database unreachable), its
+        error is raised here.
+        """
+        runner = asyncio.create_task(self.run(), name="manager")
+        ready = asyncio.create_task(self.ready.wait(), name="manager-ready")
+        try:
+            await asyncio.wait({runner, ready}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+        if not self.ready.is_set():
+            await runner  # raises what stopped it
+            raise RuntimeError("the manager stopped before it listened")
+        return runner
+
     async def _serve(self, db: Database, buses: Buses) -> None:
         config = self.config
         agents = AgentController(
@@ -232,12 +249,9 @@ def run_manager(config: ManagerConfig, on_ready: Callable[[str], None] | None = 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(daemon.stop()))
-        runner = asyncio.create_task(daemon.run())
-        ready = asyncio.create_task(daemon.ready.wait())
-        await asyncio.wait({runner, ready}, return_when=asyncio.FIRST_COMPLETED)
-        if ready.done() and on_ready is not None:
+        runner = await daemon.start()
+        if on_ready is not None:
             on_ready(daemon.url)
-        ready.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await runner
 

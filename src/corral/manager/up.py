@@ -78,13 +78,7 @@ async def run_up(
             join_token=join_token,
         )
     )
-    managing = asyncio.create_task(manager.run(), name="up-manager")
-    ready = asyncio.create_task(manager.ready.wait())
-    await asyncio.wait({managing, ready}, return_when=asyncio.FIRST_COMPLETED)
-    if managing.done():
-        ready.cancel()
-        managing.result()  # why the manager could not start
-        return
+    managing = await manager.start()
     assert manager.parts is not None
     token = await admin_token(manager.parts.db)
     share = split_slots(config.slots, config.agents)
