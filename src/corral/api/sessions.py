@@ -37,7 +37,8 @@ from corral.store.session_views import (
     list_sessions,
     session_history_rows,
 )
-from corral.store.users import Principal, find_user
+from corral.store.user_directory import get_user_record
+from corral.store.users import Principal
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
@@ -209,10 +210,10 @@ async def list_sessions_route(
     if user.is_admin:
         owner_id = None
         if owner is not None:
-            found = await find_user(db, owner)
+            found = await get_user_record(db, owner)
             if found is None:
                 return SessionPage(items=[], next_cursor=None)
-            owner_id = found.user_id
+            owner_id = found.id
     elif owner is not None and owner != user.name:
         raise Problem(403, "forbidden", "Admins only", "only admins list other users' sessions")
     where = SessionFilter(

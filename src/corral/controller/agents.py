@@ -7,7 +7,6 @@ and outputs; and the lost sweep, which a coordinator task runs.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
 import secrets
@@ -40,6 +39,7 @@ from corral.store.kernel_reports import (
     ReportOutcome,
     apply_report_batches,
 )
+from corral.store.users import hash_secret
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,6 @@ __all__ = [
     "AgentTimings",
     "Registration",
     "UnknownAgentError",
-    "hash_token",
 ]
 
 
@@ -76,11 +75,6 @@ class AgentTimings:
     def heartbeat_interval_s(self) -> float:
         """A third of the timeout: two heartbeats may be lost before the agent is."""
         return self.heartbeat_timeout_s / 3
-
-
-def hash_token(token: str) -> str:
-    """How agent tokens are stored: SHA-256, hex (tokens are random, so no salt is needed)."""
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +147,7 @@ class AgentController:
                 resource_group=resource_group,
                 runtime=runtime,
                 labels=labels or {},
-                token_hash=hash_token(token) if token else None,
+                token_hash=hash_secret(token) if token else None,
             ),
             self.clock(),
         )
@@ -245,4 +239,4 @@ class AgentController:
 
 
 def _matches(bearer: str, token_hash: str | None) -> bool:
-    return token_hash is not None and hmac.compare_digest(hash_token(bearer), token_hash)
+    return token_hash is not None and hmac.compare_digest(hash_secret(bearer), token_hash)

@@ -27,7 +27,8 @@ from corral.domain.slots import ResourceSlots
 from corral.domain.types import utcnow
 from corral.manager.daemon import ManagerConfig, ManagerDaemon
 from corral.store.database import Database
-from corral.store.users import create_user, find_user, issue_token
+from corral.store.user_directory import get_user_record
+from corral.store.users import create_user, issue_token
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +58,8 @@ class UpReady:
 async def admin_token(db: Database) -> str:
     """A fresh token of the admin user, made on first start."""
     now = utcnow()
-    admin = await find_user(db, ADMIN)
-    user_id = admin.user_id if admin is not None else await create_user(db, ADMIN, "admin", now)
+    admin = await get_user_record(db, ADMIN)
+    user_id = admin.id if admin is not None else await create_user(db, ADMIN, "admin", now)
     return (await issue_token(db, user_id, "corral up", now)).secret
 
 

@@ -45,7 +45,7 @@ class UserExistsError(ValueError):
 
 
 def hash_secret(secret: str) -> str:
-    """How token secrets are stored (they are random, so an unsalted hash suffices)."""
+    """How token secrets (users' and agents') are stored: random, so an unsalted hash does."""
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
@@ -62,26 +62,6 @@ async def create_user(db: Database, name: str, role: str, now: datetime) -> User
     except sa.exc.IntegrityError as exc:
         raise UserExistsError(f"a user named {name!r} exists already") from exc
     return user_id
-
-
-async def find_user(db: Database, name: str) -> Principal | None:
-    """The user with this name."""
-    async with db.read() as conn:
-        row = (
-            await conn.execute(
-                sa.select(users.c.id, users.c.name, users.c.role).where(users.c.name == name)
-            )
-        ).first()
-    return None if row is None else Principal(UserId(row[0]), row[1], row[2])
-
-
-async def list_users(db: Database) -> list[Principal]:
-    """Every user, by name."""
-    async with db.read() as conn:
-        rows = await conn.execute(
-            sa.select(users.c.id, users.c.name, users.c.role).order_by(users.c.name)
-        )
-        return [Principal(UserId(r[0]), r[1], r[2]) for r in rows]
 
 
 async def issue_token(
