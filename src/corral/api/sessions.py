@@ -36,6 +36,7 @@ from corral.store.session_views import (
     kernel_at,
     list_sessions,
     session_history_rows,
+    session_status,
 )
 from corral.store.user_directory import get_user_record
 from corral.store.users import Principal
@@ -287,8 +288,8 @@ async def session_logs(
 
 
 async def _ended(db: Any, session_id: uuid.UUID) -> bool:
-    found = await get_session(db, session_id)
-    return found is None or SessionStatus(found["status"]) in SESSION_TERMINAL
+    status = await session_status(db, session_id)  # every poll of a follow: status only
+    return status is None or SessionStatus(status) in SESSION_TERMINAL
 
 
 @router.get("/{session_id}/history", response_model=HistoryOut)

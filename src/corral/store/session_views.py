@@ -136,6 +136,13 @@ async def get_session(db: Database, session_id: uuid.UUID) -> dict[str, Any] | N
     return found
 
 
+async def session_status(db: Database, session_id: uuid.UUID) -> str | None:
+    """The session's status alone (None: no such session)."""
+    async with db.read() as conn:
+        status = await conn.scalar(sa.select(sessions.c.status).where(sessions.c.id == session_id))
+    return None if status is None else str(status)
+
+
 async def session_history_rows(db: Database, session_id: uuid.UUID) -> list[dict[str, Any]]:
     """The session's scheduling history, oldest first."""
     h = session_history.c
