@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from corral._gc import tune_gc
 from corral.cli import (
     agent,
     agents_cli,
@@ -43,4 +44,5 @@ app.add_typer(db.app, name="db")
 
 def main() -> None:
     """Entry point of the `corral` console script."""
+    tune_gc()
     app()

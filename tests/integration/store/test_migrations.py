@@ -56,3 +56,23 @@ async def test_upgrade_is_idempotent_and_seeds_the_default_group(empty_db: Datab
     async with empty_db.read() as conn:
         names = (await conn.execute(sa.select(resource_groups.c.name))).scalars().all()
     assert names == ["default"]
+
+
+@pytest.mark.parametrize(
+    "empty_db", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
+)
+async def test_table_storage_options_follow_the_models(empty_db: Database) -> None:
+    """PostgreSQL tables get the storage options the models declare (fillfactor for HOT)."""
+    await upgrade(empty_db)
+    declared = {
+        table.name: table.dialect_options["postgresql"]["with"]
+        for table in metadata.sorted_tables
+        if table.dialect_options["postgresql"].get("with")
+    }
+    assert declared, "some table declares storage options"
+    async with empty_db.read() as conn:
+        for name, options in declared.items():
+            reloptions = await conn.scalar(
+                sa.text("SELECT reloptions FROM pg_class WHERE relname = :name"), {"name": name}
+            )
+            assert {f"{k}={v}" for k, v in options.items()} <= set(reloptions or []), name
