@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from corral.store import _inline_sqlite as inline_sqlite
 
 Dialect = Literal["sqlite", "postgresql"]
 
@@ -75,8 +78,10 @@ class Database:
         kwargs: dict[str, Any] = {"echo": echo}
         if target.get_backend_name() == "sqlite":
             assert target.database is not None
-            Path(target.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            path = Path(target.database).expanduser()
+            path.parent.mkdir(parents=True, exist_ok=True)
             kwargs["pool_size"] = pool_size
+            kwargs["async_creator"] = partial(inline_sqlite.connect, str(path))
         else:
             kwargs["pool_size"] = pool_size
             kwargs["max_overflow"] = pool_size
