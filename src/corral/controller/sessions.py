@@ -195,7 +195,11 @@ class SessionController:
         async def record(conn: AsyncConnection, applied: AppliedChanges) -> None:
             moves = applied.moved()
             reasons = dict.fromkeys(moves, reason)
-            appended.extend(await append_session_moves(conn, self.db.dialect, moves, reasons, now))
+            appended.extend(
+                await append_session_moves(
+                    conn, self.db.dialect, moves, reasons, now, owners=applied.owners
+                )
+            )
 
         applied = await apply_changes(self.db, changes, now, on_applied=record)
         outcome = TerminateOutcome()

@@ -26,7 +26,7 @@ from corral.domain.resource_group import ResourceGroupOptions
 from corral.domain.results import SchedulingResult
 from corral.domain.session import SessionWithKernels
 from corral.domain.status import SessionStatus
-from corral.domain.types import Clock, SessionId, utcnow
+from corral.domain.types import Clock, SessionId, UserId, utcnow
 from corral.handlers.base import LifecycleHandler, SessionPromotionHandler
 from corral.handlers.sessions.prepare import PrepareSessions
 from corral.handlers.sessions.promotions import PROMOTION_HANDLERS
@@ -152,7 +152,9 @@ class SessionCoordinator:
 
         async def record(conn: AsyncConnection, applied: AppliedChanges) -> None:
             await handler.on_applied(conn, applied)
-            appended.extend(await self._record_moves(conn, applied.moved(), reasons, name))
+            appended.extend(
+                await self._record_moves(conn, applied.moved(), reasons, name, applied.owners)
+            )
 
         applied = await apply_changes(self.db, changes, now, on_applied=record)
         moved = dict(applied.moved())
@@ -178,7 +180,9 @@ class SessionCoordinator:
         appended: list[Event] = []
 
         async def record(conn: AsyncConnection, applied: AppliedChanges) -> None:
-            appended.extend(await self._record_moves(conn, applied.moved(), {}, name))
+            appended.extend(
+                await self._record_moves(conn, applied.moved(), {}, name, applied.owners)
+            )
 
         applied = await run_promotion(self.db, handler, self.clock(), on_applied=record)
         moved = applied.moved()
@@ -222,9 +226,12 @@ class SessionCoordinator:
         moves: Mapping[SessionId, tuple[SessionStatus, SessionStatus]],
         reasons: Mapping[SessionId, str],
         phase: str,
+        owners: Mapping[SessionId, UserId] | None = None,
     ) -> list[Event]:
         full = {sid: reasons.get(sid) or phase for sid in moves}
-        return await append_session_moves(conn, self.db.dialect, moves, full, self.clock())
+        return await append_session_moves(
+            conn, self.db.dialect, moves, full, self.clock(), owners=owners
+        )
 
     async def _post_process(self, hints: set[Hint], events: Sequence[Event]) -> None:
         if hints:

@@ -29,27 +29,14 @@ async def run_promotion(
 ) -> AppliedChanges:
     """Promote every session of the handler's targets whose kernels meet its condition.
 
-    Three statements whatever the number of sessions: the targets' ids, the kernel match, and
-    the guarded promotion (with history); a session that moved meanwhile is left alone. A
+    Two steps whatever the number of sessions: one query for the targets whose kernels match,
+    and the guarded promotion (with history); a session that moved meanwhile is left alone. A
     handler with endings (PromoteToTerminated) also reads the promoted sessions' kernels, to
     end each in its own terminal status with its result and exit code.
     """
-    async with db.read() as conn:
-        targets = [
-            SessionId(sid)
-            for sid in (
-                await conn.execute(
-                    sa.select(sessions.c.id).where(
-                        sessions.c.status.in_([s.value for s in handler.target_session_statuses])
-                    )
-                )
-            ).scalars()
-        ]
-    if not targets:
-        return AppliedChanges()
     repository = SessionRepository(db)
-    promoted = await repository.match_kernels(
-        targets, handler.check_kernel_statuses, handler.match_type
+    promoted = await repository.promotable(
+        handler.target_session_statuses, handler.check_kernel_statuses, handler.match_type
     )
     if not promoted:
         return AppliedChanges()

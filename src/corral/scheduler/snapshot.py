@@ -9,7 +9,7 @@ import numpy as np
 
 from corral.domain.resource_group import ResourceGroupOptions, Sequencer
 from corral.domain.status import SessionStatus
-from corral.domain.types import AgentId
+from corral.domain.types import AgentId, UserId
 from corral.scheduler.types import AgentPool, DependencyState, GroupSnapshot, OwnerUsage
 from corral.store.database import Database
 from corral.store.scheduling import (
@@ -36,7 +36,10 @@ async def load_snapshot(
             conn, group, now, limit=limit, newest_first=options.sequencer is Sequencer.LIFO
         )
         pool = build_pool(await read_agent_slots(conn, group))
-        counts, slots = await read_owner_usage(conn, db.dialect, group)
+        counts: dict[UserId, int] = {}
+        slots: dict[UserId, dict[str, int]] = {}
+        if _reads_owner_usage(options):
+            counts, slots = await read_owner_usage(conn, db.dialect, group)
         dependencies = await read_dependencies(conn, db.dialect, [s.id for s in pending])
     usage = {
         owner: OwnerUsage(sessions=counts.get(owner, 0), slots=slots.get(owner, {}))
@@ -56,6 +59,15 @@ async def load_snapshot(
             for sid, deps in dependencies.items()
         },
         now=now,
+    )
+
+
+def _reads_owner_usage(options: ResourceGroupOptions) -> bool:
+    """Whether placement in a group with `options` looks at what owners hold (limits, DRF)."""
+    return (
+        options.sequencer is Sequencer.DRF
+        or options.max_sessions_per_owner is not None
+        or options.max_slots_per_owner is not None
     )
 
 

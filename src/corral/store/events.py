@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.domain.events import Event, jsonable_payload
 from corral.domain.status import SessionStatus
-from corral.domain.types import SessionId
+from corral.domain.types import SessionId, UserId
 from corral.store._sql import in_values
 from corral.store.database import Database, Dialect
 from corral.store.tables import events as events_table
@@ -113,16 +113,23 @@ async def append_session_moves(
     moves: Mapping[SessionId, tuple[SessionStatus, SessionStatus]],
     reasons: Mapping[SessionId, str],
     now: datetime,
+    *,
+    owners: Mapping[SessionId, UserId] | None = None,
 ) -> list[Event]:
-    """Append one `session.status_changed` event per move (with its reason); return them."""
+    """Append one `session.status_changed` event per move (with its reason); return them.
+
+    The sessions' owners are read unless `owners` (e.g. from the lock that guarded the moves)
+    already names every one.
+    """
     if not moves:
         return []
-    rows = await conn.execute(
-        sa.select(sessions.c.id, sessions.c.owner_id).where(
-            in_values(dialect, sessions.c.id, list(moves))
+    if owners is None or not owners.keys() >= moves.keys():
+        rows = await conn.execute(
+            sa.select(sessions.c.id, sessions.c.owner_id).where(
+                in_values(dialect, sessions.c.id, list(moves))
+            )
         )
-    )
-    owners = {SessionId(sid): owner for sid, owner in rows}
+        owners = {SessionId(sid): owner for sid, owner in rows}
     return await append_events(
         conn,
         [

@@ -81,32 +81,31 @@ class SessionRepository:
                 conn, in_values(self.dialect, sessions.c.id, session_ids)
             )
 
-    async def match_kernels(
+    async def promotable(
         self,
-        session_ids: Collection[SessionId],
-        statuses: Collection[KernelStatus],
+        statuses: Collection[SessionStatus],
+        kernel_statuses: Collection[KernelStatus],
         match: KernelMatchType,
     ) -> set[SessionId]:
-        """The sessions among `session_ids` whose kernels meet `match` against `statuses`.
+        """The sessions in `statuses` whose kernels meet `match` against `kernel_statuses`.
 
-        One query each, as in spec document 1: ALL looks for kernels outside the set, ANY and
-        NOT_ANY for kernels inside it; the answer is the complement or the hits.
+        One query, as in spec document 1: ALL is "no kernel outside the set", ANY "some kernel
+        inside it", NOT_ANY "no kernel inside it" (a session without kernels meets ALL and
+        NOT_ANY).
         """
-        if not session_ids:
-            return set()
-        values = [s.value for s in statuses]
-        in_set = kernels.c.status.in_(values)
-        condition = sa.not_(in_set) if match is KernelMatchType.ALL else in_set
+        in_set = kernels.c.status.in_([k.value for k in kernel_statuses])
+        kernel_of_session = kernels.c.session_id == sessions.c.id
+        if match is KernelMatchType.ALL:
+            condition = ~sa.exists().where(kernel_of_session, sa.not_(in_set))
+        elif match is KernelMatchType.ANY:
+            condition = sa.exists().where(kernel_of_session, in_set)
+        else:
+            condition = ~sa.exists().where(kernel_of_session, in_set)
+        query = sa.select(sessions.c.id).where(
+            sessions.c.status.in_([s.value for s in statuses]), condition
+        )
         async with self.db.read() as conn:
-            rows = await conn.execute(
-                sa.select(kernels.c.session_id)
-                .distinct()
-                .where(in_values(self.dialect, kernels.c.session_id, session_ids), condition)
-            )
-            hits = {SessionId(row[0]) for row in rows}
-        if match is KernelMatchType.ANY:
-            return hits
-        return set(session_ids) - hits
+            return {SessionId(sid) for sid in (await conn.execute(query)).scalars()}
 
     async def apply(self, changes: Sequence[StatusChange], now: datetime) -> AppliedChanges:
         """Apply judged changes in one transaction: guarded moves, slot release, history."""

@@ -9,6 +9,7 @@ gives back the slots of kernels that go back to PENDING or end, and writes the h
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -26,7 +27,7 @@ from corral.domain.status import (
     KernelStatus,
     SessionStatus,
 )
-from corral.domain.types import AgentId, SessionId
+from corral.domain.types import AgentId, SessionId, UserId
 from corral.store._sql import IdBatch, id_batch, in_values, slot_entries
 from corral.store.agents import apply_slot_deltas
 from corral.store.assignments import bump_revisions
@@ -72,6 +73,8 @@ class AppliedChanges:
     kernels_moved: int = 0
     # sessions named in a change whose guard failed (moved concurrently)
     stale: set[SessionId] = field(default_factory=set)
+    # the owner of every session in `sessions` (for the events that describe the moves)
+    owners: dict[SessionId, UserId] = field(default_factory=dict)
 
     def moved(self) -> dict[SessionId, tuple[SessionStatus, SessionStatus]]:
         """Only the sessions whose status changed."""
@@ -89,10 +92,13 @@ async def apply_changes(
 
     `on_applied` runs last inside the same transaction, with what was applied: the place to
     append the events that describe the change, so the change and its audit log commit together.
+    With no session named at all, nothing is opened (and `on_applied` does not run).
     """
     for change in changes:
         change.validate()
     applied = AppliedChanges()
+    if not any(change.session_ids for change in changes):
+        return applied
     async with db.transaction() as conn:
         for change in changes:
             await _apply_one(conn, db.dialect, change, now, applied)
@@ -106,6 +112,8 @@ async def lock_sessions(
     dialect: Dialect,
     ids: Collection[SessionId] | IdBatch,
     statuses: Collection[SessionStatus],
+    *,
+    owners: dict[SessionId, UserId] | None = None,
 ) -> dict[SessionId, SessionStatus]:
     """The sessions among `ids` whose status is one of `statuses`, locked for this transaction.
 
@@ -114,25 +122,39 @@ async def lock_sessions(
     than in SQL, because without statistics SQLite would pick the status index and scan every
     session in that status to find a small batch. SQLite's ids come back as the stored hex
     text and are matched to the caller's ids rather than parsed (10,000 UUIDs parsed cost more
-    than the query).
+    than the query). With `owners`, the owner of every session returned is added to it.
     """
     allowed = {s.value: s for s in statuses}
     batch = ids if isinstance(ids, IdBatch) else id_batch(dialect, ids)
+    owner_column = sessions.c.owner_id if owners is not None else sa.null()
     if dialect == "postgresql":
         query = (
-            sa.select(sessions.c.id, sessions.c.status)
+            sa.select(sessions.c.id, sessions.c.status, owner_column)
             .where(in_values(dialect, sessions.c.id, batch), sessions.c.status.in_(allowed))
             .order_by(sessions.c.id)
         )
-        rows = await conn.execute(query.with_for_update())
-        return {SessionId(sid): allowed[status] for sid, status in rows}
+        rows = (await conn.execute(query.with_for_update())).all()
+        if owners is not None:
+            owners.update((SessionId(sid), UserId(owner)) for sid, _, owner in rows)
+        return {SessionId(sid): allowed[status] for sid, status, _ in rows}
     by_hex = dict(zip(json.loads(batch.payload), batch.values, strict=True))
-    rows = await conn.execute(
-        sa.select(sa.type_coerce(sessions.c.id, sa.String()), sessions.c.status).where(
+    raw_owner = sa.type_coerce(owner_column, sa.String()) if owners is not None else owner_column
+    result = await conn.execute(
+        sa.select(sa.type_coerce(sessions.c.id, sa.String()), sessions.c.status, raw_owner).where(
             in_values(dialect, sessions.c.id, batch)
         )
     )
-    return {by_hex[hex_id]: allowed[status] for hex_id, status in rows if status in allowed}
+    current: dict[SessionId, SessionStatus] = {}
+    parsed: dict[str, UserId] = {}  # few owners, many sessions: parse each owner id once
+    for hex_id, status, owner in result:
+        if status in allowed:
+            sid = by_hex[hex_id]
+            current[sid] = allowed[status]
+            if owners is not None:
+                owners[sid] = parsed.get(owner) or parsed.setdefault(
+                    owner, UserId(uuid.UUID(owner))
+                )
+    return current
 
 
 async def _apply_one(
@@ -146,7 +168,7 @@ async def _apply_one(
     named = id_batch(dialect, dict.fromkeys(change.session_ids))
     if not named:
         return
-    current = await lock_sessions(conn, dialect, named, change.expected)
+    current = await lock_sessions(conn, dialect, named, change.expected, owners=applied.owners)
     if len(current) < len(named):
         applied.stale.update(sid for sid in named if sid not in current)
     if not current:

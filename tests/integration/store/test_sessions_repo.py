@@ -89,23 +89,26 @@ async def test_kernel_match_all_any_not_any(db: Database) -> None:
         await conn.execute(
             kernels.update().where(kernels.c.id == first.id).values(status=K.CANCELLED.value)
         )
-    both = [mixed, all_pending]
+    pending = [S.PENDING]
     terminal = [K.TERMINATED, K.CANCELLED, K.ERROR]
-    assert await repo.match_kernels(both, terminal, KernelMatchType.ANY) == {mixed}
-    assert await repo.match_kernels(both, terminal, KernelMatchType.NOT_ANY) == {all_pending}
-    assert await repo.match_kernels(both, [K.PENDING], KernelMatchType.ALL) == {all_pending}
-    assert await repo.match_kernels([], [K.PENDING], KernelMatchType.ALL) == set()
+    assert await repo.promotable(pending, terminal, KernelMatchType.ANY) == {mixed}
+    assert await repo.promotable(pending, terminal, KernelMatchType.NOT_ANY) == {all_pending}
+    assert await repo.promotable(pending, [K.PENDING], KernelMatchType.ALL) == {all_pending}
+    # Only sessions in the given statuses are candidates.
+    assert await repo.promotable([S.RUNNING], [K.PENDING], KernelMatchType.ALL) == set()
 
 
 async def test_guarded_change_moves_only_sessions_in_the_expected_status(db: Database) -> None:
     """Sessions not in the expected status are reported stale and left exactly as they were."""
     repo = SessionRepository(db)
-    a, b = await add_session_ids(db, await add_user(db), 2)
+    owner = await add_user(db)
+    a, b = await add_session_ids(db, owner, 2)
     cancel = StatusChange(
         [a], "cancel", R.SUCCESS, frozenset({S.PENDING}), TransitionStatus(S.CANCELLED, K.CANCELLED)
     )
     first = await repo.apply([cancel], NOW)
     assert first.moved() == {a: (S.PENDING, S.CANCELLED)}
+    assert first.owners == {a: owner}, "the lock reports the owner of every session it passed"
     again = await repo.apply([cancel], NOW + timedelta(seconds=1))
     assert again.sessions == {} and again.stale == {a}
     loaded = {s.id: s for s in await repo.get([a, b])}
