@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Collection
@@ -10,6 +11,8 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.visitors import InternalTraversal
 
 from corral.store.database import Dialect
 
@@ -43,21 +46,60 @@ def id_batch(dialect: Dialect, values: Collection[Any]) -> IdBatch:
 
 def in_values(
     dialect: Dialect, column: sa.ColumnElement[Any], values: Collection[Any] | IdBatch
-) -> Any:
+) -> sa.ColumnElement[bool]:
     """`column IN values` with a single bound parameter, whatever the number of values.
 
     PostgreSQL gets `= ANY(:array)`; SQLite gets `IN (SELECT value FROM json_each(:json))`. Both
     avoid one parameter per value (SQLite caps a statement at 32,766) and keep the statement text
-    identical across batch sizes, so it is compiled and prepared once.
+    identical across batch sizes, so it is compiled and prepared once. It is a small construct
+    of its own (compiled below) rather than a `json_each` table-valued subquery: building that
+    cost 110 µs per call, a fifth of a busy manager's CPU.
     """
     batch = values if isinstance(values, IdBatch) else id_batch(dialect, values)
     if dialect == "postgresql":
-        param = sa.bindparam(None, batch.payload, type_=postgresql.ARRAY(column.type))
-        return column == sa.any_(param)
-    each = sa.func.json_each(sa.bindparam(None, batch.payload, type_=sa.String())).table_valued(
-        "value"
+        param = sa.bindparam(None, batch.payload, type_=_pg_array(column.type))
+    else:
+        param = sa.bindparam(None, batch.payload, type_=_TEXT)
+    return _InValues(column, param)
+
+
+_TEXT = sa.String()
+
+
+@functools.cache
+def _pg_array(item: sa.types.TypeEngine[Any]) -> postgresql.ARRAY[Any]:
+    return postgresql.ARRAY(item)
+
+
+class _InValues(sa.sql.expression.ColumnElement[bool]):
+    """`column` is one of the values in one bound parameter (see `in_values`)."""
+
+    __visit_name__ = "corral_in_values"
+    inherit_cache = True
+    type = sa.Boolean()
+    # A condition in itself: rendered as is, never as `(...) = 1` where booleans are integers.
+    _is_implicitly_boolean = True
+    _traverse_internals = [  # noqa: RUF012 (SQLAlchemy's own convention)
+        ("column", InternalTraversal.dp_clauseelement),
+        ("param", InternalTraversal.dp_clauseelement),
+    ]
+
+    def __init__(self, column: sa.ColumnElement[Any], param: sa.BindParameter[Any]) -> None:
+        self.column = column
+        self.param = param
+
+
+@compiles(_InValues, "postgresql")
+def _in_values_postgresql(element: _InValues, compiler: Any, **kw: Any) -> str:
+    return (
+        f"{compiler.process(element.column, **kw)} = ANY ({compiler.process(element.param, **kw)})"
     )
-    return column.in_(sa.select(each.c.value))
+
+
+@compiles(_InValues)
+def _in_values_sqlite(element: _InValues, compiler: Any, **kw: Any) -> str:
+    column = compiler.process(element.column, **kw)
+    return f"{column} IN (SELECT value FROM json_each({compiler.process(element.param, **kw)}))"
 
 
 def slot_entries(dialect: Dialect, column: sa.ColumnElement[Any]) -> Any:
