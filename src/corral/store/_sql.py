@@ -66,6 +66,22 @@ def in_values(
 _TEXT = sa.String()
 
 
+def in_param(dialect: Dialect, column: sa.ColumnElement[Any], name: str) -> sa.ColumnElement[bool]:
+    """`in_values` for a statement built once: the values come at execution, `{name: payload}`.
+
+    Building a statement costs far more than running it for the small batches of a quiet
+    manager; a hot statement is built once (cached per dialect) with this in its WHERE, and
+    executed with `payload(dialect, values)` under `name`.
+    """
+    type_ = _pg_array(column.type) if dialect == "postgresql" else _TEXT
+    return _InValues(column, sa.bindparam(name, type_=type_))
+
+
+def payload(dialect: Dialect, values: Collection[Any] | IdBatch) -> Any:
+    """The value of an `in_param` parameter for `values`."""
+    return (values if isinstance(values, IdBatch) else id_batch(dialect, values)).payload
+
+
 @functools.cache
 def _pg_array(item: sa.types.TypeEngine[Any]) -> postgresql.ARRAY[Any]:
     return postgresql.ARRAY(item)

@@ -9,6 +9,7 @@ nothing and bumps nothing, so handlers may repeat a request freely.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from corral.domain.session import KernelIntent, MilliSlots
 from corral.domain.status import KERNEL_TERMINAL, KernelStatus
 from corral.domain.types import AgentId, KernelId, SessionId
-from corral.store._sql import IdBatch, id_batch, in_values
+from corral.store._sql import IdBatch, in_param, in_values, payload
 from corral.store.database import Database, Dialect
 from corral.store.tables import agents, kernels, sessions
 
@@ -94,11 +95,16 @@ async def read_revisions(db: Database, agent_ids: Collection[AgentId]) -> dict[A
         return {}
     async with db.read() as conn:
         rows = await conn.execute(
-            sa.select(agents.c.id, agents.c.assignment_revision).where(
-                in_values(db.dialect, agents.c.id, agent_ids)
-            )
+            _revisions_query(db.dialect), {"ids": payload(db.dialect, agent_ids)}
         )
         return {AgentId(agent_id): int(revision) for agent_id, revision in rows}
+
+
+@functools.cache
+def _revisions_query(dialect: Dialect) -> sa.Select[Any]:
+    return sa.select(agents.c.id, agents.c.assignment_revision).where(
+        in_param(dialect, agents.c.id, "ids")
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,40 +151,14 @@ async def read_assignments(
     if not agent_ids:
         return {}
     async with db.read() as conn:
-        ids = id_batch(db.dialect, sorted(set(agent_ids)))
+        ids = payload(db.dialect, sorted(set(agent_ids)))
         revisions = {
             AgentId(agent_id): int(revision)
-            for agent_id, revision in await conn.execute(
-                sa.select(agents.c.id, agents.c.assignment_revision).where(
-                    in_values(db.dialect, agents.c.id, ids)
-                )
-            )
+            for agent_id, revision in await conn.execute(_revisions_query(db.dialect), {"ids": ids})
         }
         if not revisions:
             return {}
-        result = await conn.execute(
-            sa.select(
-                kernels.c.id,
-                kernels.c.session_id,
-                kernels.c.cluster_role,
-                kernels.c.cluster_index,
-                sessions.c.cluster_size,
-                kernels.c.status,
-                kernels.c.desired_state,
-                kernels.c.desired_generation,
-                kernels.c.stage_failure,
-                kernels.c.occupied_slots,
-                sessions.c.spec,
-                kernels.c.agent_id,
-            )
-            .select_from(kernels.join(sessions, sessions.c.id == kernels.c.session_id))
-            .where(
-                in_values(db.dialect, kernels.c.agent_id, ids),
-                kernels.c.status.not_in([s.value for s in KERNEL_TERMINAL]),
-            )
-            .order_by(kernels.c.agent_id, kernels.c.session_id, kernels.c.cluster_index)
-        )
-        rows = list(result)
+        rows = list(await conn.execute(_assigned_kernels_query(db.dialect), {"ids": ids}))
         hosts = await _cluster_hosts(conn, db.dialect, {SessionId(row[1]) for row in rows})
     held: dict[AgentId, list[AssignedKernel]] = {agent_id: [] for agent_id in revisions}
     for row in rows:
@@ -204,19 +184,50 @@ async def read_assignments(
     }
 
 
+@functools.cache
+def _assigned_kernels_query(dialect: Dialect) -> sa.Select[Any]:
+    return (
+        sa.select(
+            kernels.c.id,
+            kernels.c.session_id,
+            kernels.c.cluster_role,
+            kernels.c.cluster_index,
+            sessions.c.cluster_size,
+            kernels.c.status,
+            kernels.c.desired_state,
+            kernels.c.desired_generation,
+            kernels.c.stage_failure,
+            kernels.c.occupied_slots,
+            sessions.c.spec,
+            kernels.c.agent_id,
+        )
+        .select_from(kernels.join(sessions, sessions.c.id == kernels.c.session_id))
+        .where(
+            in_param(dialect, kernels.c.agent_id, "ids"),
+            kernels.c.status.not_in([s.value for s in KERNEL_TERMINAL]),
+        )
+        .order_by(kernels.c.agent_id, kernels.c.session_id, kernels.c.cluster_index)
+    )
+
+
 async def _cluster_hosts(
     conn: AsyncConnection, dialect: Dialect, session_ids: Collection[SessionId]
 ) -> dict[SessionId, tuple[str, ...]]:
     """Per session, the address of each kernel's agent in cluster-index order (one query)."""
     if not session_ids:
         return {}
-    rows = await conn.execute(
-        sa.select(kernels.c.session_id, kernels.c.cluster_index, agents.c.address)
-        .select_from(kernels.outerjoin(agents, agents.c.id == kernels.c.agent_id))
-        .where(in_values(dialect, kernels.c.session_id, session_ids))
-        .order_by(kernels.c.session_id, kernels.c.cluster_index)
-    )
+    rows = await conn.execute(_hosts_query(dialect), {"ids": payload(dialect, session_ids)})
     hosts: dict[SessionId, list[str]] = {}
     for session_id, _, address in rows:
         hosts.setdefault(SessionId(session_id), []).append(address or "")
     return {sid: tuple(h) for sid, h in hosts.items()}
+
+
+@functools.cache
+def _hosts_query(dialect: Dialect) -> sa.Select[Any]:
+    return (
+        sa.select(kernels.c.session_id, kernels.c.cluster_index, agents.c.address)
+        .select_from(kernels.outerjoin(agents, agents.c.id == kernels.c.agent_id))
+        .where(in_param(dialect, kernels.c.session_id, "ids"))
+        .order_by(kernels.c.session_id, kernels.c.cluster_index)
+    )

@@ -6,9 +6,10 @@ session. Status changes live in `store.status_changes`.
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -22,7 +23,7 @@ from corral.domain.status import (
     SessionStatus,
 )
 from corral.domain.types import AgentId, KernelId, SessionId, UserId
-from corral.store._sql import in_values
+from corral.store._sql import in_param, payload
 from corral.store.database import Database, Dialect
 from corral.store.status_changes import AppliedChanges, StatusChange, apply_changes
 from corral.store.tables import kernels, session_dependencies, sessions
@@ -57,20 +58,19 @@ class SessionRepository:
 
         With `kernel_statuses`, only sessions that have at least one kernel in one of them.
         """
-        query = sa.select(sessions.c.id).where(sessions.c.status.in_([s.value for s in statuses]))
+        query = _load_query(
+            tuple(sorted(s.value for s in statuses)),
+            None if kernel_statuses is None else tuple(sorted(k.value for k in kernel_statuses)),
+            by_group=resource_group is not None,
+            limited=limit is not None,
+        )
+        params: dict[str, Any] = {}
         if resource_group is not None:
-            query = query.where(sessions.c.resource_group == resource_group)
-        if kernel_statuses is not None:
-            query = query.where(
-                sa.exists().where(
-                    kernels.c.session_id == sessions.c.id,
-                    kernels.c.status.in_([k.value for k in kernel_statuses]),
-                )
-            )
+            params["group"] = resource_group
         if limit is not None:
-            query = query.order_by(sessions.c.created_at, sessions.c.id).limit(limit)
+            params["limit"] = limit
         async with self.db.read() as conn:
-            return await load_with_kernels(conn, sessions.c.id.in_(query.scalar_subquery()))
+            return await load_with_kernels(conn, query, params)
 
     async def get(self, session_ids: Collection[SessionId]) -> list[SessionWithKernels]:
         """The given sessions with their kernels (missing ids are left out)."""
@@ -78,7 +78,9 @@ class SessionRepository:
             return []
         async with self.db.read() as conn:
             return await load_with_kernels(
-                conn, in_values(self.dialect, sessions.c.id, session_ids)
+                conn,
+                _with_kernels(in_param(self.dialect, sessions.c.id, "ids")),
+                {"ids": payload(self.dialect, session_ids)},
             )
 
     async def promotable(
@@ -93,16 +95,10 @@ class SessionRepository:
         inside it", NOT_ANY "no kernel inside it" (a session without kernels meets ALL and
         NOT_ANY).
         """
-        in_set = kernels.c.status.in_([k.value for k in kernel_statuses])
-        kernel_of_session = kernels.c.session_id == sessions.c.id
-        if match is KernelMatchType.ALL:
-            condition = ~sa.exists().where(kernel_of_session, sa.not_(in_set))
-        elif match is KernelMatchType.ANY:
-            condition = sa.exists().where(kernel_of_session, in_set)
-        else:
-            condition = ~sa.exists().where(kernel_of_session, in_set)
-        query = sa.select(sessions.c.id).where(
-            sessions.c.status.in_([s.value for s in statuses]), condition
+        query = _promotable_query(
+            tuple(sorted(s.value for s in statuses)),
+            tuple(sorted(k.value for k in kernel_statuses)),
+            match,
         )
         async with self.db.read() as conn:
             return {SessionId(sid) for sid in (await conn.execute(query)).scalars()}
@@ -174,11 +170,55 @@ async def insert_sessions(
 _SESSION_COLUMNS = 19
 
 
-async def load_with_kernels(
-    conn: AsyncConnection, where: sa.ColumnElement[bool]
-) -> list[SessionWithKernels]:
+@functools.cache
+def _promotable_query(
+    statuses: tuple[str, ...], kernel_statuses: tuple[str, ...], match: KernelMatchType
+) -> sa.Select[Any]:
+    in_set = kernels.c.status.in_(kernel_statuses)
+    kernel_of_session = kernels.c.session_id == sessions.c.id
+    if match is KernelMatchType.ALL:
+        condition = ~sa.exists().where(kernel_of_session, sa.not_(in_set))
+    elif match is KernelMatchType.ANY:
+        condition = sa.exists().where(kernel_of_session, in_set)
+    else:
+        condition = ~sa.exists().where(kernel_of_session, in_set)
+    return sa.select(sessions.c.id).where(sessions.c.status.in_(statuses), condition)
+
+
+@functools.cache
+def _load_query(
+    statuses: tuple[str, ...],
+    kernel_statuses: tuple[str, ...] | None,
+    *,
+    by_group: bool,
+    limited: bool,
+) -> sa.Select[Any]:
+    """`SessionRepository.load`'s statement, built once per shape (parameters: group, limit)."""
+    query = sa.select(sessions.c.id).where(sessions.c.status.in_(statuses))
+    if by_group:
+        query = query.where(sessions.c.resource_group == sa.bindparam("group"))
+    if kernel_statuses is not None:
+        query = query.where(
+            sa.exists().where(
+                kernels.c.session_id == sessions.c.id, kernels.c.status.in_(kernel_statuses)
+            )
+        )
+    if limited:
+        query = query.order_by(sessions.c.created_at, sessions.c.id).limit(
+            sa.bindparam("limit", type_=sa.Integer())
+        )
+    return _with_kernels(sessions.c.id.in_(query.scalar_subquery()))
+
+
+@functools.cache
+def _by_ids_query(dialect: Dialect) -> sa.Select[Any]:
+    return _with_kernels(in_param(dialect, sessions.c.id, "ids"))
+
+
+def _with_kernels(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
+    """The sessions matching `where` with every kernel of theirs, oldest session first."""
     s, k = sessions.c, kernels.c
-    rows = await conn.execute(
+    return (
         sa.select(
             s.id,
             s.name,
@@ -218,6 +258,19 @@ async def load_with_kernels(
         .where(where)
         .order_by(s.created_at, s.id, k.cluster_index)
     )
+
+
+async def load_with_kernels(
+    conn: AsyncConnection,
+    where: sa.ColumnElement[bool] | sa.Select[Any],
+    params: Mapping[str, Any] | None = None,
+) -> list[SessionWithKernels]:
+    """Sessions with their kernels, those matching `where`.
+
+    `where` may also be a statement `_with_kernels` built beforehand, run with `params`.
+    """
+    statement = where if isinstance(where, sa.Select) else _with_kernels(where)
+    rows = await conn.execute(statement, dict(params or {}))
     # JSON comes back as text and is decoded once per distinct value: a batch repeats a few
     # request shapes thousands of times. The decoded values are shared: read-only.
     decoded: dict[str, Any] = {}

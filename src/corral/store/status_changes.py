@@ -8,6 +8,7 @@ gives back the slots of kernels that go back to PENDING or end, and writes the h
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
@@ -28,7 +29,7 @@ from corral.domain.status import (
     SessionStatus,
 )
 from corral.domain.types import AgentId, SessionId, UserId
-from corral.store._sql import IdBatch, id_batch, in_values, slot_entries
+from corral.store._sql import IdBatch, id_batch, in_param, in_values, slot_entries
 from corral.store.agents import apply_slot_deltas
 from corral.store.assignments import bump_revisions
 from corral.store.database import Database, Dialect
@@ -126,24 +127,15 @@ async def lock_sessions(
     """
     allowed = {s.value: s for s in statuses}
     batch = ids if isinstance(ids, IdBatch) else id_batch(dialect, ids)
-    owner_column = sessions.c.owner_id if owners is not None else sa.null()
+    query = _lock_query(dialect, with_owners=owners is not None)
     if dialect == "postgresql":
-        query = (
-            sa.select(sessions.c.id, sessions.c.status, owner_column)
-            .where(in_values(dialect, sessions.c.id, batch), sessions.c.status.in_(allowed))
-            .order_by(sessions.c.id)
-        )
-        rows = (await conn.execute(query.with_for_update())).all()
+        params = {"ids": batch.payload, "statuses": list(allowed)}
+        rows = (await conn.execute(query, params)).all()
         if owners is not None:
             owners.update((SessionId(sid), UserId(owner)) for sid, _, owner in rows)
         return {SessionId(sid): allowed[status] for sid, status, _ in rows}
     by_hex = dict(zip(json.loads(batch.payload), batch.values, strict=True))
-    raw_owner = sa.type_coerce(owner_column, sa.String()) if owners is not None else owner_column
-    result = await conn.execute(
-        sa.select(sa.type_coerce(sessions.c.id, sa.String()), sessions.c.status, raw_owner).where(
-            in_values(dialect, sessions.c.id, batch)
-        )
-    )
+    result = await conn.execute(query, {"ids": batch.payload})
     current: dict[SessionId, SessionStatus] = {}
     parsed: dict[str, UserId] = {}  # few owners, many sessions: parse each owner id once
     for hex_id, status, owner in result:
@@ -155,6 +147,28 @@ async def lock_sessions(
                     owner, UserId(uuid.UUID(owner))
                 )
     return current
+
+
+@functools.cache
+def _lock_query(dialect: Dialect, *, with_owners: bool) -> sa.Select[Any]:
+    """`lock_sessions`' statement (parameters: ids, and on PostgreSQL the statuses)."""
+    owner = sessions.c.owner_id if with_owners else sa.null()
+    if dialect == "postgresql":
+        return (
+            sa.select(sessions.c.id, sessions.c.status, owner)
+            .where(
+                in_param(dialect, sessions.c.id, "ids"),
+                sessions.c.status.in_(sa.bindparam("statuses", expanding=True)),
+            )
+            .order_by(sessions.c.id)
+            .with_for_update()
+        )
+    # Ids and owners as their stored hex text (see `lock_sessions`).
+    return sa.select(
+        sa.type_coerce(sessions.c.id, sa.String()),
+        sessions.c.status,
+        sa.type_coerce(owner, sa.String()) if with_owners else owner,
+    ).where(in_param(dialect, sessions.c.id, "ids"))
 
 
 async def _apply_one(
