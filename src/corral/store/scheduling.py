@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -14,10 +15,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from corral.domain.session import SessionWithKernels
 from corral.domain.status import SESSION_OCCUPYING, SessionStatus
 from corral.domain.types import AgentId, SessionId, UserId
-from corral.store._sql import in_values, slot_entries
+from corral.store._sql import in_param, payload, slot_entries
 from corral.store.agents import AGENT_ALIVE
 from corral.store.database import Dialect
-from corral.store.sessions import load_with_kernels
+from corral.store.sessions import load_with_kernels, with_kernels
 from corral.store.tables import (
     agent_slots,
     agents,
@@ -25,6 +26,11 @@ from corral.store.tables import (
     resource_groups,
     session_dependencies,
     sessions,
+)
+
+# The statements of a pass are built once (see `_sql.in_param`); the values are parameters.
+_GROUP_OPTIONS = sa.select(resource_groups.c.options).where(
+    resource_groups.c.name == sa.bindparam("group")
 )
 
 
@@ -45,9 +51,7 @@ class AgentSlotRow:
 
 async def read_group_options(conn: AsyncConnection, group: str) -> dict[str, Any]:
     """The group's stored options (raises UnknownResourceGroupError if there is no such group)."""
-    options = await conn.scalar(
-        sa.select(resource_groups.c.options).where(resource_groups.c.name == group)
-    )
+    options = await conn.scalar(_GROUP_OPTIONS, {"group": group})
     if options is None:
         raise UnknownResourceGroupError(f"resource group {group!r} does not exist")
     return dict(options)
@@ -66,33 +70,48 @@ async def read_candidates(
     With `limit`, the window is the first `limit` sessions in the group's order: priority
     first, then oldest first (or newest first for LIFO), ties by id, as the sequencers order.
     """
+    params: dict[str, Any] = {"group": group, "now": now}
+    if limit is not None:
+        params["limit"] = limit
+    query = _candidates_query(limited=limit is not None, newest_first=newest_first)
+    return await load_with_kernels(conn, query, params)
+
+
+@functools.cache
+def _candidates_query(*, limited: bool, newest_first: bool) -> sa.Select[Any]:
+    now = sa.bindparam("now", type_=sessions.c.created_at.type)
     due = sa.select(sessions.c.id).where(
         sessions.c.status == SessionStatus.PENDING.value,
-        sessions.c.resource_group == group,
+        sessions.c.resource_group == sa.bindparam("group"),
         sessions.c.requeue_active.is_(True),
         sa.or_(sessions.c.requeue_at.is_(None), sessions.c.requeue_at <= now),
         sa.or_(sessions.c.starts_at.is_(None), sessions.c.starts_at <= now),
     )
-    if limit is not None:
+    if limited:
         age = sessions.c.created_at.desc() if newest_first else sessions.c.created_at.asc()
-        due = due.order_by(sessions.c.priority.desc(), age, sessions.c.id).limit(limit)
-    return await load_with_kernels(conn, sessions.c.id.in_(due.scalar_subquery()))
+        due = due.order_by(sessions.c.priority.desc(), age, sessions.c.id).limit(
+            sa.bindparam("limit", type_=sa.Integer())
+        )
+    return with_kernels(sessions.c.id.in_(due.scalar_subquery()))
+
+
+_AGENT_SLOTS = (
+    sa.select(
+        agents.c.id,
+        sa.and_(agents.c.status == AGENT_ALIVE, agents.c.schedulable.is_(True)),
+        agent_slots.c.slot_name,
+        agent_slots.c.capacity,
+        agent_slots.c.occupied,
+    )
+    .select_from(agents.outerjoin(agent_slots, agent_slots.c.agent_id == agents.c.id))
+    .where(agents.c.resource_group == sa.bindparam("group"), agents.c.status != "TERMINATED")
+    .order_by(agents.c.id, agent_slots.c.slot_name)
+)
 
 
 async def read_agent_slots(conn: AsyncConnection, group: str) -> list[AgentSlotRow]:
     """Every registered agent of the group (all but TERMINATED) with its slot ledger rows."""
-    rows = await conn.execute(
-        sa.select(
-            agents.c.id,
-            sa.and_(agents.c.status == AGENT_ALIVE, agents.c.schedulable.is_(True)),
-            agent_slots.c.slot_name,
-            agent_slots.c.capacity,
-            agent_slots.c.occupied,
-        )
-        .select_from(agents.outerjoin(agent_slots, agent_slots.c.agent_id == agents.c.id))
-        .where(agents.c.resource_group == group, agents.c.status != "TERMINATED")
-        .order_by(agents.c.id, agent_slots.c.slot_name)
-    )
+    rows = await conn.execute(_AGENT_SLOTS, {"group": group})
     return [
         AgentSlotRow(AgentId(a), bool(usable), slot, capacity or 0, occupied or 0)
         for a, usable, slot, capacity, occupied in rows
@@ -131,14 +150,10 @@ async def read_owner_usage(
     return session_counts, slots
 
 
-async def read_dependencies(
-    conn: AsyncConnection, dialect: Dialect, session_ids: Collection[SessionId]
-) -> dict[SessionId, list[tuple[uuid.UUID, str | None, str | None]]]:
-    """For each session that has dependencies: (dependency id, its status, its result)."""
-    if not session_ids:
-        return {}
+@functools.cache
+def _dependencies_query(dialect: Dialect) -> sa.Select[Any]:
     dep = sessions.alias("dependency")
-    rows = await conn.execute(
+    return (
         sa.select(
             session_dependencies.c.session_id,
             session_dependencies.c.depends_on,
@@ -148,8 +163,17 @@ async def read_dependencies(
         .select_from(
             session_dependencies.outerjoin(dep, dep.c.id == session_dependencies.c.depends_on)
         )
-        .where(in_values(dialect, session_dependencies.c.session_id, session_ids))
+        .where(in_param(dialect, session_dependencies.c.session_id, "ids"))
     )
+
+
+async def read_dependencies(
+    conn: AsyncConnection, dialect: Dialect, session_ids: Collection[SessionId]
+) -> dict[SessionId, list[tuple[uuid.UUID, str | None, str | None]]]:
+    """For each session that has dependencies: (dependency id, its status, its result)."""
+    if not session_ids:
+        return {}
+    rows = await conn.execute(_dependencies_query(dialect), {"ids": payload(dialect, session_ids)})
     found: dict[SessionId, list[tuple[uuid.UUID, str | None, str | None]]] = {}
     for sid, depends_on, status, result in rows:
         found.setdefault(SessionId(sid), []).append((depends_on, status, result))

@@ -78,9 +78,7 @@ class SessionRepository:
             return []
         async with self.db.read() as conn:
             return await load_with_kernels(
-                conn,
-                _with_kernels(in_param(self.dialect, sessions.c.id, "ids")),
-                {"ids": payload(self.dialect, session_ids)},
+                conn, _by_ids_query(self.dialect), {"ids": payload(self.dialect, session_ids)}
             )
 
     async def promotable(
@@ -207,15 +205,15 @@ def _load_query(
         query = query.order_by(sessions.c.created_at, sessions.c.id).limit(
             sa.bindparam("limit", type_=sa.Integer())
         )
-    return _with_kernels(sessions.c.id.in_(query.scalar_subquery()))
+    return with_kernels(sessions.c.id.in_(query.scalar_subquery()))
 
 
 @functools.cache
 def _by_ids_query(dialect: Dialect) -> sa.Select[Any]:
-    return _with_kernels(in_param(dialect, sessions.c.id, "ids"))
+    return with_kernels(in_param(dialect, sessions.c.id, "ids"))
 
 
-def _with_kernels(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
+def with_kernels(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
     """The sessions matching `where` with every kernel of theirs, oldest session first."""
     s, k = sessions.c, kernels.c
     return (
@@ -267,9 +265,9 @@ async def load_with_kernels(
 ) -> list[SessionWithKernels]:
     """Sessions with their kernels, those matching `where`.
 
-    `where` may also be a statement `_with_kernels` built beforehand, run with `params`.
+    `where` may also be a statement `with_kernels` built beforehand, run with `params`.
     """
-    statement = where if isinstance(where, sa.Select) else _with_kernels(where)
+    statement = where if isinstance(where, sa.Select) else with_kernels(where)
     rows = await conn.execute(statement, dict(params or {}))
     # JSON comes back as text and is decoded once per distinct value: a batch repeats a few
     # request shapes thousands of times. The decoded values are shared: read-only.
