@@ -17,6 +17,7 @@ Python work happens, whatever the batch size.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Collection, Mapping
 from datetime import datetime
@@ -26,7 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.domain.results import ResultNote
-from corral.store._sql import IdBatch, in_values
+from corral.store._sql import IdBatch, in_param, in_values, payload
 from corral.store.database import Dialect
 from corral.store.tables import kernel_history, kernels, session_history, sessions
 
@@ -66,12 +67,14 @@ async def record_session_history(
     fresh = session_ids if not merged else [sid for sid in session_ids if sid not in merged]
     if fresh:
         await conn.execute(
-            session_history.insert().from_select(
-                [*_COLUMNS, "session_id"],
-                sa.select(
-                    *_new_row(phase, result, sessions.c.status, to_expr, now), sessions.c.id
-                ).where(in_values(dialect, sessions.c.id, fresh)),
-            )
+            _session_insert(dialect, stays=to_status is None),
+            {
+                "ids": payload(dialect, fresh),
+                "phase": phase,
+                "result": result,
+                "to": to_status,
+                "now": now,
+            },
         )
     if notes:
         await _write_notes(conn, session_history, session_history.c.session_id, session_ids, notes)
@@ -98,6 +101,20 @@ async def record_kernel_history(
     """
     if not session_ids:
         return
+    if isinstance(message, str) and recorded_from is None:
+        await conn.execute(
+            _kernel_insert(dialect),
+            {
+                "ids": payload(dialect, session_ids),
+                "from": list(from_statuses),
+                "phase": phase,
+                "result": result,
+                "to": to_status,
+                "message": message,
+                "now": now,
+            },
+        )
+        return
     selected = sa.and_(
         in_values(dialect, kernels.c.session_id, session_ids),
         kernels.c.status.in_(list(from_statuses)),
@@ -113,6 +130,57 @@ async def record_kernel_history(
                 kernels.c.session_id,
             ).where(selected),
         )
+    )
+
+
+@functools.cache
+def _session_insert(dialect: Dialect, *, stays: bool) -> sa.Insert:
+    """The INSERT ... SELECT of `record_session_history`, built once per shape.
+
+    Parameters: ids, phase, result, to (unless the sessions stay where they are), now.
+    """
+    stamp = sa.bindparam("now", type_=session_history.c.created_at.type)
+    to_expr = sessions.c.status if stays else sa.bindparam("to", type_=sa.String())
+    return session_history.insert().from_select(
+        [*_COLUMNS, "session_id"],
+        sa.select(
+            sa.bindparam("phase", type_=sa.String()),
+            sessions.c.status,
+            to_expr,
+            sa.bindparam("result", type_=sa.String()),
+            sa.literal(""),
+            sa.literal(1),
+            stamp,
+            stamp,
+            sessions.c.id,
+        ).where(in_param(dialect, sessions.c.id, "ids")),
+    )
+
+
+@functools.cache
+def _kernel_insert(dialect: Dialect) -> sa.Insert:
+    """`record_kernel_history`'s usual INSERT ... SELECT, built once.
+
+    Parameters: ids (sessions), from (kernel statuses), phase, result, to, message, now.
+    """
+    stamp = sa.bindparam("now", type_=kernel_history.c.created_at.type)
+    return kernel_history.insert().from_select(
+        [*_COLUMNS, "kernel_id", "session_id"],
+        sa.select(
+            sa.bindparam("phase", type_=sa.String()),
+            kernels.c.status,
+            sa.bindparam("to", type_=sa.String()),
+            sa.bindparam("result", type_=sa.String()),
+            sa.bindparam("message", type_=sa.Text()),
+            sa.literal(1),
+            stamp,
+            stamp,
+            kernels.c.id,
+            kernels.c.session_id,
+        ).where(
+            in_param(dialect, kernels.c.session_id, "ids"),
+            kernels.c.status.in_(sa.bindparam("from", expanding=True)),
+        ),
     )
 
 

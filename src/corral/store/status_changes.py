@@ -218,9 +218,7 @@ async def _apply_one(
         )
     if target.session is not None and moving:
         await conn.execute(
-            sessions.update()
-            .where(in_values(dialect, sessions.c.id, moving))
-            .values(**_session_move_values(target.session, now))
+            _session_move(dialect, target.session), {"ids": moving.payload, "now": now}
         )
     if change.count_attempt and staying:
         await conn.execute(
@@ -281,10 +279,6 @@ async def _move_kernels(
     every writer locks sessions before their kernels, so kernel locks cannot deadlock.
     """
     sources = [s.value for s in KERNEL_TRANSITIONS.sources(to)]
-    scope = sa.and_(
-        in_values(dialect, kernels.c.session_id, session_ids),
-        kernels.c.status.in_(sources),
-    )
     await record_kernel_history(
         conn,
         dialect,
@@ -296,16 +290,13 @@ async def _move_kernels(
         now=now,
     )
     gives_back = to is KernelStatus.PENDING or to in KERNEL_TERMINAL
-    held = await _held_slots(conn, dialect, scope) if gives_back else {}
+    held = await _held_slots(conn, dialect, to, session_ids) if gives_back else {}
     if to is KernelStatus.PENDING and change.result in _FAILED_RESULTS:
+        scope = sa.and_(
+            in_values(dialect, kernels.c.session_id, session_ids), kernels.c.status.in_(sources)
+        )
         await _remember_failed_agents(conn, dialect, scope)
-    values: dict[str, Any] = {"status": to.value, "status_changed_at": now}
-    if gives_back:
-        values["occupied_slots"] = sa.null()
-    if to is KernelStatus.PENDING:
-        # The kernel starts over: no agent, nothing asked of anyone.
-        values.update(agent_id=None, desired_state=None, stage_failure=None)
-    moved = await conn.execute(kernels.update().where(scope).values(**values))
+    moved = await conn.execute(_kernel_move(dialect, to), {"ids": session_ids.payload, "now": now})
     await apply_slot_deltas(conn, held)
     # Kernels taken away from their agents (re-scheduled, or ended by the manager): the agents
     # learn it from their assignments and stop what they still run.
@@ -314,16 +305,10 @@ async def _move_kernels(
 
 
 async def _held_slots(
-    conn: AsyncConnection, dialect: Dialect, scope: sa.ColumnElement[bool]
+    conn: AsyncConnection, dialect: Dialect, to: KernelStatus, session_ids: IdBatch
 ) -> dict[AgentId, dict[str, int]]:
-    """Negative deltas giving back what the kernels in `scope` occupy, summed in SQL."""
-    each = slot_entries(dialect, kernels.c.occupied_slots)
-    rows = await conn.execute(
-        sa.select(kernels.c.agent_id, each.c.key, sa.func.sum(sa.cast(each.c.value, sa.BigInteger)))
-        .select_from(kernels.join(each, sa.true()))
-        .where(scope, kernels.c.agent_id.is_not(None), kernels.c.occupied_slots.is_not(None))
-        .group_by(kernels.c.agent_id, each.c.key)
-    )
+    """Negative deltas giving back what the sessions' kernels moving to `to` occupy (in SQL)."""
+    rows = await conn.execute(_held_query(dialect, to), {"ids": session_ids.payload})
     deltas: dict[AgentId, dict[str, int]] = {}
     for agent_id, slot, amount in rows:
         deltas.setdefault(AgentId(agent_id), {})[slot] = -int(amount)
@@ -361,7 +346,12 @@ async def _remember_failed_agents(
     )
 
 
-def _session_move_values(to: SessionStatus, now: datetime) -> dict[str, Any]:
+# The statements of a change, built once per dialect and target (parameters: ids, now).
+
+
+@functools.cache
+def _session_move(dialect: Dialect, to: SessionStatus) -> sa.Update:
+    now = sa.bindparam("now", type_=sessions.c.status_changed_at.type)
     values: dict[str, Any] = {
         "status": to.value,
         "status_changed_at": now,
@@ -372,4 +362,39 @@ def _session_move_values(to: SessionStatus, now: datetime) -> dict[str, Any]:
         values["started_at"] = now
     if to in SESSION_TERMINAL:
         values["terminated_at"] = now
-    return values
+    return sessions.update().where(in_param(dialect, sessions.c.id, "ids")).values(**values)
+
+
+def _kernel_scope(dialect: Dialect, to: KernelStatus) -> sa.ColumnElement[bool]:
+    """The kernels of the sessions in `ids` that may legally move to `to`."""
+    sources = sorted(s.value for s in KERNEL_TRANSITIONS.sources(to))
+    return sa.and_(in_param(dialect, kernels.c.session_id, "ids"), kernels.c.status.in_(sources))
+
+
+@functools.cache
+def _kernel_move(dialect: Dialect, to: KernelStatus) -> sa.Update:
+    values: dict[str, Any] = {
+        "status": to.value,
+        "status_changed_at": sa.bindparam("now", type_=kernels.c.status_changed_at.type),
+    }
+    if to is KernelStatus.PENDING or to in KERNEL_TERMINAL:
+        values["occupied_slots"] = sa.null()  # their slots are given back
+    if to is KernelStatus.PENDING:
+        # The kernel starts over: no agent, nothing asked of anyone.
+        values.update(agent_id=None, desired_state=None, stage_failure=None)
+    return kernels.update().where(_kernel_scope(dialect, to)).values(**values)
+
+
+@functools.cache
+def _held_query(dialect: Dialect, to: KernelStatus) -> sa.Select[Any]:
+    each = slot_entries(dialect, kernels.c.occupied_slots)
+    return (
+        sa.select(kernels.c.agent_id, each.c.key, sa.func.sum(sa.cast(each.c.value, sa.BigInteger)))
+        .select_from(kernels.join(each, sa.true()))
+        .where(
+            _kernel_scope(dialect, to),
+            kernels.c.agent_id.is_not(None),
+            kernels.c.occupied_slots.is_not(None),
+        )
+        .group_by(kernels.c.agent_id, each.c.key)
+    )
