@@ -1,9 +1,10 @@
 """The dual loop that drives one coordinator task: a short loop woken by hints, a long loop forced.
 
 Short loop: every `short_interval_s`, or as soon as the task's hint is pushed, run the task if
-the hint could be consumed. While the task is busy (it ran within the last few debounce
-periods) a pushed hint is debounced first, so a burst of hints becomes one batch; a hint after
-a quiet spell runs at once, so a lone submission pays no debounce at any phase. Long loop: every
+the hint could be consumed. While the task is busy (a run of it moved something within the last
+few debounce periods) a pushed hint is debounced first, so a burst of hints becomes one batch; a
+hint after a quiet spell, or after a run that found nothing to do (a promotion woken before the
+agents answered), runs at once, so a lone submission pays no debounce at any phase. Long loop: every
 `long_interval_s`, run the task whatever the hints say. A lost hint or a dead hint bus costs
 latency, never correctness (DESIGN.md, "Coordination").
 """
@@ -25,7 +26,7 @@ __all__ = ["DualLoop"]
 
 logger = logging.getLogger(__name__)
 
-# A hint within this many debounce periods of the last run counts as part of a burst.
+# A hint within this many debounce periods of a run that moved something is part of a burst.
 BURST_WINDOW = 10
 
 _T = TypeVar("_T")
@@ -82,7 +83,7 @@ class DualLoop:
         self._stopping = False
         self._idle_task: asyncio.Task[Any] | None = None
         self._hints_down = False
-        self._last_ran_at: float | None = None  # clock() when the last run ended
+        self._last_worked_at: float | None = None  # clock() when a run that moved sessions ended
 
     async def run(self) -> None:
         """Drive the task until stop(); a run raising an Exception is logged and retried."""
@@ -123,8 +124,8 @@ class DualLoop:
             self._running = False
 
     def _busy(self) -> bool:
-        """Whether the task ran moments ago: hints are coming in a burst, worth batching."""
-        last = self._last_ran_at
+        """Whether the task did work moments ago: hints are coming in a burst, worth batching."""
+        last = self._last_worked_at
         return last is not None and self._clock() - last < BURST_WINDOW * self._debounce_s
 
     @property
@@ -167,11 +168,12 @@ class DualLoop:
         try:
             result = await self.task.run()
         except Exception as exc:
-            self._last_ran_at = self._clock()
+            self._last_worked_at = self._clock()
             self.failures += 1
             logger.warning("coordinator.task_failed", extra=self._log_fields(exc), exc_info=exc)
             return _Outcome.FAILED
-        self._last_ran_at = self._clock()
+        if result.changed:
+            self._last_worked_at = self._clock()
         self.runs += 1
         if forced:
             self.forced_runs += 1

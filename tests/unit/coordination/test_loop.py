@@ -42,8 +42,9 @@ class FakeClock:
 class Recorder:
     """A task's run: counts calls, raises the queued errors first, can hold a run open."""
 
-    def __init__(self, *errors: BaseException) -> None:
+    def __init__(self, *errors: BaseException, changes: int = 1) -> None:
         self.calls = 0
+        self.changes = changes  # sessions each run reports moved
         self.errors = list(errors)
         self.started = asyncio.Event()
         self.gate: asyncio.Event | None = None  # when set, each run waits for it
@@ -58,7 +59,7 @@ class Recorder:
             await self.gate.wait()
         if self.errors:
             raise self.errors.pop(0)
-        return TaskRun(task=HINT, targets=self.calls)
+        return TaskRun(task=HINT, targets=self.calls, changed=self.changes)
 
 
 def make_loop(
@@ -98,7 +99,7 @@ async def test_a_pushed_hint_runs_the_task_at_once() -> None:
     async with running(loop):
         await hints.set(HINT)
         await eventually(lambda: loop.runs == 1)
-        assert loop.last_run == TaskRun(task=HINT, targets=1)
+        assert loop.last_run == TaskRun(task=HINT, targets=1, changed=1)
         assert not await is_set(hints)
         assert loop.forced_runs == 0
 
@@ -120,6 +121,23 @@ async def test_a_burst_of_hints_during_the_debounce_is_one_run() -> None:
         await eventually(lambda: loop.runs == 2)
         assert not await is_set(hints)
     assert recorder.calls == 2
+
+
+async def test_a_hint_after_a_run_that_moved_nothing_runs_without_debounce() -> None:
+    """A run that found nothing to do starts no burst: the next hint runs at once.
+
+    A promotion is woken once when its sessions enter the phase (their kernels are not ready
+    yet) and again when the agents answer; the second hint must not wait out a debounce.
+    """
+    hints, recorder = MemoryHintBus(), Recorder(changes=0)
+    loop = make_loop(
+        recorder, hints, short_interval_s=NEVER_S, long_interval_s=NEVER_S, debounce_s=NEVER_S
+    )
+    async with running(loop):
+        await hints.set(HINT)
+        await eventually(lambda: loop.runs == 1)
+        await hints.set(HINT)
+        await eventually(lambda: loop.runs == 2)
 
 
 async def test_a_hint_after_a_quiet_spell_runs_without_debounce() -> None:
