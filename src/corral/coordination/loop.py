@@ -27,7 +27,7 @@ __all__ = ["DualLoop"]
 logger = logging.getLogger(__name__)
 
 # A hint within this many debounce periods of a run that moved something is part of a burst.
-BURST_WINDOW = 10
+BURST_WINDOW = 2
 
 _T = TypeVar("_T")
 
