@@ -42,7 +42,7 @@ router = APIRouter(prefix="/v1/agents", tags=["agents"])
 MAX_WAIT_S = 120.0
 
 
-def controller(request: Request) -> AgentController:
+async def controller(request: Request) -> AgentController:
     """The app's agent controller."""
     agents: AgentController = request.app.state.agents
     return agents

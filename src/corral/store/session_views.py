@@ -106,34 +106,37 @@ async def list_sessions(
 async def get_session(db: Database, session_id: uuid.UUID) -> dict[str, Any] | None:
     """One session with its kernels (by cluster index)."""
     async with db.read() as conn:
-        row = (
-            await conn.execute(
-                sa.select(*_COLUMNS).select_from(_FROM).where(sessions.c.id == session_id)
-            )
-        ).first()
+        row = (await conn.execute(_SESSION_BY_ID, {"sid": session_id})).first()
         if row is None:
             return None
         found = dict(row._mapping)
-        found["kernels"] = [
-            dict(k._mapping)
-            for k in await conn.execute(
-                sa.select(
-                    kernels.c.id,
-                    kernels.c.cluster_role,
-                    kernels.c.cluster_index,
-                    kernels.c.agent_id,
-                    kernels.c.status,
-                    kernels.c.status_info,
-                    kernels.c.exit_code,
-                    kernels.c.failure_cause,
-                    kernels.c.runtime_info,
-                    kernels.c.status_changed_at,
-                )
-                .where(kernels.c.session_id == session_id)
-                .order_by(kernels.c.cluster_index)
-            )
-        ]
+        kernel_rows = await conn.execute(_KERNELS_OF_SESSION, {"sid": session_id})
+        found["kernels"] = [dict(k._mapping) for k in kernel_rows]
     return found
+
+
+# `get_session` answers every GET of a session: its statements are built once.
+_SESSION_BY_ID = (
+    sa.select(*_COLUMNS)
+    .select_from(_FROM)
+    .where(sessions.c.id == sa.bindparam("sid", type_=sessions.c.id.type))
+)
+_KERNELS_OF_SESSION = (
+    sa.select(
+        kernels.c.id,
+        kernels.c.cluster_role,
+        kernels.c.cluster_index,
+        kernels.c.agent_id,
+        kernels.c.status,
+        kernels.c.status_info,
+        kernels.c.exit_code,
+        kernels.c.failure_cause,
+        kernels.c.runtime_info,
+        kernels.c.status_changed_at,
+    )
+    .where(kernels.c.session_id == sa.bindparam("sid", type_=kernels.c.session_id.type))
+    .order_by(kernels.c.cluster_index)
+)
 
 
 async def session_status(db: Database, session_id: uuid.UUID) -> str | None:
