@@ -38,7 +38,9 @@ def test_run_prints_the_output_untouched_and_returns_the_exit_code(up: Up) -> No
 def test_events_follow_shows_a_sessions_status_changes(up: Up) -> None:
     """`corral events -f --json` streams the status changes of a session as they happen."""
     follower = subprocess.Popen(
-        [sys.executable, "-m", "corral", "events", "-f", "--json"],
+        # From the first event on: the follower starts alongside `corral run`, and a session
+        # can be SCHEDULED before the follower's stream is open.
+        [sys.executable, "-m", "corral", "events", "-f", "--json", "--since", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
