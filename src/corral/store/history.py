@@ -101,7 +101,7 @@ async def record_kernel_history(
     """
     if not session_ids:
         return
-    if isinstance(message, str) and recorded_from is None:
+    if isinstance(message, str) and recorded_from is None:  # the usual form, prebuilt
         await conn.execute(
             _kernel_insert(dialect),
             {
@@ -115,6 +115,7 @@ async def record_kernel_history(
             },
         )
         return
+    # The placement's form (a message from the row, recorded after the move), built per call.
     selected = sa.and_(
         in_values(dialect, kernels.c.session_id, session_ids),
         kernels.c.status.in_(list(from_statuses)),
