@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Annotated
 
 import typer
@@ -11,6 +12,7 @@ from rich.console import Console
 
 from corral.bench.simulate import SimulationConfig, SimulationError, run_simulation
 from corral.cli._common import fail
+from corral.cli._logging import configure_logging
 
 _err = Console(stderr=True)
 
@@ -49,6 +51,11 @@ def simulate_command(
         timeout_s=timeout,
     )
     progress = None if as_json else (lambda message: _err.print(f"[dim]simulate: {message}[/]"))
+    # The manager's warnings go to stderr as the daemons print them; the simulated agents' are
+    # the failures `--fail-rate` injects (one line each, hundreds per run), counted in the
+    # result's failure causes instead.
+    configure_logging("WARNING")
+    logging.getLogger("corral.agent").setLevel(logging.ERROR)
     try:
         result = asyncio.run(run_simulation(config, progress))
     except SimulationError as exc:
