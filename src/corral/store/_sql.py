@@ -56,11 +56,7 @@ def in_values(
     cost 110 µs per call, a fifth of a busy manager's CPU.
     """
     batch = values if isinstance(values, IdBatch) else id_batch(dialect, values)
-    if dialect == "postgresql":
-        param = sa.bindparam(None, batch.payload, type_=_pg_array(column.type))
-    else:
-        param = sa.bindparam(None, batch.payload, type_=_TEXT)
-    return _InValues(column, param)
+    return _InValues(column, sa.bindparam(None, batch.payload, type_=_param_type(dialect, column)))
 
 
 _TEXT = sa.String()
@@ -73,13 +69,17 @@ def in_param(dialect: Dialect, column: sa.ColumnElement[Any], name: str) -> sa.C
     manager; a hot statement is built once (cached per dialect) with this in its WHERE, and
     executed with `payload(dialect, values)` under `name`.
     """
-    type_ = _pg_array(column.type) if dialect == "postgresql" else _TEXT
-    return _InValues(column, sa.bindparam(name, type_=type_))
+    return _InValues(column, sa.bindparam(name, type_=_param_type(dialect, column)))
 
 
 def payload(dialect: Dialect, values: Collection[Any] | IdBatch) -> Any:
     """The value of an `in_param` parameter for `values`."""
     return (values if isinstance(values, IdBatch) else id_batch(dialect, values)).payload
+
+
+def _param_type(dialect: Dialect, column: sa.ColumnElement[Any]) -> sa.types.TypeEngine[Any]:
+    """An id list's parameter type: an array of the column's type, or JSON text on SQLite."""
+    return _pg_array(column.type) if dialect == "postgresql" else _TEXT
 
 
 @functools.cache

@@ -259,16 +259,10 @@ def with_kernels(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
 
 
 async def load_with_kernels(
-    conn: AsyncConnection,
-    where: sa.ColumnElement[bool] | sa.Select[Any],
-    params: Mapping[str, Any] | None = None,
+    conn: AsyncConnection, statement: sa.Select[Any], params: Mapping[str, Any]
 ) -> list[SessionWithKernels]:
-    """Sessions with their kernels, those matching `where`.
-
-    `where` may also be a statement `with_kernels` built beforehand, run with `params`.
-    """
-    statement = where if isinstance(where, sa.Select) else with_kernels(where)
-    rows = await conn.execute(statement, dict(params or {}))
+    """Sessions with their kernels: the rows of a `with_kernels` statement, run with `params`."""
+    rows = await conn.execute(statement, dict(params))
     # JSON comes back as text and is decoded once per distinct value: a batch repeats a few
     # request shapes thousands of times. The decoded values are shared: read-only.
     decoded: dict[str, Any] = {}

@@ -198,7 +198,7 @@ async def _apply_one(
     else:
         moving = id_batch(dialect, [sid for sid, status in current.items() if status != to])
         staying = id_batch(dialect, [sid for sid, status in current.items() if status == to])
-    to_status = target.session.value if target.session is not None else None
+    to_status = to.value if to is not None else None
     # History first: it reads the statuses being left straight from the rows.
     for group, group_moves in ((moving, True), (staying, False)):
         await record_session_history(
@@ -216,10 +216,8 @@ async def _apply_one(
         applied.kernels_moved += await _move_kernels(
             conn, dialect, passed, target.kernel, change, now
         )
-    if target.session is not None and moving:
-        await conn.execute(
-            _session_move(dialect, target.session), {"ids": moving.payload, "now": now}
-        )
+    if to is not None and moving:
+        await conn.execute(_session_move(dialect, to), {"ids": moving.payload, "now": now})
     if change.count_attempt and staying:
         await conn.execute(
             sessions.update()
@@ -292,10 +290,7 @@ async def _move_kernels(
     gives_back = to is KernelStatus.PENDING or to in KERNEL_TERMINAL
     held = await _held_slots(conn, dialect, to, session_ids) if gives_back else {}
     if to is KernelStatus.PENDING and change.result in _FAILED_RESULTS:
-        scope = sa.and_(
-            in_values(dialect, kernels.c.session_id, session_ids), kernels.c.status.in_(sources)
-        )
-        await _remember_failed_agents(conn, dialect, scope)
+        await _remember_failed_agents(conn, dialect, to, session_ids)
     moved = await conn.execute(_kernel_move(dialect, to), {"ids": session_ids.payload, "now": now})
     await apply_slot_deltas(conn, held)
     # Kernels taken away from their agents (re-scheduled, or ended by the manager): the agents
@@ -316,13 +311,14 @@ async def _held_slots(
 
 
 async def _remember_failed_agents(
-    conn: AsyncConnection, dialect: Dialect, scope: sa.ColumnElement[bool]
+    conn: AsyncConnection, dialect: Dialect, to: KernelStatus, session_ids: IdBatch
 ) -> None:
-    """Add the agents holding the kernels in `scope` to their sessions' failed agents."""
+    """Add the agents holding the kernels that move to `to` to their sessions' failed agents."""
     rows = await conn.execute(
         sa.select(kernels.c.session_id, kernels.c.agent_id).where(
-            scope, kernels.c.agent_id.is_not(None)
-        )
+            _kernel_scope(dialect, to), kernels.c.agent_id.is_not(None)
+        ),
+        {"ids": session_ids.payload},
     )
     holders: dict[SessionId, list[str]] = {}
     for sid, agent_id in rows:
