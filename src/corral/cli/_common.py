@@ -16,6 +16,12 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def fail_unreachable(exc: BaseException) -> NoReturn:
+    """Exit 1 saying a server the command needs did not answer."""
+    reason = str(exc).rstrip(".")
+    fail(f"cannot reach the server: {reason}; is it running, and is the URL right?", code=1)
+
+
 def settings_from_flags(**flags: Any) -> Settings:
     """Load settings with the given flags on top; a bad value exits with a message naming it."""
     try:

@@ -13,7 +13,7 @@ from rich.console import Console
 from corral.bench.latency import DEFAULT_TIMEOUT_S, LatencyBenchError, run_latency_bench
 from corral.bench.schedule import run_schedule_bench
 from corral.bench.store import run_store_bench
-from corral.cli._common import fail
+from corral.cli._common import fail, fail_unreachable
 
 app = typer.Typer(help="Performance benchmarks (JSON output).", no_args_is_help=True)
 _err = Console(stderr=True)
@@ -134,8 +134,7 @@ def latency_command(
     except LatencyBenchError as exc:
         fail(str(exc), code=1)
     except (OSError, RedisConnectionError) as exc:
-        reason = str(exc).rstrip(".")
-        fail(f"cannot reach the server: {reason}; is it running, and is the URL right?", code=1)
+        fail_unreachable(exc)
     if as_json:
         typer.echo(json.dumps(result))
     else:

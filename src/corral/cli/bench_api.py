@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from corral.bench.api import ApiBenchError, ApiLoad, run_api_bench
-from corral.cli._common import fail
+from corral.cli._common import fail, fail_unreachable
 
 _err = Console(stderr=True)
 
@@ -66,8 +66,7 @@ def api_command(
     except ApiBenchError as exc:
         fail(str(exc), code=1)
     except OSError as exc:
-        reason = str(exc).rstrip(".")
-        fail(f"cannot reach the server: {reason}; is it running, and is the URL right?", code=1)
+        fail_unreachable(exc)
     if as_json:
         typer.echo(json.dumps(result))
     else:

@@ -144,13 +144,7 @@ async def update_group(
     valid, nothing written); UnknownResourceGroupError if there is no such group.
     """
     async with db.transaction() as conn:
-        row = (
-            await conn.execute(
-                sa.select(*_COLUMNS).where(resource_groups.c.name == name).with_for_update()
-            )
-        ).first()
-        if row is None:
-            raise UnknownResourceGroupError(f"resource group {name!r} does not exist")
+        row = await _lock_group(conn, name)
         current = _record(row)
         options = current.options
         if options_patch is not None:
@@ -168,6 +162,18 @@ async def update_group(
     return record, events
 
 
+async def _lock_group(conn: AsyncConnection, name: str) -> Any:
+    """The group's row, locked for this transaction (UnknownResourceGroupError if none)."""
+    row = (
+        await conn.execute(
+            sa.select(*_COLUMNS).where(resource_groups.c.name == name).with_for_update()
+        )
+    ).first()
+    if row is None:
+        raise UnknownResourceGroupError(f"resource group {name!r} does not exist")
+    return row
+
+
 async def delete_group(db: Database, name: str, now: datetime) -> list[Event]:
     """Delete an unused group; the event recording it.
 
@@ -183,13 +189,7 @@ async def delete_group(db: Database, name: str, now: datetime) -> list[Event]:
         )
     try:
         async with db.transaction() as conn:
-            row = (
-                await conn.execute(
-                    sa.select(*_COLUMNS).where(resource_groups.c.name == name).with_for_update()
-                )
-            ).first()
-            if row is None:
-                raise UnknownResourceGroupError(f"resource group {name!r} does not exist")
+            row = await _lock_group(conn, name)
             await _refuse_if_used(conn, name)
             await conn.execute(resource_groups.delete().where(resource_groups.c.name == name))
             return await _append(conn, GROUP_DELETED, _record(row), now)
