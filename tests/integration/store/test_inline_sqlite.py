@@ -60,3 +60,62 @@ async def test_waiting_for_another_writer_does_not_block_the_event_loop(tmp_path
     finally:
         other.close()
         await db.close()
+
+
+async def test_an_uncontended_writer_begins_on_the_loop_thread_and_a_contended_one_does_not(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "begin.db"
+    db = Database.open(f"sqlite:///{path}", pool_size=1)
+    await upgrade(db)
+    began_on: list[int] = []  # the thread of each BEGIN IMMEDIATE, from any thread
+    loop = asyncio.get_running_loop()
+    counted = asyncio.Condition()
+
+    async def notify() -> None:
+        async with counted:
+            counted.notify_all()
+
+    def trace(statement: str) -> None:
+        if statement.startswith("BEGIN IMMEDIATE"):
+            began_on.append(threading.get_ident())
+            loop.call_soon_threadsafe(lambda: loop.create_task(notify()))
+
+    async def began(times: int) -> None:
+        async with asyncio.timeout(10), counted:
+            await counted.wait_for(lambda: len(began_on) >= times)
+
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        async with db.read() as conn:
+            raw = await conn.get_raw_connection()
+            raw.driver_connection._connection.set_trace_callback(trace)  # type: ignore[union-attr]
+        async with db.transaction() as conn:
+            await conn.execute(sa.delete(users))
+        assert began_on == [threading.get_ident()]
+
+        other.execute("BEGIN IMMEDIATE")
+        writer = asyncio.create_task(_delete_users(db))
+        await began(2)  # the refused inline try, then the wait in the worker
+        other.execute("COMMIT")
+        async with asyncio.timeout(10):
+            await writer
+        assert began_on[1] == threading.get_ident()  # the try that found the lock taken
+        assert began_on[2:] and all(t != threading.get_ident() for t in began_on[2:])
+
+        # The busy handler is back after both paths: a contended writer waits, it does not fail.
+        other.execute("BEGIN IMMEDIATE")
+        writer = asyncio.create_task(_delete_users(db))
+        await began(5)  # the worker's try is under way
+        assert not writer.done()
+        other.execute("COMMIT")
+        async with asyncio.timeout(10):
+            await writer
+    finally:
+        other.close()
+        await db.close()
+
+
+async def _delete_users(db: Database) -> None:
+    async with db.transaction() as conn:
+        await conn.execute(sa.delete(users))
