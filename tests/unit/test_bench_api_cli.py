@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from corral.api.problems import Problem, install_problem_handlers
 from corral.bench._api_load import WARMUP_REQUESTS
+from corral.bench._http import HttpxClient
 from corral.bench.api import ApiBenchError, ApiBenchResult, ApiFigures, ApiLoad, measure
 from corral.cli import bench_api as cli_module
 from corral.cli.bench_api import api_command
@@ -147,7 +148,7 @@ async def test_an_api_without_the_sessions_route_is_reported_as_a_404() -> None:
     install_problem_handlers(app)
     async with client(app) as http:
         with pytest.raises(ApiBenchError) as raised:
-            await measure(http, ApiLoad(sessions=1))
+            await measure(HttpxClient(http), ApiLoad(sessions=1))
     assert raised.value.status == 404
     message = str(raised.value)
     assert message.startswith("POST /v1/sessions answered 404 Not Found: Not Found")
@@ -165,7 +166,7 @@ async def test_a_refused_warm_up_quotes_the_problem_detail() -> None:
 
     async with client(app) as http:
         with pytest.raises(ApiBenchError, match=r"422 Unprocessable Entity: resources\.cpu"):
-            await measure(http, ApiLoad(sessions=1))
+            await measure(HttpxClient(http), ApiLoad(sessions=1))
 
 
 async def test_failures_after_the_warm_up_are_counted_and_sampled() -> None:
@@ -187,7 +188,7 @@ async def test_failures_after_the_warm_up_are_counted_and_sampled() -> None:
 
     load = ApiLoad(sessions=10, concurrency=1, get_rate_per_s=1000.0, get_duration_s=0.005)
     async with client(app) as http:
-        figures = await measure(http, load)
+        figures = await measure(HttpxClient(http), load)
     assert len(figures.create_ms) == 5
     assert figures.errors == {"POST 503": 5}
     assert figures.error_samples == [

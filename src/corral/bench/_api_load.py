@@ -1,8 +1,9 @@
 """The load generator of `corral bench api`: warm-up, create phase, read phase, over HTTP.
 
 It runs in its own process (`python -m corral.bench._api_load`, driven by `corral.bench.api`)
-so that its own work does not slow the manager's event loop; `measure` also runs in-process
-against any httpx client, which is how the tests use it.
+so that its own work does not slow the manager's event loop, and speaks HTTP through the lean
+`KeepAliveClient` (httpx itself would be the bottleneck, see `corral.bench._http`); `measure`
+also runs in-process over any `Http`, which is how the tests use it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import httpx
+from corral.bench._http import Http, HttpError, KeepAliveClient, Reply
 
 SESSIONS_PATH = "/v1/sessions"
 SESSION_BODY: dict[str, Any] = {"image": "python", "command": ["true"], "resources": {"cpu": 1}}
@@ -83,14 +84,14 @@ class ApiFigures:
 
 
 async def measure(
-    http: httpx.AsyncClient,
+    http: Http,
     load: ApiLoad,
     progress: Progress | None = None,
     between: Callable[[int], Awaitable[None]] | None = None,
 ) -> ApiFigures:
     """Warm up, then create `load.sessions` sessions and read them at `load.get_rate_per_s`.
 
-    `http` carries the base URL and the token; `between` is awaited between the phases with
+    `http` knows the server and the token; `between` is awaited between the phases with
     the number created. The warm-up must succeed, else ApiBenchError says what the API
     answered; later failures are counted and sampled in the figures.
     """
@@ -108,62 +109,59 @@ async def measure(
     return figures
 
 
-async def _warm_up(http: httpx.AsyncClient) -> str:
+async def _warm_up(http: Http) -> str:
     """Create one session and read it back; its id. Raises ApiBenchError on any refusal."""
-    created = await _request(http, "POST", SESSIONS_PATH, json=SESSION_BODY)
-    if created.status_code not in (200, 201):
+    created = await _request(http, "POST", SESSIONS_PATH, SESSION_BODY)
+    if created.status not in (200, 201):
         hint = ""
-        if created.status_code == 404:
+        if created.status == 404:
             hint = " (this manager has no sessions API at that path: is it older than the bench?)"
         raise ApiBenchError(
             f"POST {SESSIONS_PATH} answered {_describe(created)}{hint}; nothing to measure",
-            status=created.status_code,
+            status=created.status,
         )
     session_id = _session_id(created)
     read = await _request(http, "GET", f"{SESSIONS_PATH}/{session_id}")
-    if read.status_code != 200:
+    if read.status != 200:
         raise ApiBenchError(
             f"GET {SESSIONS_PATH}/{session_id} of a session just created answered "
             f"{_describe(read)}; nothing to measure",
-            status=read.status_code,
+            status=read.status,
         )
     return session_id
 
 
-async def _request(
-    http: httpx.AsyncClient, method: str, path: str, **kwargs: Any
-) -> httpx.Response:
-    """One warm-up request; a transport failure is an ApiBenchError naming the server."""
+async def _request(http: Http, method: str, path: str, body: Any = None) -> Reply:
+    """One warm-up request; a transport failure is an ApiBenchError naming the request."""
     try:
-        return await http.request(method, path, **kwargs)
-    except httpx.HTTPError as exc:
-        raise ApiBenchError(
-            f"{method} {http.base_url}{path.lstrip('/')} failed: {type(exc).__name__}: {exc}"
-        ) from exc
+        return await http.request(method, path, body)
+    except HttpError as exc:
+        raise ApiBenchError(f"{method} {path} failed: {exc}") from exc
 
 
-def _session_id(response: httpx.Response) -> str:
+def _session_id(reply: Reply) -> str:
     try:
-        session_id = response.json()["id"]
+        session_id = reply.json()["id"]
     except (ValueError, KeyError, TypeError):
         raise ApiBenchError(
-            f"POST {SESSIONS_PATH} answered {response.status_code} without a session id: "
-            f"{response.text[:200]!r}"
+            f"POST {SESSIONS_PATH} answered {reply.status} without a session id: "
+            f"{reply.text[:200]!r}"
         ) from None
     return str(session_id)
 
 
-def _describe(response: httpx.Response) -> str:
+def _describe(reply: Reply) -> str:
     """`404 Not Found: <problem detail or the start of the body>`."""
-    detail = response.text[:200]
-    if response.headers.get("content-type", "").startswith("application/problem+json"):
-        with contextlib.suppress(ValueError):  # not JSON after all: the raw text says more
-            detail = str(response.json().get("detail", detail))
-    return f"{response.status_code} {response.reason_phrase}: {detail}".rstrip(": ")
+    detail = reply.text[:200]
+    if reply.content_type.startswith("application/problem+json"):
+        # Not a JSON object after all: the raw text says more.
+        with contextlib.suppress(ValueError, AttributeError):
+            detail = str(reply.json().get("detail", detail))
+    return f"{reply.status} {reply.reason}: {detail}".rstrip(": ")
 
 
 async def _create(
-    http: httpx.AsyncClient,
+    http: Http,
     load: ApiLoad,
     figures: ApiFigures,
     ids: list[str],
@@ -179,17 +177,17 @@ async def _create(
             remaining -= 1
             started = time.perf_counter()
             try:
-                response = await http.post(SESSIONS_PATH, json=SESSION_BODY)
-            except httpx.HTTPError as exc:
-                figures.note_error(f"POST {type(exc).__name__}", f"POST {SESSIONS_PATH}: {exc!r}")
+                reply = await http.request("POST", SESSIONS_PATH, SESSION_BODY)
+            except HttpError as exc:
+                figures.note_error(f"POST {_kind(exc)}", f"POST {SESSIONS_PATH}: {exc}")
                 continue
-            if response.status_code not in (200, 201):
+            if reply.status not in (200, 201):
                 figures.note_error(
-                    f"POST {response.status_code}", f"POST {SESSIONS_PATH}: {_describe(response)}"
+                    f"POST {reply.status}", f"POST {SESSIONS_PATH}: {_describe(reply)}"
                 )
                 continue
             figures.create_ms.append((time.perf_counter() - started) * 1000)
-            ids.append(_session_id(response))
+            ids.append(_session_id(reply))
             if progress is not None and len(figures.create_ms) % step == 0:
                 progress(f"created {len(figures.create_ms)}/{load.sessions}")
 
@@ -198,21 +196,19 @@ async def _create(
     figures.create_s = time.perf_counter() - first
 
 
-async def _read(
-    http: httpx.AsyncClient, load: ApiLoad, figures: ApiFigures, ids: Sequence[str]
-) -> None:
+async def _read(http: Http, load: ApiLoad, figures: ApiFigures, ids: Sequence[str]) -> None:
     """The read phase: `load.get_requests` GETs, one every 1/rate seconds, in their own tasks."""
 
     async def get(session_id: str) -> None:
         path = f"{SESSIONS_PATH}/{session_id}"
         started = time.perf_counter()
         try:
-            response = await http.get(path)
-        except httpx.HTTPError as exc:
-            figures.note_error(f"GET {type(exc).__name__}", f"GET {path}: {exc!r}")
+            reply = await http.request("GET", path)
+        except HttpError as exc:
+            figures.note_error(f"GET {_kind(exc)}", f"GET {path}: {exc}")
             return
-        if response.status_code != 200:
-            figures.note_error(f"GET {response.status_code}", f"GET {path}: {_describe(response)}")
+        if reply.status != 200:
+            figures.note_error(f"GET {reply.status}", f"GET {path}: {_describe(reply)}")
             return
         figures.get_ms.append((time.perf_counter() - started) * 1000)
 
@@ -227,10 +223,14 @@ async def _read(
     await asyncio.gather(*tasks)
 
 
+def _kind(error: HttpError) -> str:
+    """`ReadTimeout` of `ReadTimeout: no answer within 30 s`: what errors are counted by."""
+    return str(error).partition(":")[0]
+
+
 async def _drive(plan: dict[str, Any]) -> ApiFigures:
     """The load generator's work: `measure` over a client on the plan's URL and token."""
     load = ApiLoad(**plan["load"])
-    limits = httpx.Limits(max_connections=max(64, load.concurrency * 2))
 
     async def between(created: int) -> None:
         print(json.dumps({"created": created}), flush=True)
@@ -238,15 +238,13 @@ async def _drive(plan: dict[str, Any]) -> ApiFigures:
         if not go:
             raise ApiBenchError("the bench stopped before the read phase")
 
-    async with httpx.AsyncClient(
-        base_url=plan["url"],
-        headers={"Authorization": f"Bearer {plan['token']}"},
-        timeout=REQUEST_TIMEOUT_S,
-        limits=limits,
-    ) as http:
+    http = KeepAliveClient(plan["url"], token=plan["token"], timeout_s=REQUEST_TIMEOUT_S)
+    try:
         return await measure(
             http, load, progress=lambda line: print(line, file=sys.stderr), between=between
         )
+    finally:
+        await http.close()
 
 
 def _main() -> None:
