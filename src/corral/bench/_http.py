@@ -79,7 +79,9 @@ class KeepAliveClient:
 
     Each request takes an idle connection (or opens one), writes the request, reads the answer
     (a Content-Length or chunked body) and gives the connection back, unless the server closes
-    it or anything failed. `close()` closes every idle connection.
+    it or anything failed. A kept-alive connection the server closed while it sat idle (as
+    uvicorn does after 5 s) is noticed when nothing of the answer comes back, and the request
+    is sent again on a new connection, as HTTP clients do. `close()` closes every idle one.
     """
 
     def __init__(self, base_url: str, *, token: str, timeout_s: float) -> None:
@@ -101,7 +103,27 @@ class KeepAliveClient:
         if body is not None:
             head += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
         message = (head + "\r\n").encode() + payload
-        connection = self._idle.pop() if self._idle else None
+        connection = self._idle_connection()
+        if connection is not None:
+            try:
+                return await self._exchange(connection, message)
+            except _StaleConnectionError:
+                pass  # the server closed it while idle: the request goes on a new connection
+        return await self._exchange(None, message)
+
+    def _idle_connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        while self._idle:
+            connection = self._idle.pop()
+            if not connection[0].at_eof():
+                return connection
+            _discard(connection)
+        return None
+
+    async def _exchange(
+        self, connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None, message: bytes
+    ) -> Reply:
+        """Send `message` on `connection` (None: a new one) and read the answer."""
+        reused = connection is not None
         try:
             async with asyncio.timeout(self.timeout_s):
                 if connection is None:
@@ -114,6 +136,8 @@ class KeepAliveClient:
             raise HttpError(f"ReadTimeout: no answer within {self.timeout_s:g} s") from None
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
             _discard(connection)
+            if reused and _nothing_read(exc):
+                raise _StaleConnectionError from exc
             raise HttpError(f"{type(exc).__name__}: {exc}") from exc
         if keep:
             self._idle.append(connection)
@@ -128,6 +152,16 @@ class KeepAliveClient:
         for _, writer in idle:
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
+
+
+class _StaleConnectionError(Exception):
+    """A kept-alive connection the server had closed: nothing of an answer came back."""
+
+
+def _nothing_read(error: Exception) -> bool:
+    if isinstance(error, asyncio.IncompleteReadError):
+        return not error.partial
+    return isinstance(error, ConnectionResetError | BrokenPipeError)
 
 
 async def _read_reply(reader: asyncio.StreamReader) -> tuple[Reply, bool]:

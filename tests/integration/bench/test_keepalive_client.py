@@ -90,6 +90,26 @@ async def test_a_chunked_answer_is_read_whole_and_a_closing_server_gets_a_new_co
     assert len(connections) == 2
 
 
+async def test_a_connection_the_server_closed_while_idle_is_replaced_without_an_error() -> None:
+    answered = 0
+
+    def answer_once_per_connection(head: bytes) -> bytes | None:
+        nonlocal answered
+        answered += 1
+        return json_answer(head) if answered % 2 == 1 else None  # then hang up, as if idle
+
+    async with server(answer_once_per_connection) as (url, heads, connections):
+        client = KeepAliveClient(url, token="t", timeout_s=5)
+        try:
+            for _ in range(2):
+                reply = await client.request("GET", "/v1/sessions/a1")
+                assert reply.json() == {"id": "a1"}
+        finally:
+            await client.close()
+    assert len(connections) == 2
+    assert len(heads) == 3  # the second request went twice: on the closed, then a new one
+
+
 async def test_no_answer_is_an_http_error_naming_what_happened() -> None:
     async with server(lambda _head: None) as (url, _heads, _connections):
         client = KeepAliveClient(url, token="t", timeout_s=5)
