@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -141,11 +141,14 @@ def _controller(request: Request) -> SessionController:
     return sessions
 
 
+_FROM_SPEC = {"image", "command", "resources", "kernels"}  # SessionOut's fields `_out` derives
+
+
 def _out(row: dict[str, Any], *, with_kernels: bool = False) -> SessionOut:
     spec = row["spec"] or {}
     resources = ResourceSlots.from_json(spec.get("resources") or {})
     return SessionOut(
-        **{k: row[k] for k in SessionOut.model_fields if k in row and k != "kernels"},
+        **{k: row[k] for k in SessionOut.model_fields.keys() - _FROM_SPEC if k in row},
         image=str(spec.get("image", "")),
         command=list(spec.get("command") or []),
         resources={name: _human(resources, name) for name in sorted(resources)},
@@ -190,9 +193,19 @@ async def create_session(
             str(exc),
             errors=[{"field": exc.field, "message": exc.message}],
         ) from exc
-    if not submitted.created:
+    if submitted.written is None:
         response.status_code = 200
-    return _out(await _visible(db, user, submitted.session_id), with_kernels=True)
+        return _out(await _visible(db, user, submitted.session_id), with_kernels=True)
+    # Answered from what was written: reading it back cost a fifth of a create's time.
+    return _out(_as_shown(submitted.written, user.name), with_kernels=True)
+
+
+def _as_shown(written: Mapping[str, Any], owner: str) -> dict[str, Any]:
+    """A session's row as written on submission, in the shape `get_session` reads it back."""
+    row = dict.fromkeys(SessionOut.model_fields.keys() - _FROM_SPEC, None)
+    row |= dict(written) | {"owner": owner}
+    row["kernels"] = [dict.fromkeys(KernelOut.model_fields, None) | k for k in written["kernels"]]
+    return row
 
 
 @router.get("", response_model=SessionPage)

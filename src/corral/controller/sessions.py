@@ -9,9 +9,10 @@ the rows anyway.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -58,10 +59,15 @@ class SubmissionError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Submitted:
-    """The session a submission stands for; `created` is False when creation_id matched."""
+    """The session a submission stands for; `created` is False when creation_id matched.
+
+    `written` is the session's row as this submission wrote it, with its kernel rows under
+    `kernels` (see `insert_sessions`); None when it was created before.
+    """
 
     session_id: SessionId
     created: bool
+    written: Mapping[str, Any] | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True)
@@ -135,7 +141,7 @@ class SessionController:
             created = await self._by_creation_ids(
                 owner, {s.creation_id for s in specs if s.creation_id is not None}
             )
-            results: list[Submitted] = []
+            results: list[Submitted | NewSession] = []  # the new ones until they are written
             new: list[NewSession] = []
             for spec in specs:
                 if spec.creation_id is not None and spec.creation_id in created:
@@ -145,14 +151,14 @@ class SessionController:
                 if spec.creation_id is not None:
                     created[spec.creation_id] = session.id
                 new.append(session)
-                results.append(Submitted(session.id, created=True))
+                results.append(session)
             if not new:
-                return results
+                return [r for r in results if isinstance(r, Submitted)]
             now = self.clock()
             try:
                 async with self.db.transaction() as conn:
                     await self._check_references(conn, specs, owner)
-                    await insert_sessions(conn, new, now)
+                    rows = await insert_sessions(conn, new, now)
                     events = await append_events(conn, [_created_event(n, now) for n in new], now)
             except sa.exc.IntegrityError:
                 # A concurrent submission with the same creation_id won the unique index.
@@ -162,7 +168,11 @@ class SessionController:
             await self.hints.set(Hint.SCHEDULE)
             if self.events is not None:
                 await self.events.publish(events)
-            return results
+            written = {row["id"]: row for row in rows}
+            return [
+                r if isinstance(r, Submitted) else Submitted(r.id, True, written[r.id])
+                for r in results
+            ]
         raise RuntimeError("creation_id race could not be resolved; submit again")
 
     async def mark_terminate(

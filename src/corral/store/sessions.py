@@ -151,17 +151,22 @@ def _kernel_rows(s: NewSession, now: datetime) -> list[dict[str, Any]]:
 
 async def insert_sessions(
     conn: AsyncConnection, new_sessions: Sequence[NewSession], now: datetime
-) -> None:
-    """Create sessions, their PENDING kernels and dependencies, in the caller's transaction."""
+) -> list[dict[str, Any]]:
+    """Create sessions, their PENDING kernels and dependencies, in the caller's transaction.
+
+    Returns the session rows as written (column → value, unset columns left out), each with
+    its kernel rows under `kernels`, in the order of `new_sessions`.
+    """
     if not new_sessions:
-        return
-    await conn.execute(sessions.insert(), [_session_row(s, now) for s in new_sessions])
-    await conn.execute(
-        kernels.insert(), [row for s in new_sessions for row in _kernel_rows(s, now)]
-    )
+        return []
+    session_rows = [_session_row(s, now) for s in new_sessions]
+    kernel_rows = [_kernel_rows(s, now) for s in new_sessions]
+    await conn.execute(sessions.insert(), session_rows)
+    await conn.execute(kernels.insert(), [row for rows in kernel_rows for row in rows])
     deps = [{"session_id": s.id, "depends_on": d} for s in new_sessions for d in s.dependencies]
     if deps:
         await conn.execute(session_dependencies.insert(), deps)
+    return [row | {"kernels": rows} for row, rows in zip(session_rows, kernel_rows, strict=True)]
 
 
 # The load query selects this many session columns, then the kernel's.

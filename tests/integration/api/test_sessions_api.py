@@ -66,6 +66,22 @@ async def test_create_returns_the_session_and_is_idempotent_on_creation_id(
     assert other_owner.json()["id"] != body["id"]
 
 
+async def test_the_created_session_is_answered_as_a_read_shows_it(world: ApiWorld) -> None:
+    """The create answer (built from what was written) is what a GET then reads back."""
+    created = await create(
+        world, world.alice, name="train", cluster_size=2, priority=5, env={"A": "1"}
+    )
+    assert created.status_code == 201, created.text
+    body = created.json()
+    read = await world.http.get(f"/v1/sessions/{body['id']}", headers=world.alice.headers)
+    assert read.status_code == 200
+    assert body == read.json()
+    again = await create(world, world.alice, creation_id="twice")
+    repeated = await create(world, world.alice, creation_id="twice")
+    assert (again.status_code, repeated.status_code) == (201, 200)
+    assert repeated.json() == again.json()
+
+
 async def test_bad_specs_are_422_naming_the_field_and_write_nothing(world: ApiWorld) -> None:
     """A bad field, or a resource group that does not exist, names the field; nothing stored."""
     bad_cpu = await create(world, world.alice, resources={"cpu": "-1"})
