@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
+from datetime import timedelta
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -50,6 +51,9 @@ DEFAULT_LIMITS: Mapping[str, PhaseLimits] = {
     StartSessions.name(): PhaseLimits(timeout_s=300.0),
     TerminateSessions.name(): PhaseLimits(timeout_s=300.0),
 }
+
+# A phase's limits per resource group that overrides them, and the default.
+_GroupLimits = tuple[dict[str, PhaseLimits], PhaseLimits]
 
 _HINTS: Mapping[str, Hint] = {
     ScheduleNewSessions.name(): Hint.SCHEDULE,
@@ -114,9 +118,9 @@ class SessionCoordinator:
         """One run of a lifecycle handler over all its current targets."""
         started = time.perf_counter()
         name = handler.name()
-        targets = await self.repository.load(
-            handler.target_session_statuses, kernel_statuses=handler.target_kernel_statuses
-        )
+        # Watching handlers need every group's limits to know which sessions may expire.
+        group_limits = await self._group_limits(name) if handler.watched_session_statuses else None
+        targets = await self._targets(handler, group_limits)
         if not targets:
             return TaskRun(name)
         placed_events: list[Event] = []
@@ -128,11 +132,12 @@ class SessionCoordinator:
         finally:
             _PLACED_EVENTS.reset(token)
         now = self.clock()
-        group_limits = await self._group_limits(name, {s.resource_group for s in targets})
-        default = self.limits.get(name, PhaseLimits())
+        if group_limits is None:
+            group_limits = await self._group_limits(name, {s.resource_group for s in targets})
+        by_group, default = group_limits
 
         def limits(session: SessionWithKernels) -> PhaseLimits:
-            return group_limits.get(session.resource_group, default)
+            return by_group.get(session.resource_group, default)
 
         changes = judge(
             phase=name,
@@ -239,16 +244,36 @@ class SessionCoordinator:
         if events and self.events is not None:
             await self.events.publish(events)
 
-    async def _group_limits(self, phase: str, groups: set[str]) -> dict[str, PhaseLimits]:
-        """Limits per resource group for `phase`, where a group overrides the default."""
-        default = self.limits.get(phase, PhaseLimits())
-        async with self.db.read() as conn:
-            rows = await conn.execute(
-                sa.select(resource_groups.c.name, resource_groups.c.options).where(
-                    in_values(self.db.dialect, resource_groups.c.name, groups)
-                )
+    async def _targets(
+        self, handler: LifecycleHandler, group_limits: _GroupLimits | None
+    ) -> list[SessionWithKernels]:
+        """The handler's targets; in its watched statuses, only the sessions that need it."""
+        watched = handler.watched_session_statuses
+        if not watched:
+            return await self.repository.load(
+                handler.target_session_statuses, kernel_statuses=handler.target_kernel_statuses
             )
-            stored = {name: options for name, options in rows}
+        assert group_limits is not None
+        by_group, default = group_limits
+        timeouts = [
+            limits.timeout_s
+            for limits in (default, *by_group.values())
+            if limits.timeout_s is not None
+        ]
+        expiring_before = self.clock() - timedelta(seconds=min(timeouts)) if timeouts else None
+        return await self.repository.load_needing_attention(
+            handler.target_session_statuses, watched, expiring_before
+        )
+
+    async def _group_limits(self, phase: str, groups: set[str] | None = None) -> _GroupLimits:
+        """Limits per resource group for `phase`, where a group overrides the default; and
+        the default. `groups` None: every group."""
+        default = self.limits.get(phase, PhaseLimits())
+        query = sa.select(resource_groups.c.name, resource_groups.c.options)
+        if groups is not None:
+            query = query.where(in_values(self.db.dialect, resource_groups.c.name, groups))
+        async with self.db.read() as conn:
+            stored = {name: options for name, options in await conn.execute(query)}
         limits: dict[str, PhaseLimits] = {}
         for group, options in stored.items():
             override = ResourceGroupOptions.model_validate(options).phase_limits.get(phase)
@@ -258,4 +283,4 @@ class SessionCoordinator:
                 max_attempts=override.max_attempts or default.max_attempts,
                 timeout_s=override.timeout_s if override.timeout_s else default.timeout_s,
             )
-        return limits
+        return limits, default

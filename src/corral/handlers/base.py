@@ -45,6 +45,17 @@ class LifecycleHandler(ABC):
     def status_transitions(cls) -> StatusTransitions:
         """Where success, retry, expiry and give-up take a session and its kernels."""
 
+    @property
+    def watched_session_statuses(self) -> frozenset[SessionStatus]:
+        """Target statuses in which a session is in progress on its agents (none by default).
+
+        The handler acts on such a session only when one of its live kernels is on an agent
+        that is not ALIVE or has a stage failure reported, or when its phase may have expired;
+        otherwise it would be judged "no change". The coordinator loads only those, so a run
+        costs what changed, not every session that waits on its agents.
+        """
+        return frozenset()
+
     # True when `execute` itself commits its successes (the scheduler's placement commit):
     # the coordinator then judges and applies only the rest.
     commits_successes: ClassVar[bool] = False

@@ -18,15 +18,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.domain.results import KernelMatchType
 from corral.domain.session import KernelIntent, KernelRecord, NewSession, SessionWithKernels
-from corral.domain.status import (
-    KernelStatus,
-    SessionStatus,
-)
+from corral.domain.status import KERNEL_TERMINAL, KernelStatus, SessionStatus
 from corral.domain.types import AgentId, KernelId, SessionId, UserId
 from corral.store._sql import in_param, payload
+from corral.store.agents import AGENT_ALIVE
 from corral.store.database import Database, Dialect
 from corral.store.status_changes import AppliedChanges, StatusChange, apply_changes
-from corral.store.tables import kernels, session_dependencies, sessions
+from corral.store.tables import agents, kernels, session_dependencies, sessions
 
 
 class SessionRepository:
@@ -69,6 +67,26 @@ class SessionRepository:
             params["group"] = resource_group
         if limit is not None:
             params["limit"] = limit
+        async with self.db.read() as conn:
+            return await load_with_kernels(conn, query, params)
+
+    async def load_needing_attention(
+        self,
+        statuses: Collection[SessionStatus],
+        watched: Collection[SessionStatus],
+        expiring_before: datetime | None,
+    ) -> list[SessionWithKernels]:
+        """Like `load`, but a session in `watched` only when something may have to be done.
+
+        That is: a live kernel of it has a stage failure reported or is on an agent that is
+        not ALIVE (or no longer known), or it entered its status before `expiring_before`
+        (None: it never expires). See `LifecycleHandler.watched_session_statuses`.
+        """
+        acted = tuple(sorted(s.value for s in statuses if s not in watched))
+        query = _attention_query(
+            acted, tuple(sorted(s.value for s in watched)), timed=expiring_before is not None
+        )
+        params = {} if expiring_before is None else {"expiring_before": expiring_before}
         async with self.db.read() as conn:
             return await load_with_kernels(conn, query, params)
 
@@ -211,6 +229,29 @@ def _load_query(
             sa.bindparam("limit", type_=sa.Integer())
         )
     return with_kernels(sessions.c.id.in_(query.scalar_subquery()))
+
+
+@functools.cache
+def _attention_query(
+    acted: tuple[str, ...], watched: tuple[str, ...], *, timed: bool
+) -> sa.Select[Any]:
+    """`load_needing_attention`'s statement, built once per shape (parameter: expiring_before)."""
+    s, k = sessions.c, kernels.alias("watched_kernel").c  # the outer query joins `kernels`
+    on_lost_agent = sa.and_(
+        k.agent_id.is_not(None),
+        ~sa.exists().where(agents.c.id == k.agent_id, agents.c.status == AGENT_ALIVE),
+    )
+    troubled: sa.ColumnElement[bool] = sa.exists().where(
+        k.session_id == s.id,
+        k.status.not_in([status.value for status in KERNEL_TERMINAL]),
+        sa.or_(k.stage_failure.is_not(None), on_lost_agent),
+    )
+    if timed:
+        expiring = s.status_changed_at < sa.bindparam(
+            "expiring_before", type_=s.status_changed_at.type
+        )
+        troubled = sa.or_(troubled, expiring)
+    return with_kernels(sa.or_(s.status.in_(acted), sa.and_(s.status.in_(watched), troubled)))
 
 
 @functools.cache

@@ -6,12 +6,18 @@ import pytest
 import sqlalchemy as sa
 
 from corral.domain.status import KERNEL_TERMINAL, KernelStatus, SessionStatus
-from corral.domain.types import SessionId
+from corral.domain.types import AgentId, SessionId
+from corral.store.agents import NewAgent, insert_agents
 from corral.store.database import Database
 from corral.store.events import SESSION_STATUS_CHANGED, read_events
 from corral.store.tables import sessions
 from tests.integration.coordination._harness import LIFECYCLE, Cluster, make_cluster
-from tests.integration.store._factories import assert_slots_consistent, set_group_options
+from tests.integration.store._factories import (
+    NOW,
+    add_group,
+    assert_slots_consistent,
+    set_group_options,
+)
 
 S, K = SessionStatus, KernelStatus
 CPU4 = {"cpu": 4000}
@@ -123,6 +129,31 @@ async def test_a_session_stuck_preparing_expires_back_to_pending(db: Database) -
     assert [k.agent_id for k in session.kernels] == [big]
     assert ("PrepareSessions", "EXPIRED", "PENDING", 1) in await c.moves_of(sid)
     await assert_slots_consistent(db, c.agents, [sid])
+
+
+async def test_preparing_sessions_are_targets_only_when_due_by_their_own_group(
+    db: Database,
+) -> None:
+    """Sessions waiting on their agents cost PrepareSessions nothing until one may expire; a
+    group's shorter timeout is honoured while another group's sessions keep the default."""
+    c = await make_cluster(db, [{"cpu": 8000}])
+    await add_group(db, "fast", {"phase_limits": {"PrepareSessions": {"timeout_s": 60}}})
+    fast_agent = NewAgent(AgentId("fast-1"), "10.9.0.1:6001", {"cpu": 8000}, "fast")
+    await insert_agents(db, [fast_agent], NOW)  # the test agents never answer for it
+    c.agents[fast_agent.id] = dict(fast_agent.capacity)
+    c.agent.unresponsive.update(c.agents)
+    slow, fast = await c.submit(), await c.submit(resource_group="fast")
+    await c.settle()
+    assert {await c.status(slow), await c.status(fast)} == {S.PREPARING}
+    (prepare,) = [t for t in c.coordinator.tasks() if t.name == "PrepareSessions"]
+    assert (await prepare.run()).targets == 0
+    c.clock.advance(61)
+    run = await prepare.run()
+    # The shortest timeout of any group decides what is loaded; each group's its expiry.
+    assert (run.targets, run.changed) == (2, 1)
+    assert ("PrepareSessions", "EXPIRED", "PENDING", 1) in await c.moves_of(fast)
+    assert await c.status(slow) is S.PREPARING
+    await assert_slots_consistent(db, c.agents, [slow, fast])
 
 
 async def test_a_kernel_failing_while_running_ends_the_session_in_error(db: Database) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -27,6 +27,8 @@ from tests.integration.store._factories import (
     on,
     place_all,
     placement,
+    update_agents,
+    update_sessions,
 )
 
 S, K, R = SessionStatus, KernelStatus, SchedulingResult
@@ -284,3 +286,46 @@ async def test_a_released_kernel_has_sql_null_occupied_slots(db: Database) -> No
             )
         )
     assert holders == 0
+
+
+async def test_watched_sessions_are_loaded_only_when_they_need_attention(db: Database) -> None:
+    """SCHEDULED always; PREPARING only with a live kernel's stage failure, a live kernel on
+    an agent that is not ALIVE, or entered before `expiring_before`."""
+    repo = SessionRepository(db)
+    owner = await add_user(db)
+    await insert_agents(
+        db, [NewAgent(AgentId(a), a, {"cpu": 64000}) for a in ("alive", "lost")], NOW
+    )
+    ids = await add_session_ids(db, owner, 7)
+    scheduled, quiet, failed, failed_ended, on_lost, old, ended_on_lost = ids
+    await place_all(db, [scheduled, quiet, failed, failed_ended, old], AgentId("alive"))
+    await place_all(db, [on_lost, ended_on_lost], AgentId("lost"))
+    preparing = [quiet, failed, failed_ended, on_lost, old, ended_on_lost]
+    await update_sessions(db, preparing, status=S.PREPARING.value)
+    await update_sessions(db, [old], status_changed_at=NOW - timedelta(hours=1))
+    await update_agents(db, [AgentId("lost")], status="LOST")
+    async with db.transaction() as conn:
+        await conn.execute(
+            kernels.update()
+            .where(kernels.c.session_id.in_([failed, failed_ended]))
+            .values(stage_failure="image_pull_failure")
+        )
+        await conn.execute(
+            kernels.update()
+            .where(kernels.c.session_id.in_([failed_ended, ended_on_lost]))
+            .values(status=K.ERROR.value)
+        )
+
+    async def needing(expiring_before: datetime | None) -> set[SessionId]:
+        found = await repo.load_needing_attention(
+            [S.SCHEDULED, S.PREPARING], [S.PREPARING], expiring_before
+        )
+        return {s.id for s in found}
+
+    assert await needing(None) == {scheduled, failed, on_lost}
+    assert await needing(NOW - timedelta(minutes=30)) == {scheduled, failed, on_lost, old}
+    # Every watched session entered its status before this instant: all of them are due.
+    assert await needing(NOW + timedelta(seconds=1)) == {scheduled, *preparing}
+    found = await repo.load_needing_attention([S.SCHEDULED, S.PREPARING], [S.PREPARING], None)
+    [loaded] = [s for s in found if s.id == failed]
+    assert [k.stage_failure for k in loaded.kernels] == ["image_pull_failure"]

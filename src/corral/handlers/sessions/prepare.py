@@ -40,6 +40,10 @@ class PrepareSessions(LifecycleHandler):
     def target_kernel_statuses(self) -> frozenset[KernelStatus] | None:
         return None
 
+    @property
+    def watched_session_statuses(self) -> frozenset[SessionStatus]:
+        return frozenset({SessionStatus.PREPARING})
+
     @classmethod
     def status_transitions(cls) -> StatusTransitions:
         return StatusTransitions(

@@ -38,6 +38,10 @@ class StartSessions(LifecycleHandler):
     def target_kernel_statuses(self) -> frozenset[KernelStatus] | None:
         return None
 
+    @property
+    def watched_session_statuses(self) -> frozenset[SessionStatus]:
+        return frozenset({SessionStatus.CREATING})
+
     @classmethod
     def status_transitions(cls) -> StatusTransitions:
         return StatusTransitions(
