@@ -120,6 +120,18 @@ class Database:
         async with self.engine.connect() as conn, conn.begin():
             yield conn
 
+    @asynccontextmanager
+    async def autocommit(self) -> AsyncIterator[AsyncConnection]:
+        """A connection whose every statement is its own transaction (PostgreSQL only).
+
+        For work that is one statement: no BEGIN and COMMIT round trips around it.
+        """
+        if self.dialect != "postgresql":
+            raise ValueError("autocommit connections are for PostgreSQL; use transaction()")
+        async with self.engine.connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            yield conn
+
     async def close(self) -> None:
         """Dispose of the engine's pool; idempotent."""
         await self.engine.dispose()

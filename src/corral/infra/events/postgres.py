@@ -98,7 +98,7 @@ class PostgresEventBus(ListeningBus[_Listener]):
         if not events:
             return
         payloads = [_notification(event) for event in events]
-        async with self._db.transaction() as conn:
+        async with self._db.autocommit() as conn:
             await conn.execute(_NOTIFY, {"channel": self.channel, "payloads": payloads})
 
     async def close(self) -> None:

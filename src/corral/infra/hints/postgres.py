@@ -34,7 +34,22 @@ CONNECT_TIMEOUT_S = 10.0
 _NAME_MAX = 128  # the length of hints.name
 _CONNECT_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
-_NOTIFY = sa.text("SELECT pg_notify(:channel, n) FROM unnest(CAST(:names AS text[])) AS n")
+# Setting hints is one statement (one round trip, its own transaction): upsert the rows, then
+# NOTIFY each name, delivered at commit, so a woken waiter always finds the row.
+_SET = sa.text(
+    "WITH upserted AS ("
+    " INSERT INTO hints (name, set_at)"
+    " SELECT key, now() FROM unnest(CAST(:keys AS text[])) AS key"
+    " ON CONFLICT (name) DO UPDATE SET set_at = excluded.set_at"
+    " RETURNING name"
+    ") SELECT pg_notify(:channel, n) FROM unnest(CAST(:names AS text[])) AS n"
+    " WHERE (SELECT count(*) FROM upserted) > 0"
+)
+
+_CONSUME = hints.delete().where(hints.c.name == sa.bindparam("key")).returning(hints.c.name)
+_ANY_SET = sa.select(hints.c.name).where(
+    hints.c.name == sa.func.any(sa.bindparam("keys", type_=postgresql.ARRAY(sa.Text())))
+)
 
 
 def channel_name(prefix: str) -> str:
@@ -108,22 +123,15 @@ class PostgresHintBus(HintBus):
         return bus
 
     async def set(self, *names: str) -> None:
-        """Upsert the hints' rows and NOTIFY their names in one transaction."""
+        """Upsert the hints' rows and NOTIFY their names, in one statement."""
         self._waiters.raise_if_failed()
         # Sorted: one row-lock order, so concurrent sets of several hints never deadlock.
         checked = sorted(check_names(names))
         if not checked:
             return
-        upsert = postgresql.insert(hints).values(
-            [{"name": self._key(name), "set_at": sa.func.now()} for name in checked]
-        )
-        upsert = upsert.on_conflict_do_update(
-            index_elements=[hints.c.name], set_={"set_at": upsert.excluded.set_at}
-        )
-        async with self._db.transaction() as conn:
-            await conn.execute(upsert)
-            # Delivered at commit, so a woken waiter always finds the row.
-            await conn.execute(_NOTIFY, {"channel": self._channel, "names": checked})
+        keys = [self._key(name) for name in checked]
+        async with self._db.autocommit() as conn:
+            await conn.execute(_SET, {"keys": keys, "channel": self._channel, "names": checked})
         self._maybe.add(checked)
         self._waiters.wake(checked)
 
@@ -135,10 +143,8 @@ class PostgresHintBus(HintBus):
             return False
         self._maybe.discard([name])
         try:
-            async with self._db.transaction() as conn:
-                deleted = await conn.execute(
-                    hints.delete().where(hints.c.name == key).returning(hints.c.name)
-                )
+            async with self._db.autocommit() as conn:
+                deleted = await conn.execute(_CONSUME, {"key": key})
                 return deleted.first() is not None
         except BaseException:
             self._maybe.add([name])
@@ -176,10 +182,8 @@ class PostgresHintBus(HintBus):
             return False
         self._maybe.discard(maybe)
         try:
-            async with self._db.read() as conn:
-                rows = await conn.execute(
-                    sa.select(hints.c.name).where(hints.c.name.in_([self._key(n) for n in maybe]))
-                )
+            async with self._db.autocommit() as conn:
+                rows = await conn.execute(_ANY_SET, {"keys": [self._key(n) for n in maybe]})
                 found = [key.removeprefix(f"{self._prefix}:") for key in rows.scalars()]
         except BaseException:
             self._maybe.add(maybe)
