@@ -1,9 +1,12 @@
 """Shared fixtures: a fresh, migrated database per test on SQLite and on PostgreSQL.
 
-PostgreSQL tests clone a migrated template database (CREATE DATABASE ... TEMPLATE), SQLite tests
-copy a migrated template file, so no test pays for running the migrations. Without a reachable
-server the PostgreSQL variants are skipped (one summary line says so); with CI=true a missing
-server is a failure instead.
+SQLite tests copy a migrated template file. PostgreSQL tests share one migrated database that
+is reset before each test: other sessions on it are ended (their locks and LISTENs go with them),
+every table is emptied, the rows the migrations seed are put back and the sequences restart.
+That costs a few milliseconds, where cloning a template (CREATE DATABASE ... TEMPLATE) and
+dropping it cost 0.3 to 1 s per test on a slow disk. No test pays for running the migrations.
+Without a reachable server the PostgreSQL variants are skipped (one summary line says so); with
+CI=true a missing server is a failure instead.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import sqlalchemy as sa
 
 from corral.store.database import Database
 from corral.store.migrate import upgrade
+from corral.store.tables import metadata
 
 POSTGRES_URL = os.environ.get(
     "CORRAL_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
@@ -195,13 +199,75 @@ async def drop_postgres_database(url: str) -> None:
     await _admin_execute(f'DROP DATABASE IF EXISTS "{sa.make_url(url).database}" WITH (FORCE)')
 
 
-@pytest.fixture
-def postgres_database_url(postgres_template: str | None) -> Iterator[str]:
-    """The URL of a fresh, migrated PostgreSQL database (skips, or fails in CI, without one)."""
-    require_server("PostgreSQL", None if postgres_template else _postgres_reachable())
+@pytest.fixture(scope="session")
+def postgres_shared(postgres_template: str | None) -> Iterator[_SharedDatabase | None]:
+    """The database every PostgreSQL test gets, reset before each (None when unreachable)."""
+    if postgres_template is None:
+        yield None
+        return
     url = run_sync(create_postgres_database(postgres_template))
-    yield url
+    shared = run_sync(_SharedDatabase.capture(url))
+    yield shared
     run_sync(drop_postgres_database(url))
+
+
+@pytest.fixture
+def postgres_database_url(postgres_shared: _SharedDatabase | None) -> str:
+    """The URL of a migrated PostgreSQL database, as fresh as a new one (skips, or fails in CI,
+    without a server)."""
+    require_server("PostgreSQL", None if postgres_shared else _postgres_reachable())
+    assert postgres_shared is not None
+    run_sync(postgres_shared.reset())
+    return postgres_shared.url
+
+
+class _SharedDatabase:
+    """A migrated database and what its migrations left in it, to go back to before a test."""
+
+    def __init__(self, url: str, seeds: dict[str, list[dict[str, Any]]], sequences: list[str]):
+        self.url = url
+        self.seeds = seeds  # table → rows the migrations inserted
+        self.sequences = sequences
+
+    @classmethod
+    async def capture(cls, url: str) -> _SharedDatabase:
+        db = Database.open(url, pool_size=1)
+        try:
+            async with db.read() as conn:
+                seeds = {}
+                for table in metadata.sorted_tables:
+                    rows = [dict(row._mapping) for row in await conn.execute(sa.select(table))]
+                    if rows:
+                        seeds[table.name] = rows
+                sequences = list(
+                    (await conn.execute(sa.text("SELECT sequencename FROM pg_sequences"))).scalars()
+                )
+        finally:
+            await db.close()
+        return cls(url, seeds, sequences)
+
+    async def reset(self) -> None:
+        """End every other session on it, empty every table, put the seeds back."""
+        name = sa.make_url(self.url).database
+        db = Database.open(self.url, pool_size=1)
+        try:
+            async with db.transaction() as conn:
+                await conn.execute(
+                    sa.text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                        " WHERE datname = :name AND pid <> pg_backend_pid()"
+                    ),
+                    {"name": name},
+                )
+                for table in reversed(metadata.sorted_tables):
+                    await conn.execute(table.delete())
+                for table in metadata.sorted_tables:
+                    if table.name in self.seeds:
+                        await conn.execute(table.insert(), self.seeds[table.name])
+                for sequence in self.sequences:
+                    await conn.execute(sa.text(f'ALTER SEQUENCE "{sequence}" RESTART'))
+        finally:
+            await db.close()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
