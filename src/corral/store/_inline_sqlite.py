@@ -61,7 +61,8 @@ class InlineConnection(aiosqlite.Connection):
         try:
             return fn(*args, **kwargs)
         except sqlite3.OperationalError as error:
-            if error.sqlite_errorcode != sqlite3.SQLITE_BUSY:
+            # The extended code (SQLITE_BUSY_RECOVERY, ...) carries the primary one in its low byte.
+            if error.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:
                 raise
             return _BUSY
         finally:
