@@ -118,9 +118,15 @@ class SessionCoordinator:
         """One run of a lifecycle handler over all its current targets."""
         started = time.perf_counter()
         name = handler.name()
-        # Watching handlers need every group's limits to know which sessions may expire.
-        group_limits = await self._group_limits(name) if handler.watched_session_statuses else None
-        targets = await self._targets(handler, group_limits)
+        group_limits: _GroupLimits | None = None
+        if handler.watched_session_statuses:
+            # Every group's limits: they say which watched sessions may have expired.
+            group_limits = await self._group_limits(name)
+            targets = await self._needing_attention(handler, group_limits)
+        else:
+            targets = await self.repository.load(
+                handler.target_session_statuses, kernel_statuses=handler.target_kernel_statuses
+            )
         if not targets:
             return TaskRun(name)
         placed_events: list[Event] = []
@@ -244,16 +250,10 @@ class SessionCoordinator:
         if events and self.events is not None:
             await self.events.publish(events)
 
-    async def _targets(
-        self, handler: LifecycleHandler, group_limits: _GroupLimits | None
+    async def _needing_attention(
+        self, handler: LifecycleHandler, group_limits: _GroupLimits
     ) -> list[SessionWithKernels]:
         """The handler's targets; in its watched statuses, only the sessions that need it."""
-        watched = handler.watched_session_statuses
-        if not watched:
-            return await self.repository.load(
-                handler.target_session_statuses, kernel_statuses=handler.target_kernel_statuses
-            )
-        assert group_limits is not None
         by_group, default = group_limits
         timeouts = [
             limits.timeout_s
@@ -262,7 +262,7 @@ class SessionCoordinator:
         ]
         expiring_before = self.clock() - timedelta(seconds=min(timeouts)) if timeouts else None
         return await self.repository.load_needing_attention(
-            handler.target_session_statuses, watched, expiring_before
+            handler.target_session_statuses, handler.watched_session_statuses, expiring_before
         )
 
     async def _group_limits(self, phase: str, groups: set[str] | None = None) -> _GroupLimits:
