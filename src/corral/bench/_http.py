@@ -24,8 +24,6 @@ from urllib.parse import urlsplit
 
 import httpx
 
-_HEAD_LIMIT_BYTES = 64 * 1024
-
 
 class HttpError(Exception):
     """A request got no answer: refused, cut, timed out, or an answer that is not HTTP."""
@@ -139,6 +137,9 @@ class KeepAliveClient:
             if reused and _nothing_read(exc):
                 raise _StaleConnectionError from exc
             raise HttpError(f"{type(exc).__name__}: {exc}") from exc
+        except BaseException:  # cancelled mid-exchange: the connection is in an unknown state
+            _discard(connection)
+            raise
         if keep:
             self._idle.append(connection)
         else:
@@ -166,9 +167,7 @@ def _nothing_read(error: Exception) -> bool:
 
 async def _read_reply(reader: asyncio.StreamReader) -> tuple[Reply, bool]:
     """One answer from `reader`, and whether the connection may carry the next request."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    if len(head) > _HEAD_LIMIT_BYTES:
-        raise ValueError("the answer's head is too long")
+    head = await reader.readuntil(b"\r\n\r\n")  # LimitOverrunError past the reader's 64 KiB
     status_line, *lines = head[:-4].decode("latin-1").split("\r\n")
     version, _, rest = status_line.partition(" ")
     code, _, reason = rest.partition(" ")
