@@ -126,7 +126,14 @@ async def record_kernel_history(
         kernel_history.insert().from_select(
             [*_COLUMNS, "kernel_id", "session_id"],
             sa.select(
-                *_new_row(phase, result, from_expr, sa.literal(to_status), now, message_expr),
+                *_new_row(
+                    sa.literal(phase),
+                    from_expr,
+                    sa.literal(to_status),
+                    sa.literal(result),
+                    sa.bindparam(None, now, type_=kernel_history.c.created_at.type),
+                    message_expr,
+                ),
                 kernels.c.id,
                 kernels.c.session_id,
             ).where(selected),
@@ -140,19 +147,17 @@ def _session_insert(dialect: Dialect, *, stays: bool) -> sa.Insert:
 
     Parameters: ids, phase, result, to (unless the sessions stay where they are), now.
     """
-    stamp = sa.bindparam("now", type_=session_history.c.created_at.type)
     to_expr = sessions.c.status if stays else sa.bindparam("to", type_=sa.String())
     return session_history.insert().from_select(
         [*_COLUMNS, "session_id"],
         sa.select(
-            sa.bindparam("phase", type_=sa.String()),
-            sessions.c.status,
-            to_expr,
-            sa.bindparam("result", type_=sa.String()),
-            sa.literal(""),
-            sa.literal(1),
-            stamp,
-            stamp,
+            *_new_row(
+                sa.bindparam("phase", type_=sa.String()),
+                sessions.c.status,
+                to_expr,
+                sa.bindparam("result", type_=sa.String()),
+                sa.bindparam("now", type_=session_history.c.created_at.type),
+            ),
             sessions.c.id,
         ).where(in_param(dialect, sessions.c.id, "ids")),
     )
@@ -164,18 +169,17 @@ def _kernel_insert(dialect: Dialect) -> sa.Insert:
 
     Parameters: ids (sessions), from (kernel statuses), phase, result, to, message, now.
     """
-    stamp = sa.bindparam("now", type_=kernel_history.c.created_at.type)
     return kernel_history.insert().from_select(
         [*_COLUMNS, "kernel_id", "session_id"],
         sa.select(
-            sa.bindparam("phase", type_=sa.String()),
-            kernels.c.status,
-            sa.bindparam("to", type_=sa.String()),
-            sa.bindparam("result", type_=sa.String()),
-            sa.bindparam("message", type_=sa.Text()),
-            sa.literal(1),
-            stamp,
-            stamp,
+            *_new_row(
+                sa.bindparam("phase", type_=sa.String()),
+                kernels.c.status,
+                sa.bindparam("to", type_=sa.String()),
+                sa.bindparam("result", type_=sa.String()),
+                sa.bindparam("now", type_=kernel_history.c.created_at.type),
+                sa.bindparam("message", type_=sa.Text()),
+            ),
             kernels.c.id,
             kernels.c.session_id,
         ).where(
@@ -198,19 +202,19 @@ _COLUMNS = [
 
 
 def _new_row(
-    phase: str,
-    result: str,
+    phase: sa.ColumnElement[Any],
     from_expr: sa.ColumnElement[Any],
     to_expr: sa.ColumnElement[Any],
-    now: datetime,
-    message: sa.ColumnElement[str] | None = None,
+    result: sa.ColumnElement[Any],
+    stamp: sa.ColumnElement[Any],
+    message: sa.ColumnElement[Any] | None = None,
 ) -> list[sa.ColumnElement[Any]]:
-    stamp = sa.bindparam(None, now, type_=session_history.c.created_at.type)
+    """A new history row's values, in `_COLUMNS` order (created and updated both `stamp`)."""
     return [
-        sa.literal(phase),
+        phase,
         from_expr,
         to_expr,
-        sa.literal(result),
+        result,
         message if message is not None else sa.literal(""),
         sa.literal(1),
         stamp,
