@@ -287,8 +287,7 @@ async def _move_kernels(
         to_status=to.value,
         now=now,
     )
-    gives_back = to is KernelStatus.PENDING or to in KERNEL_TERMINAL
-    held = await _held_slots(conn, dialect, to, session_ids) if gives_back else {}
+    held = await _held_slots(conn, dialect, to, session_ids) if _gives_back(to) else {}
     if to is KernelStatus.PENDING and change.result in _FAILED_RESULTS:
         await _remember_failed_agents(conn, dialect, to, session_ids)
     moved = await conn.execute(_kernel_move(dialect, to), {"ids": session_ids.payload, "now": now})
@@ -361,6 +360,11 @@ def _session_move(dialect: Dialect, to: SessionStatus) -> sa.Update:
     return sessions.update().where(in_param(dialect, sessions.c.id, "ids")).values(**values)
 
 
+def _gives_back(to: KernelStatus) -> bool:
+    """Whether kernels moving to `to` give their agents' slots back (re-placed, or ended)."""
+    return to is KernelStatus.PENDING or to in KERNEL_TERMINAL
+
+
 def _kernel_scope(dialect: Dialect, to: KernelStatus) -> sa.ColumnElement[bool]:
     """The kernels of the sessions in `ids` that may legally move to `to`."""
     sources = sorted(s.value for s in KERNEL_TRANSITIONS.sources(to))
@@ -373,8 +377,8 @@ def _kernel_move(dialect: Dialect, to: KernelStatus) -> sa.Update:
         "status": to.value,
         "status_changed_at": sa.bindparam("now", type_=kernels.c.status_changed_at.type),
     }
-    if to is KernelStatus.PENDING or to in KERNEL_TERMINAL:
-        values["occupied_slots"] = sa.null()  # their slots are given back
+    if _gives_back(to):
+        values["occupied_slots"] = sa.null()
     if to is KernelStatus.PENDING:
         # The kernel starts over: no agent, nothing asked of anyone.
         values.update(agent_id=None, desired_state=None, stage_failure=None)
