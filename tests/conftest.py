@@ -162,8 +162,7 @@ def postgres_template() -> Iterator[str | None]:
 async def _admin_execute(*statements: str) -> None:
     db = Database.open(POSTGRES_URL, pool_size=1)
     try:
-        async with db.engine.connect() as conn:
-            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+        async with db.autocommit() as conn:  # CREATE/DROP DATABASE refuse a transaction
             for statement in statements:
                 await conn.execute(sa.text(statement))
     finally:
