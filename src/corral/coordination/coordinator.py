@@ -223,10 +223,12 @@ class SessionCoordinator:
     def _promotion_run(self, handler: SessionPromotionHandler) -> Callable[[], Awaitable[TaskRun]]:
         return lambda: self.run_promotion(handler)
 
-    async def _record_placed(self, conn: AsyncConnection, placed: list[SessionId]) -> None:
+    async def _record_placed(
+        self, conn: AsyncConnection, placed: list[SessionId], owners: Mapping[SessionId, UserId]
+    ) -> None:
         """Events for sessions the scheduler placed, inside the placement's transaction."""
         moves = dict.fromkeys(placed, (SessionStatus.PENDING, SessionStatus.SCHEDULED))
-        events = await self._record_moves(conn, moves, {}, ScheduleNewSessions.name())
+        events = await self._record_moves(conn, moves, {}, ScheduleNewSessions.name(), owners)
         collected = _PLACED_EVENTS.get()
         if collected is not None:
             collected.extend(events)

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from corral.domain.results import HandlerResult, ResultNote
-from corral.domain.types import SessionId
+from corral.domain.session import SessionWithKernels
 from corral.scheduler.planner import place_sessions
 from corral.scheduler.snapshot import load_snapshot
 from corral.scheduler.types import Outcome, Plan
 from corral.store.database import Database
-from corral.store.placements import PlacementOutcome, commit_placements
+from corral.store.placements import OnCommitted, PlacementOutcome, commit_placements
 
 CHANGED_UNDER_US = "agent_changed"
 
@@ -61,14 +59,16 @@ async def schedule_group(
     now: datetime,
     *,
     limit: int | None = None,
-    on_committed: Callable[[AsyncConnection, list[SessionId]], Awaitable[None]] | None = None,
+    pending: Sequence[SessionWithKernels] | None = None,
+    on_committed: OnCommitted | None = None,
 ) -> PassResult:
     """Place what fits in `group` now and commit it; sessions that lost a race stay PENDING.
 
+    `pending`: the group's PENDING sessions, already loaded (see `load_snapshot`).
     `on_committed` runs inside the commit's transaction with the sessions placed.
     """
     started = time.perf_counter()
-    snapshot = await load_snapshot(db, group, now, limit=limit)
+    snapshot = await load_snapshot(db, group, now, limit=limit, pending=pending)
     loaded = time.perf_counter()
     plan = place_sessions(snapshot)
     planned = time.perf_counter()

@@ -8,6 +8,7 @@ from datetime import datetime
 import numpy as np
 
 from corral.domain.resource_group import ResourceGroupOptions, Sequencer
+from corral.domain.session import SessionWithKernels
 from corral.domain.status import SessionStatus
 from corral.domain.types import AgentId, UserId
 from corral.scheduler.types import AgentPool, DependencyState, GroupSnapshot, OwnerUsage
@@ -23,24 +24,37 @@ from corral.store.scheduling import (
 
 
 async def load_snapshot(
-    db: Database, group: str, now: datetime, *, limit: int | None = None
+    db: Database,
+    group: str,
+    now: datetime,
+    *,
+    limit: int | None = None,
+    pending: Sequence[SessionWithKernels] | None = None,
 ) -> GroupSnapshot:
     """Read everything placement needs for `group`, in one read transaction (one snapshot).
 
     `limit` caps the candidates at the first sessions in the group's order; a DRF group's
     window is taken oldest first within each priority, since its order depends on usage.
+    `pending`: PENDING sessions the caller has just loaded with their kernels (the scheduling
+    handler's targets); the candidates are chosen among them instead of read again. The commit
+    re-checks under lock that each is still PENDING, so an older read is never placed twice.
     """
+    if pending is not None and limit is not None:
+        raise ValueError("give load_snapshot either `pending` or `limit`, not both")
     async with db.read() as conn:
         options = ResourceGroupOptions.model_validate(await read_group_options(conn, group))
-        pending = await read_candidates(
-            conn, group, now, limit=limit, newest_first=options.sequencer is Sequencer.LIFO
-        )
+        if pending is None:
+            candidates = await read_candidates(
+                conn, group, now, limit=limit, newest_first=options.sequencer is Sequencer.LIFO
+            )
+        else:
+            candidates = [s for s in pending if is_candidate(s, group, now)]
         pool = build_pool(await read_agent_slots(conn, group))
         counts: dict[UserId, int] = {}
         slots: dict[UserId, dict[str, int]] = {}
         if _reads_owner_usage(options):
             counts, slots = await read_owner_usage(conn, db.dialect, group)
-        dependencies = await read_dependencies(conn, db.dialect, [s.id for s in pending])
+        dependencies = await read_dependencies(conn, db.dialect, [s.id for s in candidates])
     usage = {
         owner: OwnerUsage(sessions=counts.get(owner, 0), slots=slots.get(owner, {}))
         for owner in set(counts) | set(slots)
@@ -48,7 +62,7 @@ async def load_snapshot(
     return GroupSnapshot(
         group=group,
         options=options,
-        pending=pending,
+        pending=candidates,
         agents=pool,
         usage=usage,
         dependencies={
@@ -59,6 +73,17 @@ async def load_snapshot(
             for sid, deps in dependencies.items()
         },
         now=now,
+    )
+
+
+def is_candidate(session: SessionWithKernels, group: str, now: datetime) -> bool:
+    """Whether `session` may be placed in `group` at `now`: what `read_candidates` selects."""
+    return (
+        session.status is SessionStatus.PENDING
+        and session.resource_group == group
+        and session.requeue_active
+        and (session.requeue_at is None or session.requeue_at <= now)
+        and (session.starts_at is None or session.starts_at <= now)
     )
 
 

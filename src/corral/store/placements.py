@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from corral.domain.results import SchedulingResult
 from corral.domain.session import MilliSlots
 from corral.domain.status import SESSION_TRANSITIONS, KernelStatus, SessionStatus
-from corral.domain.types import AgentId, KernelId, SessionId
+from corral.domain.types import AgentId, KernelId, SessionId, UserId
 from corral.store._sql import in_values
 from corral.store.agents import AGENT_ALIVE, Claim, apply_slot_deltas, fit_claims, lock_ledger
 from corral.store.database import Database, Dialect
@@ -25,6 +25,11 @@ from corral.store.status_changes import lock_sessions
 from corral.store.tables import agents, kernels, sessions
 
 PHASE = "ScheduleNewSessions"
+
+# Told, inside the commit's transaction, which sessions were placed and who owns each.
+OnCommitted = Callable[
+    [AsyncConnection, list[SessionId], Mapping[SessionId, UserId]], Awaitable[None]
+]
 
 
 def _place_kernels(dialect: Dialect, placed: Sequence[KernelPlacement], now: datetime) -> sa.Update:
@@ -112,12 +117,12 @@ async def commit_placements(
     now: datetime,
     *,
     message: str = "",
-    on_committed: Callable[[AsyncConnection, list[SessionId]], Awaitable[None]] | None = None,
+    on_committed: OnCommitted | None = None,
 ) -> PlacementOutcome:
     """Apply a plan in one transaction; sessions that no longer fit stay PENDING, untouched.
 
-    `on_committed` runs last in the same transaction with the sessions placed (e.g. to append
-    the events describing the placement, so they commit together).
+    `on_committed` runs last in the same transaction with the sessions placed and their owners
+    (e.g. to append the events describing the placement, so they commit together).
 
     Lock order is ledger rows, then sessions, then kernels; every other writer that touches
     the ledger takes sessions and kernels first only for sessions that are not PENDING, so the
@@ -142,7 +147,10 @@ async def commit_placements(
         ledger = {agent: slots for agent, slots in ledger.items() if agent in usable_ids}
 
         ids = [p.session_id for p in plan]
-        pending = set(await lock_sessions(conn, dialect, ids, [SessionStatus.PENDING]))
+        owners: dict[SessionId, UserId] = {}
+        pending = set(
+            await lock_sessions(conn, dialect, ids, [SessionStatus.PENDING], owners=owners)
+        )
         # A session is placeable only while every kernel of it is PENDING too: one whose kernel
         # already ended (requeued after a kernel failed) would be charged slots no kernel holds.
         if pending:
@@ -209,6 +217,6 @@ async def commit_placements(
             recorded_from=KernelStatus.PENDING.value,
         )
         if on_committed is not None:
-            await on_committed(conn, accepted)
+            await on_committed(conn, accepted, owners)
     outcome.placed = accepted
     return outcome

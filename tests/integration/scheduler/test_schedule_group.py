@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 
+from corral.domain.session import SessionWithKernels
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import AgentId, SessionId
 from corral.scheduler.planner import NO_CAPACITY, WAITING_BEHIND
@@ -78,8 +79,17 @@ async def test_pass_places_what_fits_and_commits_it(db: Database) -> None:
     assert sorted(rows) == sorted([(pair.id, *PLACED_ROW), (single.id, *PLACED_ROW)])
 
 
-async def test_sessions_not_due_or_deactivated_are_not_candidates(db: Database) -> None:
-    """A future starts_at or requeue_at, or requeue_active false, keeps a session out."""
+async def pending_given(db: Database, given: bool) -> list[SessionWithKernels] | None:
+    """Every PENDING session as the scheduling handler hands them over, or None (pass reads)."""
+    return await SessionRepository(db).load([S.PENDING]) if given else None
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["read", "given"])
+async def test_sessions_not_due_or_deactivated_are_not_candidates(
+    db: Database, given: bool
+) -> None:
+    """A future starts_at or requeue_at, or requeue_active false, keeps a session out, whether
+    the pass reads its candidates or picks them from PENDING sessions it is given."""
     owner = await add_user(db)
     await add_agents(db, [{"cpu": 10000}])
     ids = await add_session_ids(db, owner, 6)
@@ -90,7 +100,7 @@ async def test_sessions_not_due_or_deactivated_are_not_candidates(db: Database) 
     await update_sessions(db, [started], starts_at=LATER)
     await update_sessions(db, [requeued], requeue_at=NOW)
 
-    result = await schedule_group(db, "default", LATER)
+    result = await schedule_group(db, "default", LATER, pending=await pending_given(db, given))
 
     assert sorted(result.plan.order) == sorted([started, requeued, plain])
     assert sorted(result.committed.placed) == sorted([started, requeued, plain])
@@ -98,8 +108,10 @@ async def test_sessions_not_due_or_deactivated_are_not_candidates(db: Database) 
     assert [found[sid] for sid in (late_start, late_requeue, deactivated)] == [S.PENDING] * 3
 
 
-async def test_other_groups_sessions_and_agents_are_left_alone(db: Database) -> None:
-    """A pass over one group neither places another group's sessions nor uses its agents."""
+@pytest.mark.parametrize("given", [False, True], ids=["read", "given"])
+async def test_other_groups_sessions_and_agents_are_left_alone(db: Database, given: bool) -> None:
+    """A pass over one group neither places another group's sessions nor uses its agents, also
+    when it is given every group's PENDING sessions."""
     await add_group(db, "other")
     owner = await add_user(db)
     [home] = await add_agents(db, [{"cpu": 2000}])
@@ -110,7 +122,7 @@ async def test_other_groups_sessions_and_agents_are_left_alone(db: Database) -> 
     fits, too_large = await add_sessions(db, owner, [(1, {"cpu": 1000}), (1, {"cpu": 8000})])
     [foreign] = await add_session_ids(db, owner, 1, group="other")
 
-    result = await schedule_group(db, "default", LATER)
+    result = await schedule_group(db, "default", LATER, pending=await pending_given(db, given))
 
     assert result.committed.placed == [fits.id]
     assert result.plan.decisions[too_large.id].code == REQUEST_TOO_LARGE

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 import sqlalchemy as sa
 
 from corral.domain.results import SchedulingResult, TransitionStatus
 from corral.domain.status import KernelStatus, SessionStatus
-from corral.domain.types import AgentId
+from corral.domain.types import AgentId, SessionId, UserId
 from corral.store import tables
 from corral.store.agents import NewAgent, apply_slot_deltas, insert_agents, read_ledger
 from corral.store.database import Database
@@ -43,6 +45,32 @@ async def test_commit_occupies_slots_and_schedules_sessions_and_kernels(db: Data
             (KernelStatus.SCHEDULED, "a1", {"cpu": 1500})
         ]
     assert (await read_ledger(db))["a1"] == {"cpu": [4000, 3000], "mem": [10**12, 0]}
+
+
+async def test_the_commit_tells_its_callback_the_placed_sessions_and_their_owners(
+    db: Database,
+) -> None:
+    """`on_committed` gets exactly the sessions placed, each with its owner, in the commit."""
+    repo = SessionRepository(db)
+    alice, bob = await add_user(db), await add_user(db)
+    ids = [
+        *await add_session_ids(db, alice, 1, cpu_milli=1000),
+        *await add_session_ids(db, bob, 2, cpu_milli=1000),
+    ]
+    await insert_agents(db, [NewAgent(AgentId("a1"), "h1", {"cpu": 2000})], NOW)
+    seen: list[tuple[list[SessionId], dict[SessionId, UserId]]] = []
+
+    async def record(_conn: object, placed: list[SessionId], owners: object) -> None:
+        assert isinstance(owners, Mapping)
+        seen.append((list(placed), {sid: owners[sid] for sid in placed}))
+
+    outcome = await commit_placements(
+        db, plan_on(await repo.get(ids), [AgentId("a1")]), NOW, on_committed=record
+    )
+
+    owner_of = {s.id: s.owner_id for s in await repo.get(ids)}
+    assert len(outcome.placed) == 2 and len(outcome.no_longer_fits) == 1
+    assert seen == [(outcome.placed, {sid: owner_of[sid] for sid in outcome.placed})]
 
 
 async def test_sessions_that_no_longer_fit_stay_pending_untouched(db: Database) -> None:

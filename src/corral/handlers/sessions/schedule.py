@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-
-from sqlalchemy.ext.asyncio import AsyncConnection
+from collections.abc import Callable, Sequence
 
 from corral.domain.results import HandlerResult, StatusTransitions, TransitionStatus
 from corral.domain.session import SessionWithKernels
 from corral.domain.status import KernelStatus, SessionStatus
-from corral.domain.types import Clock, SessionId
+from corral.domain.types import Clock
 from corral.handlers.base import LifecycleHandler
 from corral.scheduler.scheduler import PassResult, schedule_group
 from corral.store.database import Database
-
-OnPlaced = Callable[[AsyncConnection, list[SessionId]], Awaitable[None]]
+from corral.store.placements import OnCommitted
 
 
 class ScheduleNewSessions(LifecycleHandler):
@@ -33,7 +30,7 @@ class ScheduleNewSessions(LifecycleHandler):
         db: Database,
         clock: Clock,
         *,
-        on_placed: OnPlaced | None = None,
+        on_placed: OnCommitted | None = None,
         on_pass: Callable[[PassResult], None] | None = None,
     ) -> None:
         self.db = db
@@ -66,7 +63,15 @@ class ScheduleNewSessions(LifecycleHandler):
     async def execute(self, targets: Sequence[SessionWithKernels]) -> HandlerResult:
         result = HandlerResult()
         for group in sorted({s.resource_group for s in targets}):
-            passed = await schedule_group(self.db, group, self.clock(), on_committed=self.on_placed)
+            # The targets are the group's PENDING sessions, just loaded: placement chooses among
+            # them rather than reading the queue a second time.
+            passed = await schedule_group(
+                self.db,
+                group,
+                self.clock(),
+                pending=[s for s in targets if s.resource_group == group],
+                on_committed=self.on_placed,
+            )
             if self.on_pass is not None:
                 self.on_pass(passed)
             part = passed.handler_result()
