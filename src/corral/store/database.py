@@ -19,6 +19,7 @@ Dialect = Literal["sqlite", "postgresql"]
 
 _WRITE_OPTION = "corral_write"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+PREPARED_STATEMENTS = 1_000  # per PostgreSQL connection
 
 
 class DatabaseURLError(ValueError):
@@ -75,7 +76,10 @@ class Database:
     def open(cls, url: str | sa.URL, *, pool_size: int = 10, echo: bool = False) -> Database:
         """Create the engine for `url` (the schema is not touched; see store.migrate)."""
         target = async_url(url)
-        kwargs: dict[str, Any] = {"echo": echo}
+        # Last in, first out: a quiet manager keeps reusing its few warm connections (their
+        # prepared statements on PostgreSQL, their page cache on SQLite) instead of rotating
+        # through the whole pool; the rest sit idle until a burst needs them.
+        kwargs: dict[str, Any] = {"echo": echo, "pool_use_lifo": True}
         if target.get_backend_name() == "sqlite":
             assert target.database is not None
             path = Path(target.database).expanduser()
@@ -85,6 +89,9 @@ class Database:
         else:
             kwargs["pool_size"] = pool_size
             kwargs["max_overflow"] = pool_size
+            # A manager runs a few hundred distinct statements (coordinator, API, agents); past
+            # asyncpg's default of 100 each would be prepared again on every other use.
+            kwargs["connect_args"] = {"prepared_statement_cache_size": PREPARED_STATEMENTS}
         engine = create_async_engine(target, **kwargs)
         if engine.dialect.name == "sqlite":
             _configure_sqlite(engine)

@@ -29,3 +29,37 @@ async def test_autocommit_commits_each_statement_at_once(db: Database) -> None:
                 sa.text("SELECT name FROM users WHERE id = :id"), {"id": user_id}
             )
         assert seen == "auto"
+
+
+async def _driver_identity(conn: sa.ext.asyncio.AsyncConnection) -> object:
+    """The raw driver connection behind `conn` (identity, not equality)."""
+    raw = await conn.get_raw_connection()
+    return id(raw.driver_connection)
+
+
+async def test_a_quiet_caller_keeps_reusing_the_most_recent_connection(db: Database) -> None:
+    """With several connections pooled, one caller at a time gets the last one returned (LIFO),
+    so its prepared statements and page cache stay warm instead of rotating through the pool."""
+    async with db.read() as first, db.read() as second, db.read() as third:
+        pooled = {await _driver_identity(c) for c in (first, second, third)}
+        last_returned = await _driver_identity(first)  # exits last
+    assert len(pooled) == 3
+    for _ in range(5):
+        async with db.read() as conn:
+            assert await _driver_identity(conn) == last_returned
+
+
+async def test_postgresql_connections_keep_hundreds_of_statements_prepared(db: Database) -> None:
+    """A manager runs more distinct statements than asyncpg's default cache of 100 holds: each
+    connection keeps them all prepared rather than preparing them again on reuse."""
+    if db.dialect != "postgresql":
+        pytest.skip("prepared statements are PostgreSQL's")
+    async with db.read() as conn:
+        for n in range(150):
+            await conn.execute(sa.text(f"SELECT {n} AS n"))
+        prepared = await conn.scalar(
+            sa.text(
+                "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'SELECT % AS n'"
+            )
+        )
+    assert prepared == 150
