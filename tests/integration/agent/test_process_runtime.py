@@ -15,8 +15,10 @@ import pytest
 
 from corral.agent.runtime import KernelLaunch, OutputFile, StageFailure
 from corral.agent.runtime import process as process_runtime
+from corral.agent.runtime._cgroups import CgroupProbe
 from corral.agent.runtime.process import ProcessKernel, ProcessRuntime
 from corral.domain.types import new_kernel_id, new_session_id
+from tests.conftest import IN_CI
 
 DEADLINE_S = 10.0
 MIB = 1 << 20
@@ -330,14 +332,86 @@ async def test_memory_limit_through_a_cgroup_reports_oom_killed(
     kernel = await run(runtime, launch)
     exit = await kernel.wait()
     assert (exit.exit_code, exit.failure_cause) == (-signal.SIGKILL, "oom_killed")
-    assert not await asyncio.to_thread(Path(kernel.info["cgroup"]).exists)
+    assert not await asyncio.to_thread(Path(kernel.info["cgroups"]["memory"]).exists)
+
+
+def require_cpu_cgroups(runtime: ProcessRuntime) -> None:
+    """Skip where this host allows no cpu cgroups; in CI, where the machines do, fail."""
+    if runtime.cpu_limit_mode != "cgroup":
+        reason = f"no cgroup cpu limits on this host: {runtime.notes().lines[1]}"
+        if IN_CI:
+            pytest.fail(f"{reason}; the CI machines allow them")
+        pytest.skip(reason)
+
+
+def cpu_quota_of(cgroup: Path) -> str:
+    """The cgroup's CFS limit as "<quota_us> <period_us>", from v2's cpu.max or v1's files."""
+    if (cgroup / "cpu.max").exists():
+        return (cgroup / "cpu.max").read_text().strip()
+    quota, period = (
+        (cgroup / name).read_text().strip() for name in ("cpu.cfs_quota_us", "cpu.cfs_period_us")
+    )
+    return f"{quota} {period}"
+
+
+async def test_cpu_limit_through_a_cgroup_matches_the_cpu_slot(
+    runtime: ProcessRuntime, run: Run, tmp_path: Path
+) -> None:
+    """With cgroups, a kernel runs in a cgroup whose CFS quota is its cpu slot, removed after."""
+    require_cpu_cgroups(runtime)
+    assert runtime.notes().lines[1].startswith("cpu limits: cgroup v")
+    script = "touch ready; exec sleep 600"
+    launch = make_launch(tmp_path, (script,), image="shell", slots={"cpu": 1500})
+    kernel = await run(runtime, launch)
+    await eventually((launch.work_dir / "ready").exists, "the kernel runs")
+    cgroup = Path(kernel.info["cgroups"]["cpu"])
+    assert cgroup.name == f"corral-{launch.kernel_id}"
+    assert str(kernel.info["pid"]) in (cgroup / "cgroup.procs").read_text().split()
+    assert cpu_quota_of(cgroup) == "150000 100000"
+    assert "memory" not in kernel.info["cgroups"]  # no mem slot, no memory limit
+    await kernel.terminate(grace_s=5)
+    assert not await asyncio.to_thread(cgroup.exists)
+
+
+async def test_kernel_without_a_cpu_slot_gets_no_cpu_cgroup(
+    runtime: ProcessRuntime, run: Run, tmp_path: Path
+) -> None:
+    """A kernel without a cpu slot runs with no cpu limit, whatever the host allows."""
+    launch = make_launch(tmp_path, ("python", "-c", "pass"), slots={"mem": 512 * MIB * 1000})
+    kernel = await run(runtime, launch)
+    assert (await kernel.wait()).exit_code == 0
+    assert "cpu" not in kernel.info.get("cgroups", {})
+
+
+async def test_cpu_cgroup_with_best_effort_memory_limit(
+    run: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where only cpu cgroups can be made, a kernel gets its cpu cgroup and RLIMIT_AS both."""
+    cpu_only = process_runtime.probe_cgroups(("cpu",))
+    without_memory = CgroupProbe(cpu_only.parents, {**cpu_only.reasons, "memory": "pretend"})
+    monkeypatch.setattr(process_runtime, "probe_cgroups", lambda controllers: without_memory)
+    runtime = ProcessRuntime()
+    require_cpu_cgroups(runtime)
+    assert runtime.memory_limit_mode == "rlimit"
+    script = (
+        "import pathlib, resource; print(resource.getrlimit(resource.RLIMIT_AS)[0]); "
+        "print(pathlib.Path('/proc/self/cgroup').read_text())"
+    )
+    slots = {"cpu": 500, "mem": 256 * MIB * 1000}
+    launch = make_launch(tmp_path, ("python", "-c", script), slots=slots)
+    kernel = await run(runtime, launch)
+    limit, cgroups = (await stdout_of(kernel)).split("\n", 1)
+    assert int(limit) == 256 * MIB
+    assert f"/corral-{launch.kernel_id}\n" in cgroups
+    assert list(kernel.info["cgroups"]) == ["cpu"]
 
 
 async def test_memory_limit_best_effort_without_cgroups(
     run: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without usable cgroups RLIMIT_AS ends an over-allocating kernel, but not a GPU kernel's."""
-    monkeypatch.setattr(process_runtime, "_probe_cgroup_memory", lambda: (None, "pretend"))
+    without = CgroupProbe(reasons={"memory": "pretend", "cpu": "pretend"})
+    monkeypatch.setattr(process_runtime, "probe_cgroups", lambda controllers: without)
     runtime = ProcessRuntime()
     assert runtime.memory_limit_mode == "rlimit"
     assert runtime.notes().lines[0].startswith("memory limits: best effort (RLIMIT_AS")

@@ -11,15 +11,17 @@ with VIRTUAL_ENV set). How a kernel's command runs under an image:
 
 The kernel's `mem` slot is enforced by a cgroup per kernel (v2, else v1) where this host lets
 the agent make one, else by RLIMIT_AS (best effort, and not for kernels holding GPUs: CUDA
-reserves far more address space than it uses). A tiny `/bin/sh` wrapper applies the limit to
-itself and then execs the kernel, so nothing the kernel forks escapes it. `notes()` says which.
+reserves far more address space than it uses). Its `cpu` slot becomes a CFS quota in a cgroup
+the same way (`cpu.max` on v2, `cpu.cfs_quota_us` on v1) where the host allows, else it is not
+enforced. A tiny `/bin/sh` wrapper moves itself into the kernel's cgroups (one per v1
+hierarchy) or limits itself, then execs the kernel, so nothing the kernel forks escapes the
+limits. `notes()` says what this host allows.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import os
 import shlex
@@ -40,24 +42,27 @@ from corral.agent.runtime import (
     RuntimeNotes,
     StageFailure,
 )
+from corral.agent.runtime._cgroups import Cgroup, probe_cgroups, release_cgroups
 
 logger = logging.getLogger(__name__)
 
 SHELL = "/bin/sh"
 BUILTIN_IMAGES = ("python", "shell")
 MemoryLimitMode = Literal["cgroup", "rlimit", "off"]
+CpuLimitMode = Literal["cgroup", "none"]
 
 _PYTHON_NAMES = frozenset({"python", "python3"})
 # The agent's environment may hold secrets: a kernel gets only these from it.
 _BASE_ENV = ("PATH", "HOME", "LANG", "TMPDIR")
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 _IDLE_SCRIPT = "while :; do sleep 3600; done"
-# Run as `sh -c WRAPPER corral-kernel <arg> <argv...>`: the wrapper limits its own pid, then
-# execs the kernel in place, so the limit holds before the kernel can fork anything.
-_CGROUP_WRAPPER = 'echo $$ > "$1" || exit 126; shift; exec "$@"'
+# Run as `sh -c WRAPPER corral-kernel <args...> <argv...>`: the wrapper limits its own pid,
+# then execs the kernel in place, so the limits hold before the kernel can fork anything.
+# The cgroup wrapper's args are `cgroup.procs` files (absolute paths) and then `--`.
+_CGROUP_WRAPPER = (
+    'until [ "$1" = -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@"'
+)
 _RLIMIT_WRAPPER = 'ulimit -v "$1" || exit 126; shift; exec "$@"'
-_CGROUP_REMOVE_TIMEOUT_S = 5.0
-_CGROUP_REMOVE_POLL_S = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,64 +96,6 @@ class _Image:
         return list(command)
 
 
-@dataclass(frozen=True, slots=True)
-class _CgroupMemory:
-    """A cgroup directory under which this agent may make one memory cgroup per kernel."""
-
-    version: int  # 2 (unified) or 1 (the v1 memory hierarchy)
-    parent: Path
-
-    def create(self, name: str, limit_bytes: int) -> Path:
-        """Make the kernel's cgroup with its memory limit; its path."""
-        path = self.parent / name
-        path.mkdir(exist_ok=True)
-        try:
-            if self.version == 2:
-                _write(path / "memory.max", limit_bytes)
-                _write(path / "memory.swap.max", 0, missing_ok=True)
-                _write(path / "memory.oom.group", 1, missing_ok=True)  # one OOM ends the kernel
-            else:
-                _write(path / "memory.limit_in_bytes", limit_bytes)
-                _write(path / "memory.memsw.limit_in_bytes", limit_bytes, missing_ok=True)
-        except OSError:
-            path.rmdir()
-            raise
-        return path
-
-    async def release(self, path: Path) -> bool:
-        """Kill what is left in the kernel's cgroup and remove it; whether OOM killed any."""
-        # cgroup files live in the kernel's memory: these calls never wait on a disk.
-        oom_kills = 0
-        try:
-            if (path / "cgroup.kill").exists():
-                _write(path / "cgroup.kill", 1)
-            for pid in (path / "cgroup.procs").read_text().split():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGKILL)  # also those that left the process group
-            events = "memory.events" if self.version == 2 else "memory.oom_control"
-            counters = dict(line.split(" ", 1) for line in (path / events).read_text().splitlines())
-            # v1 before Linux 4.13 counts no OOM kills: hitting the limit is the best sign then.
-            oom_kills = int(counters.get("oom_kill") or (path / "memory.failcnt").read_text())
-        except OSError as exc:
-            extra = {"path": str(path), "error": str(exc)}
-            logger.warning("runtime.cgroup_read_failed", extra=extra)
-        # Killed members leave the cgroup a moment after SIGKILL; until then rmdir says EBUSY.
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + _CGROUP_REMOVE_TIMEOUT_S
-        while True:
-            try:
-                os.rmdir(path)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                if exc.errno == errno.EBUSY and loop.time() < deadline:
-                    await asyncio.sleep(_CGROUP_REMOVE_POLL_S)
-                    continue
-                extra = {"path": str(path), "error": str(exc)}
-                logger.warning("runtime.cgroup_remove_failed", extra=extra)
-            return oom_kills > 0
-
-
 class ProcessKernel:
     """A kernel running as a child process group: the `process` runtime's RunningKernel."""
 
@@ -157,20 +104,24 @@ class ProcessKernel:
         launch: KernelLaunch,
         process: asyncio.subprocess.Process,
         host: str,
-        cgroup: tuple[_CgroupMemory, Path] | None = None,
+        cgroups: tuple[Cgroup, ...] = (),
     ) -> None:
         self._launch = launch
         self._process = process
-        self._cgroup = cgroup
+        self._cgroups = cgroups
         self._info: dict[str, Any] = {"host": host, "pid": process.pid}
-        if cgroup is not None:
-            self._info["cgroup"] = str(cgroup[1])
+        if cgroups:
+            self._info["cgroups"] = {
+                controller: str(cgroup.path)
+                for cgroup in cgroups
+                for controller in sorted(cgroup.controllers)
+            }
         # Reaped and cleaned up as soon as it ends, whether or not anyone waits yet.
         self._exit = asyncio.create_task(self._reap(), name=f"kernel-{launch.kernel_id}")
 
     @property
     def info(self) -> Mapping[str, Any]:
-        """Host and pid (and the cgroup, when the kernel has one)."""
+        """Host and pid (and its cgroups by controller, when it has any)."""
         return self._info
 
     async def wait(self) -> KernelExit:
@@ -214,7 +165,7 @@ class ProcessKernel:
     async def _reap(self) -> KernelExit:
         code = await self._process.wait()
         self._signal_group(signal.SIGKILL)  # a kernel's orphans must not outlive it
-        oom_killed = self._cgroup is not None and await self._cgroup[0].release(self._cgroup[1])
+        oom_killed = bool(self._cgroups) and await release_cgroups(self._cgroups)
         cause = "oom_killed" if oom_killed and code != 0 else None
         extra = {"kernel_id": str(self._launch.kernel_id), "exit_code": code, "cause": cause}
         logger.info("runtime.kernel_exited", extra=extra)
@@ -240,15 +191,25 @@ class ProcessRuntime:
             raise ValueError(f"images {clashes} are built in; configure them under other names")
         self._images = {name: Path(location) for name, location in (images or {}).items()}
         self._host = host or socket.gethostname()
-        self._cgroup, reason = _probe_cgroup_memory() if memory_limits else (None, "")
-        self._mode: MemoryLimitMode = "cgroup" if self._cgroup else "rlimit"
-        if self._cgroup is not None:
-            where = f"cgroup v{self._cgroup.version} under {self._cgroup.parent}"
+        self._cgroups = probe_cgroups(("memory", "cpu") if memory_limits else ("cpu",))
+        memory = self._cgroups.parent("memory")
+        self._mode: MemoryLimitMode = "cgroup" if memory else "rlimit"
+        if memory is not None:
+            where = f"cgroup v{memory.version} under {memory.path}"
         else:
+            reason = self._cgroups.reasons.get("memory")
             where = f"best effort (RLIMIT_AS, not for kernels holding GPUs); cgroups: {reason}"
         if not memory_limits:
             self._mode, where = "off", "off (disabled in the agent's configuration)"
         self._memory_note = f"memory limits: {where}"
+        cpu = self._cgroups.parent("cpu")
+        self._cpu_mode: CpuLimitMode = "cgroup" if cpu else "none"
+        if cpu is not None:
+            where = f"cgroup v{cpu.version} under {cpu.path} (a CFS quota from the cpu slot)"
+        else:
+            reason = self._cgroups.reasons.get("cpu")
+            where = f"not enforced (kernels share the host's cores); cgroups: {reason}"
+        self._cpu_note = f"cpu limits: {where}"
 
     @property
     def name(self) -> str:
@@ -265,10 +226,14 @@ class ProcessRuntime:
         """How the `mem` slot is enforced on this host."""
         return self._mode
 
+    @property
+    def cpu_limit_mode(self) -> CpuLimitMode:
+        """How the `cpu` slot is enforced on this host."""
+        return self._cpu_mode
+
     def notes(self) -> RuntimeNotes:
         """The limits this runtime can and cannot enforce here, for the agent's startup log."""
-        cpu = "cpu limits: not enforced (kernels share the host's cores)"
-        return RuntimeNotes(lines=(self._memory_note, cpu))
+        return RuntimeNotes(lines=(self._memory_note, self._cpu_note))
 
     async def preload(self, launch: KernelLaunch) -> None:
         """Resolve the image and create the kernel's work and output directories."""
@@ -293,9 +258,9 @@ class ProcessRuntime:
             stdout, stderr = _open_logs(launch.work_dir)
         except OSError as exc:
             raise StageFailure("kernel_start_failure", f"cannot open its logs: {exc}") from exc
-        cgroup = None
+        cgroups: tuple[Cgroup, ...] = ()
         try:
-            argv, cgroup = self._limit_memory(launch, argv)
+            argv, cgroups = self._limit(launch, argv)
             process = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.DEVNULL,
@@ -306,8 +271,7 @@ class ProcessRuntime:
                 start_new_session=True,
             )
         except OSError as exc:
-            if cgroup is not None:
-                await cgroup[0].release(cgroup[1])
+            await release_cgroups(cgroups)
             message = f"cannot start the kernel: {exc}"
             raise StageFailure("kernel_start_failure", message, retryable=False) from exc
         finally:
@@ -315,21 +279,21 @@ class ProcessRuntime:
             os.close(stderr)
         extra = {"kernel_id": str(launch.kernel_id), "pid": process.pid, "image": image.name}
         logger.info("runtime.kernel_started", extra=extra)
-        return ProcessKernel(launch, process, self._host, cgroup)
+        return ProcessKernel(launch, process, self._host, cgroups)
 
-    def _limit_memory(
-        self, launch: KernelLaunch, argv: list[str]
-    ) -> tuple[list[str], tuple[_CgroupMemory, Path] | None]:
-        """The argv wrapped to apply the kernel's `mem` slot, and its cgroup if it gets one."""
+    def _limit(self, launch: KernelLaunch, argv: list[str]) -> tuple[list[str], tuple[Cgroup, ...]]:
+        """The argv wrapped to apply the kernel's `mem` and `cpu` slots, and its cgroups."""
         limit_bytes = launch.slots.get("mem", 0) // 1000
-        if limit_bytes <= 0 or self._mode == "off":
-            return argv, None
-        if self._cgroup is not None:
-            path = self._cgroup.create(f"corral-{launch.kernel_id}", limit_bytes)
-            return _wrap(_CGROUP_WRAPPER, f"{path}/cgroup.procs", argv), (self._cgroup, path)
-        if launch.devices:
-            return argv, None
-        return _wrap(_RLIMIT_WRAPPER, str(max(1, limit_bytes // 1024)), argv), None
+        # No cgroup carries "memory" when memory limits are off: the probe did not look for it.
+        limits = {"memory": limit_bytes, "cpu": launch.slots.get("cpu", 0)}  # cpu: milli-cpus
+        wanted = {controller: value for controller, value in limits.items() if value > 0}
+        cgroups = self._cgroups.create(f"corral-{launch.kernel_id}", wanted)
+        if cgroups:
+            procs = [str(cgroup.path / "cgroup.procs") for cgroup in cgroups]
+            argv = _wrap(_CGROUP_WRAPPER, [*procs, "--"], argv)
+        if self._mode == "rlimit" and limit_bytes > 0 and not launch.devices:
+            argv = _wrap(_RLIMIT_WRAPPER, [str(max(1, limit_bytes // 1024))], argv)
+        return argv, cgroups
 
     def _image(self, name: str) -> _Image:
         if name == "python":
@@ -353,72 +317,8 @@ class ProcessRuntime:
         return image
 
 
-def _probe_cgroup_memory() -> tuple[_CgroupMemory | None, str]:
-    """Where this agent can make per-kernel memory cgroups (v2 first), or why it cannot."""
-    try:
-        candidates = _cgroup_candidates()
-    except OSError as exc:
-        return None, f"cannot read this process's cgroups ({exc})"
-    reasons = []
-    for candidate in candidates:
-        reason = _try_cgroup(candidate)
-        if reason is None:
-            return candidate, ""
-        reasons.append(f"v{candidate.version} at {candidate.parent}: {reason}")
-    return None, "; ".join(reasons) or "no cgroup v2 or v1 memory hierarchy holds the agent"
-
-
-def _cgroup_candidates() -> list[_CgroupMemory]:
-    """The agent's own cgroup in each mounted hierarchy that has a memory controller, v2 first."""
-    own = {}  # 2: the unified hierarchy, 1: the v1 memory hierarchy
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        hierarchy, controllers, path = line.split(":", 2)
-        if hierarchy == "0" and not controllers:
-            own[2] = path
-        elif "memory" in controllers.split(","):
-            own[1] = path
-    found = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        left, _, right = line.partition(" - ")
-        fields, fs = left.split(), right.split()
-        if len(fields) < 5 or len(fs) < 3 or fs[0] not in ("cgroup", "cgroup2"):
-            continue
-        version = 2 if fs[0] == "cgroup2" else 1
-        if version not in own or (version == 1 and "memory" not in fs[2].split(",")):
-            continue
-        # A mount may show only a subtree (containers): place our path relative to its root.
-        relative = os.path.relpath(own[version], fields[3])
-        if not relative.startswith(".."):
-            found.append(_CgroupMemory(version, Path(fields[4]) / relative))
-    return sorted(found, key=lambda candidate: -candidate.version)
-
-
-def _try_cgroup(candidate: _CgroupMemory) -> str | None:
-    """None when a kernel cgroup can be made and limited under `candidate`, else why not."""
-    parent = candidate.parent
-    try:
-        if candidate.version == 2:
-            if "memory" not in (parent / "cgroup.controllers").read_text().split():
-                return "the memory controller is not available to it"
-            if "memory" not in (parent / "cgroup.subtree_control").read_text().split():
-                # EBUSY when the agent's own cgroup holds processes (cgroup v2 forbids both).
-                _write(parent / "cgroup.subtree_control", "+memory")
-        os.rmdir(candidate.create(f"corral-probe-{os.getpid()}", 1 << 40))
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    return None
-
-
-def _wrap(script: str, argument: str, argv: list[str]) -> list[str]:
-    return [SHELL, "-c", script, "corral-kernel", argument, *argv]
-
-
-def _write(path: Path, value: object, *, missing_ok: bool = False) -> None:
-    try:
-        path.write_text(f"{value}\n")
-    except FileNotFoundError:
-        if not missing_ok:
-            raise
+def _wrap(script: str, arguments: list[str], argv: list[str]) -> list[str]:
+    return [SHELL, "-c", script, "corral-kernel", *arguments, *argv]
 
 
 def _executable_exists(name: str, path: str, cwd: Path) -> bool:

@@ -1,0 +1,82 @@
+"""ProcessRuntime's startup notes: which memory and cpu limits this host lets it enforce."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import pytest
+
+from corral.agent.runtime import process as process_runtime
+from corral.agent.runtime._cgroups import Cgroup, CgroupProbe
+from corral.agent.runtime.process import ProcessRuntime
+
+V1_MEMORY = Cgroup(1, Path("/sys/fs/cgroup/memory/agent"), frozenset({"memory"}))
+V1_CPU = Cgroup(1, Path("/sys/fs/cgroup/cpu/agent"), frozenset({"cpu"}))
+V2_BOTH = Cgroup(2, Path("/sys/fs/cgroup/agent"), frozenset({"memory", "cpu"}))
+NO_CPU = "v1 at /sys/fs/cgroup/cpu/agent: Permission denied"
+
+
+def fake_probe(
+    monkeypatch: pytest.MonkeyPatch, result: CgroupProbe
+) -> Callable[[], list[tuple[str, ...]]]:
+    """Make the runtime find `result` instead of this host's cgroups; the controllers asked."""
+    asked: list[tuple[str, ...]] = []
+
+    def probe(controllers: Iterable[str]) -> CgroupProbe:
+        asked.append(tuple(controllers))
+        return result
+
+    monkeypatch.setattr(process_runtime, "probe_cgroups", probe)
+    return lambda: asked
+
+
+def test_cpu_limits_through_v1_cgroups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the v1 cpu hierarchy writable, the notes name it beside the memory one."""
+    fake_probe(monkeypatch, CgroupProbe((V1_MEMORY, V1_CPU)))
+    runtime = ProcessRuntime()
+    assert (runtime.memory_limit_mode, runtime.cpu_limit_mode) == ("cgroup", "cgroup")
+    assert runtime.notes().lines == (
+        "memory limits: cgroup v1 under /sys/fs/cgroup/memory/agent",
+        "cpu limits: cgroup v1 under /sys/fs/cgroup/cpu/agent (a CFS quota from the cpu slot)",
+    )
+
+
+def test_cpu_limits_through_a_v2_cgroup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On cgroup v2 both limits are in the same cgroup, and the notes say so for each."""
+    fake_probe(monkeypatch, CgroupProbe((V2_BOTH,)))
+    assert ProcessRuntime().notes().lines == (
+        "memory limits: cgroup v2 under /sys/fs/cgroup/agent",
+        "cpu limits: cgroup v2 under /sys/fs/cgroup/agent (a CFS quota from the cpu slot)",
+    )
+
+
+def test_without_cpu_cgroups_the_note_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where no cpu cgroup can be made, cpu is not enforced and the note gives the reason."""
+    fake_probe(monkeypatch, CgroupProbe((V1_MEMORY,), {"cpu": NO_CPU}))
+    runtime = ProcessRuntime()
+    assert (runtime.memory_limit_mode, runtime.cpu_limit_mode) == ("cgroup", "none")
+    assert runtime.notes().lines == (
+        "memory limits: cgroup v1 under /sys/fs/cgroup/memory/agent",
+        f"cpu limits: not enforced (kernels share the host's cores); cgroups: {NO_CPU}",
+    )
+
+
+def test_without_any_cgroups_both_notes_say_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without cgroups memory falls back to RLIMIT_AS and cpu is not enforced, each with why."""
+    fake_probe(monkeypatch, CgroupProbe((), {"memory": "no memory", "cpu": "no cpu"}))
+    runtime = ProcessRuntime()
+    assert (runtime.memory_limit_mode, runtime.cpu_limit_mode) == ("rlimit", "none")
+    assert runtime.notes().lines == (
+        "memory limits: best effort (RLIMIT_AS, not for kernels holding GPUs); cgroups: no memory",
+        "cpu limits: not enforced (kernels share the host's cores); cgroups: no cpu",
+    )
+
+
+def test_memory_limits_off_still_probes_for_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """memory_limits=False asks for cpu cgroups only, and cpu limits stay enforced."""
+    asked = fake_probe(monkeypatch, CgroupProbe((V1_CPU,)))
+    runtime = ProcessRuntime(memory_limits=False)
+    assert asked() == [("cpu",)]
+    assert (runtime.memory_limit_mode, runtime.cpu_limit_mode) == ("off", "cgroup")
+    assert runtime.notes().lines[1].startswith("cpu limits: cgroup v1 under /sys/fs/cgroup/cpu")
