@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -118,9 +119,33 @@ async def test_killed_agent_fails_its_sessions_and_spares_the_others(
         victim.wait()
         lost = first if holder[first] == "node-a" else second
         spared = second if lost == first else first
-        row = await cluster.wait_status(lost)
-        assert (row["status"], row["failure_cause"]) == (S.ERROR, "agent_lost")
-        assert (await cluster.session(spared))["status"] == S.RUNNING
+        (orphan,) = await cluster.kernels(lost)
+        try:
+            row = await cluster.wait_status(lost)
+            assert (row["status"], row["failure_cause"]) == (S.ERROR, "agent_lost")
+            assert (await cluster.session(spared))["status"] == S.RUNNING
+        finally:
+            await _reap(orphan["runtime_info"])
+
+
+async def _reap(info: dict[str, object]) -> None:
+    """End a kernel its killed agent left behind (its process group) and remove its cgroups."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(int(str(info["pid"])), signal.SIGKILL)
+    cgroups = info.get("cgroups") or {}
+    assert isinstance(cgroups, dict)
+    for path in map(Path, cgroups.values()):
+
+        async def removed(path: Path = path) -> bool:
+            try:
+                os.rmdir(path)  # EBUSY until the killed processes have left it (cgroupfs: no disk)
+            except FileNotFoundError:
+                return True
+            except OSError:
+                return False
+            return True
+
+        await poll(removed, what=f"cgroup {path} to be removed")
 
 
 async def test_terminating_a_running_session_kills_its_process_tree(
