@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
-from corral.infra.events import EventBus, EventBusKind, open_event_bus
+from corral.infra.events import PING_INTERVAL_S, EventBus, EventBusKind, open_event_bus
 from corral.infra.hints import HintBus, open_hint_bus
 from corral.infra.locks import LockManager, open_lock_manager
 from corral.store.database import Database
@@ -32,8 +32,14 @@ def bus_kind(db: Database, redis_url: str | None) -> EventBusKind:
 
 
 @asynccontextmanager
-async def open_buses(db: Database, redis_url: str | None, prefix: str) -> AsyncIterator[Buses]:
-    """Open hints, locks and events of one kind (see `bus_kind`); close them on exit."""
+async def open_buses(
+    db: Database, redis_url: str | None, prefix: str, *, ping_interval_s: float = PING_INTERVAL_S
+) -> AsyncIterator[Buses]:
+    """Open hints, locks and events of one kind (see `bus_kind`); close them on exit.
+
+    `ping_interval_s`: how often the event listener pings a silent connection (see
+    `open_event_bus`).
+    """
     kind = bus_kind(db, redis_url)
     dsn = db.url.render_as_string(hide_password=False)
     async with AsyncExitStack() as stack:
@@ -46,6 +52,8 @@ async def open_buses(db: Database, redis_url: str | None, prefix: str) -> AsyncI
             redis_url=redis_url,
         )
         stack.push_async_callback(locks.close)
-        events = await open_event_bus(kind, prefix=prefix, db=db, redis_url=redis_url)
+        events = await open_event_bus(
+            kind, prefix=prefix, db=db, redis_url=redis_url, ping_interval_s=ping_interval_s
+        )
         stack.push_async_callback(events.close)
         yield Buses(kind, hints, locks, events)

@@ -29,6 +29,7 @@ from corral.coordination.metrics import CoordinatorMetrics
 from corral.coordination.orchestrator import Orchestrator
 from corral.coordination.tasks import Task, TaskRun
 from corral.domain.types import Clock, utcnow
+from corral.infra.events import PING_INTERVAL_S
 from corral.manager.backends import Buses, open_buses
 from corral.store.database import Database
 from corral.store.migrate import upgrade
@@ -92,7 +93,12 @@ class ManagerDaemon:
         db = Database.open(config.database_url)
         try:
             await upgrade(db)
-            async with open_buses(db, config.redis_url, config.prefix) as buses:
+            # The event listener's keep-alive ping waits for the long loop: an idle manager
+            # sends nothing between long loops (DESIGN.md, performance targets).
+            ping_s = max(PING_INTERVAL_S, config.intervals.long_interval_s)
+            async with open_buses(
+                db, config.redis_url, config.prefix, ping_interval_s=ping_s
+            ) as buses:
                 await self._serve(db, buses)
         finally:
             await db.close()

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MAXSIZE",
+    "PING_INTERVAL_S",
     "EventBus",
     "EventBusClosedError",
     "EventBusError",
@@ -32,6 +33,8 @@ __all__ = [
     "open_event_bus",
 ]
 
+# How often a silent listener connection is pinged, unless the opener says otherwise.
+PING_INTERVAL_S = 30.0
 EventBusKind = Literal["memory", "postgres", "redis"]
 DEFAULT_MAXSIZE = 10_000
 _CANCEL_RETRY_S = 0.1
@@ -219,8 +222,14 @@ async def open_event_bus(
     prefix: str = "corral",
     db: Database | None = None,
     redis_url: str | None = None,
+    ping_interval_s: float = PING_INTERVAL_S,
 ) -> EventBus:
-    """Open the event bus of `kind`, listening and ready (a dead server fails here)."""
+    """Open the event bus of `kind`, listening and ready (a dead server fails here).
+
+    A silent listener connection is pinged every `ping_interval_s` (a half-open TCP connection
+    only shows itself to a query); a manager sets it to its long interval, so an idle manager
+    sends nothing between long loops.
+    """
     if kind == "memory":
         from corral.infra.events.memory import MemoryEventBus
 
@@ -230,11 +239,11 @@ async def open_event_bus(
             raise ValueError("the postgres event bus needs db, a Database on PostgreSQL")
         from corral.infra.events.postgres import PostgresEventBus
 
-        return await PostgresEventBus.open(db, prefix=prefix)
+        return await PostgresEventBus.open(db, prefix=prefix, ping_interval_s=ping_interval_s)
     if kind == "redis":
         if redis_url is None:
             raise ValueError("the redis event bus needs redis_url (a redis://... URL)")
         from corral.infra.events.redis import RedisEventBus
 
-        return await RedisEventBus.open(redis_url, prefix=prefix)
+        return await RedisEventBus.open(redis_url, prefix=prefix, ping_interval_s=ping_interval_s)
     raise ValueError(f"unknown event bus kind {kind!r}; use memory, postgres or redis")

@@ -19,6 +19,7 @@ import asyncpg
 import sqlalchemy as sa
 
 from corral.domain.events import Event
+from corral.infra.events import PING_INTERVAL_S
 from corral.infra.events._listener import ListeningBus
 from corral.store.database import Database
 from corral.store.events import read_events_by_id
@@ -73,7 +74,7 @@ class PostgresEventBus(ListeningBus[_Listener]):
         db: Database,
         *,
         prefix: str = "corral",
-        ping_interval_s: float = 30.0,
+        ping_interval_s: float = PING_INTERVAL_S,
         backoff_base_s: float = 0.05,
         backoff_cap_s: float = 10.0,
     ) -> None:
@@ -87,9 +88,11 @@ class PostgresEventBus(ListeningBus[_Listener]):
         self._dsn = db.url.set(drivername="postgresql").render_as_string(hide_password=False)
 
     @classmethod
-    async def open(cls, db: Database, *, prefix: str = "corral") -> PostgresEventBus:
+    async def open(
+        cls, db: Database, *, prefix: str = "corral", ping_interval_s: float = PING_INTERVAL_S
+    ) -> PostgresEventBus:
         """A bus already listening (so it gets every event published after this returns)."""
-        bus = cls(db, prefix=prefix)
+        bus = cls(db, prefix=prefix, ping_interval_s=ping_interval_s)
         await bus._start()
         return bus
 

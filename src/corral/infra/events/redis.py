@@ -13,6 +13,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from corral.domain.events import Event
+from corral.infra.events import PING_INTERVAL_S
 from corral.infra.events._listener import ListeningBus
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ class RedisEventBus(ListeningBus[PubSub]):
         url: str,
         *,
         prefix: str = "corral",
-        ping_interval_s: float = 30.0,
+        ping_interval_s: float = PING_INTERVAL_S,
         backoff_base_s: float = 0.05,
         backoff_cap_s: float = 10.0,
     ) -> None:
@@ -53,9 +54,11 @@ class RedisEventBus(ListeningBus[PubSub]):
         )
 
     @classmethod
-    async def open(cls, url: str, *, prefix: str = "corral") -> RedisEventBus:
+    async def open(
+        cls, url: str, *, prefix: str = "corral", ping_interval_s: float = PING_INTERVAL_S
+    ) -> RedisEventBus:
         """A bus already subscribed (so it gets every event published after this returns)."""
-        bus = cls(url, prefix=prefix)
+        bus = cls(url, prefix=prefix, ping_interval_s=ping_interval_s)
         try:
             await bus._start()
         except BaseException:
