@@ -63,14 +63,10 @@ class ScheduleNewSessions(LifecycleHandler):
     async def execute(self, targets: Sequence[SessionWithKernels]) -> HandlerResult:
         result = HandlerResult()
         for group in sorted({s.resource_group for s in targets}):
-            # The targets are the group's PENDING sessions, just loaded: placement chooses among
-            # them rather than reading the queue a second time.
+            # The targets are every PENDING session, just loaded: each pass picks its group's
+            # candidates among them rather than reading the queue a second time.
             passed = await schedule_group(
-                self.db,
-                group,
-                self.clock(),
-                pending=[s for s in targets if s.resource_group == group],
-                on_committed=self.on_placed,
+                self.db, group, self.clock(), pending=targets, on_committed=self.on_placed
             )
             if self.on_pass is not None:
                 self.on_pass(passed)
