@@ -4,7 +4,7 @@
 keeps a boolean "fits" mask over the agents (rows of one 2-D array); placing or removing a
 kernel changes one agent, so only that agent's column is recomputed, for all requests in one
 operation. Choosing an agent is then one masked arg-min or arg-max over the agents, with no
-Python loop over them.
+Python loop over them; the equal kernels of a multi-node session take their agents in one sort.
 """
 
 from __future__ import annotations
@@ -72,6 +72,10 @@ class AgentChooser:
                 return None
             self._take(agent, need)
             return [agent] * per_kernel.shape[0]
+        if per_kernel.shape[0] and (per_kernel == per_kernel[0]).all():
+            alike = self._place_alike(per_kernel[0], per_kernel.shape[0], avoid)
+            if alike is not None:
+                return alike
         order = np.argsort(-(per_kernel @ self._weights), kind="stable")
         chosen: dict[int, int] = {}
         used = np.zeros(len(self.pool.ids), dtype=bool)
@@ -88,6 +92,38 @@ class AgentChooser:
             used[agent] = True
             chosen[int(kernel)] = agent
         return [chosen[k] for k in range(per_kernel.shape[0])]
+
+    def _place_alike(
+        self, need: Int64Array, kernels: int, avoid: BoolArray | None
+    ) -> list[int] | None:
+        """`kernels` equal kernels on as many distinct agents, all chosen in one step.
+
+        None (nothing taken) when fewer fresh agents outside `avoid` have room: then kernels
+        share or use failed agents, and the per-kernel loop settles which. Otherwise the loop's
+        every choice is from the fresh agents outside `avoid`, whose loads do not change while
+        it runs, so its choices are the first `kernels` agents in the selector's order: by
+        (load, row) for concentrated, (-load, row) for dispersed (arg-min and arg-max take the
+        lowest row of a tie, as the stable sort does), cyclically from the pointer for
+        round-robin.
+        """
+        candidates = self.fits(need)
+        if avoid is not None:
+            candidates = candidates & ~avoid
+        rows = np.flatnonzero(candidates)
+        if rows.size < kernels:
+            return None
+        if self.selector is Selector.CONCENTRATED:
+            picked = rows[np.argsort(self._load[rows], kind="stable")[:kernels]]
+        elif self.selector is Selector.DISPERSED:
+            picked = rows[np.argsort(-self._load[rows], kind="stable")[:kernels]]
+        else:
+            start = int(np.searchsorted(rows, self._next))
+            picked = rows.take(np.arange(start, start + kernels), mode="wrap")
+            self._next = int(picked[-1]) + 1
+        self.free[picked] -= need
+        self._changed_rows(picked)
+        chosen: list[int] = picked.tolist()
+        return chosen
 
     def agent_ids(self, rows: Sequence[int]) -> list[AgentId]:
         """The agent ids of pool rows."""
@@ -146,6 +182,18 @@ class AgentChooser:
     def _give(self, agent: int, need: Int64Array) -> None:
         self.free[agent] += need
         self._changed(agent)
+
+    def _changed_rows(self, agents: Int64Array) -> None:
+        """`_changed` for several distinct agents at once."""
+        free = self.free[agents]
+        for agent, row in zip(agents.tolist(), free, strict=True):
+            # One dot product per agent, as `_changed` computes it: a matrix product may round
+            # differently, and a load differing in its last bit can turn a tie.
+            self._load[agent] = float(row @ self._weights)
+        count = len(self._shapes)
+        if count:
+            fits = (free[:, None, :] >= self._needs[None, :count]).all(axis=2)
+            self._masks[:count, agents] = (fits & self.usable[agents][:, None]).T
 
     def _changed(self, agent: int) -> None:
         free = self.free[agent]
