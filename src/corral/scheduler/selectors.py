@@ -39,6 +39,7 @@ class AgentChooser:
         self._needs: Int64Array = np.zeros((_INITIAL_SHAPES, len(pool.slot_names)), np.int64)
         self._masks: BoolArray = np.zeros((_INITIAL_SHAPES, len(pool.ids)), dtype=bool)
         self._next = 0  # round-robin pointer
+        self._uniform: dict[bytes, bool] = {}  # per multi-node request: its kernels are equal
 
     def fits(self, need: Int64Array) -> BoolArray:
         """Usable agents whose free capacity holds `need` (a cached view: do not modify)."""
@@ -72,7 +73,7 @@ class AgentChooser:
                 return None
             self._take(agent, need)
             return [agent] * per_kernel.shape[0]
-        if per_kernel.shape[0] and (per_kernel == per_kernel[0]).all():
+        if self._alike(per_kernel):
             alike = self._place_alike(per_kernel[0], per_kernel.shape[0], avoid)
             if alike is not None:
                 return alike
@@ -109,21 +110,38 @@ class AgentChooser:
         candidates = self.fits(need)
         if avoid is not None:
             candidates = candidates & ~avoid
-        rows = np.flatnonzero(candidates)
+        rows = candidates.nonzero()[0]
         if rows.size < kernels:
             return None
         if self.selector is Selector.CONCENTRATED:
-            picked = rows[np.argsort(self._load[rows], kind="stable")[:kernels]]
+            picked = rows[self._load[rows].argsort(kind="stable")[:kernels]]
         elif self.selector is Selector.DISPERSED:
-            picked = rows[np.argsort(-self._load[rows], kind="stable")[:kernels]]
+            picked = rows[(-self._load[rows]).argsort(kind="stable")[:kernels]]
         else:
-            start = int(np.searchsorted(rows, self._next))
+            start = int(rows.searchsorted(self._next))
             picked = rows.take(np.arange(start, start + kernels), mode="wrap")
             self._next = int(picked[-1]) + 1
-        self.free[picked] -= need
-        self._changed_rows(picked)
+        free = self.free[picked] - need
+        self.free[picked] = free
+        # A stack of 1 x n by n x 1 products: numpy computes each as the vector dot product
+        # `_changed` uses (one matrix-vector product could round differently, and a load off
+        # in its last bit can turn a tie).
+        self._load[picked] = (free[:, None, :] @ self._weights[:, None]).ravel()
+        count = len(self._shapes)
+        # The agents were candidates, so usable: their masks are where they still fit.
+        self._masks[:count, picked] = (self._needs[:count, None] <= free).all(axis=2)
         chosen: list[int] = picked.tolist()
         return chosen
+
+    def _alike(self, per_kernel: Int64Array) -> bool:
+        """Whether a multi-node request's kernels all ask the same (memoised per request)."""
+        key = per_kernel.tobytes()
+        alike = self._uniform.get(key)
+        if alike is None:
+            alike = self._uniform[key] = bool(
+                per_kernel.shape[0] and (per_kernel == per_kernel[0]).all()
+            )
+        return alike
 
     def agent_ids(self, rows: Sequence[int]) -> list[AgentId]:
         """The agent ids of pool rows."""
@@ -182,18 +200,6 @@ class AgentChooser:
     def _give(self, agent: int, need: Int64Array) -> None:
         self.free[agent] += need
         self._changed(agent)
-
-    def _changed_rows(self, agents: Int64Array) -> None:
-        """`_changed` for several distinct agents at once."""
-        free = self.free[agents]
-        for agent, row in zip(agents.tolist(), free, strict=True):
-            # One dot product per agent, as `_changed` computes it: a matrix product may round
-            # differently, and a load differing in its last bit can turn a tie.
-            self._load[agent] = float(row @ self._weights)
-        count = len(self._shapes)
-        if count:
-            fits = (free[:, None, :] >= self._needs[None, :count]).all(axis=2)
-            self._masks[:count, agents] = (fits & self.usable[agents][:, None]).T
 
     def _changed(self, agent: int) -> None:
         free = self.free[agent]

@@ -340,3 +340,6 @@ def test_equal_kernels_in_one_step_choose_as_kernel_by_kernel(
         )
         assert np.array_equal(fast.free, reference.free)
         assert all(np.array_equal(fast.fits(n), reference.fits(n)) for n in seen)
+        # The state the next choice depends on, to the last bit of every load.
+        assert np.array_equal(fast._load, reference._load)
+        assert fast._next == reference._next
