@@ -10,6 +10,7 @@ import functools
 import json
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -351,31 +352,20 @@ async def load_with_kernels(
     conn: AsyncConnection, statement: sa.Select[Any], params: Mapping[str, Any]
 ) -> list[SessionWithKernels]:
     """Sessions with their kernels: the rows of a `with_kernels` statement, run with `params`."""
-    rows = await conn.execute(statement, dict(params))
+    # All rows at once: iterating the result would fetch them one call at a time.
+    rows = (await conn.execute(statement, dict(params))).all()
     decode = _decoders(conn.dialect)
-    to_uuid = decode.uuid
     # JSON comes back as text and is decoded once per distinct value: a batch repeats a few
     # request shapes thousands of times. The decoded values are shared: read-only. Timestamps
-    # likewise: a session's kernels mostly share theirs.
-    decoded: dict[str, Any] = {}
-    times: dict[Any, datetime] = {}
-
-    def load_json(raw: str | None) -> Any:
-        if raw is None:
-            return None
-        value = decoded.get(raw)
-        if value is None:
-            value = decoded[raw] = json.loads(raw)
-        return value
-
-    def load_time(raw: Any) -> Any:
-        if raw is None:
-            return None
-        value = times.get(raw)
-        if value is None:
-            value = times[raw] = decode.time(raw)
-        return value
-
+    # and owners likewise: a session's kernels mostly share theirs, and owners are few.
+    loaders = _Loaders(
+        uuid=decode.uuid,
+        owner=_memoised(decode.uuid),
+        time=_memoised(decode.time),
+        json=_memoised(json.loads),
+        bool=decode.bool,
+    )
+    to_uuid, load_time, load_json = loaders.uuid, loaders.time, loaders.json
     result: list[SessionWithKernels] = []
     head: dict[str, Any] | None = None  # the current session's fields, but its kernels
     session_kernels: list[KernelRecord] = []
@@ -385,7 +375,7 @@ async def load_with_kernels(
             if head is not None:
                 result.append(SessionWithKernels(**head, kernels=tuple(session_kernels)))
             raw_id, session_kernels = row[0], []
-            head = _session(row, decode, load_time, load_json)
+            head = _session(row, loaders)
         session_kernels.append(
             KernelRecord(
                 KernelId(to_uuid(row[19])),
@@ -409,17 +399,38 @@ async def load_with_kernels(
     return result
 
 
-def _session(
-    row: Sequence[Any],
-    decode: _Decoders,
-    load_time: Callable[[Any], Any],
-    load_json: Callable[[Any], Any],
-) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class _Loaders:
+    """How one load converts the raw values of its rows."""
+
+    uuid: Callable[[Any], Any]
+    owner: Callable[[Any], Any]
+    time: Callable[[Any], Any]
+    json: Callable[[Any], Any]
+    bool: Callable[[Any], Any]
+
+
+def _memoised(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`convert`, run once per distinct raw value (None stays None)."""
+    seen: dict[Any, Any] = {}
+
+    def load(raw: Any) -> Any:
+        if raw is None:
+            return None
+        value = seen.get(raw)
+        if value is None:
+            value = seen[raw] = convert(raw)
+        return value
+
+    return load
+
+
+def _session(row: Sequence[Any], load: _Loaders) -> dict[str, Any]:
     """The session fields of a `with_kernels` row (all but its kernels)."""
     return {
-        "id": SessionId(decode.uuid(row[0])),
+        "id": SessionId(load.uuid(row[0])),
         "name": row[1],
-        "owner_id": UserId(decode.uuid(row[2])),
+        "owner_id": UserId(load.owner(row[2])),
         "type": row[3],
         "priority": row[4],
         "resource_group": row[5],
@@ -427,14 +438,14 @@ def _session(
         "cluster_size": row[7],
         "status": _SESSION_STATUSES[row[8]],
         "status_info": row[9],
-        "status_changed_at": load_time(row[10]),
-        "created_at": load_time(row[11]),
-        "starts_at": load_time(row[12]),
-        "requeue_at": load_time(row[13]),
-        "requeue_active": decode.bool(row[14]),
+        "status_changed_at": load.time(row[10]),
+        "created_at": load.time(row[11]),
+        "starts_at": load.time(row[12]),
+        "requeue_at": load.time(row[13]),
+        "requeue_active": load.bool(row[14]),
         "phase": row[15],
         "phase_attempts": row[16],
-        "failed_agents": tuple(AgentId(a) for a in load_json(row[17])),
+        "failed_agents": tuple(AgentId(a) for a in load.json(row[17])),
         "creation_id": row[18],
-        "started_at": load_time(row[32]),
+        "started_at": load.time(row[32]),
     }
