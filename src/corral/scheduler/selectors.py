@@ -4,7 +4,7 @@
 keeps a boolean "fits" mask over the agents (rows of one 2-D array); placing or removing a
 kernel changes one agent, so only that agent's column is recomputed, for all requests in one
 operation. Choosing an agent is then one masked arg-min or arg-max over the agents, with no
-Python loop over them.
+Python loop over them; the equal kernels of a multi-node session take their agents in one sort.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ class AgentChooser:
         self._needs: Int64Array = np.zeros((_INITIAL_SHAPES, len(pool.slot_names)), np.int64)
         self._masks: BoolArray = np.zeros((_INITIAL_SHAPES, len(pool.ids)), dtype=bool)
         self._next = 0  # round-robin pointer
+        self._uniform: dict[bytes, bool] = {}  # per multi-node request: its kernels are equal
 
     def fits(self, need: Int64Array) -> BoolArray:
         """Usable agents whose free capacity holds `need` (a cached view: do not modify)."""
@@ -72,6 +73,10 @@ class AgentChooser:
                 return None
             self._take(agent, need)
             return [agent] * per_kernel.shape[0]
+        if self._alike(per_kernel):
+            alike = self._place_alike(per_kernel[0], per_kernel.shape[0], avoid)
+            if alike is not None:
+                return alike
         order = np.argsort(-(per_kernel @ self._weights), kind="stable")
         chosen: dict[int, int] = {}
         used = np.zeros(len(self.pool.ids), dtype=bool)
@@ -88,6 +93,55 @@ class AgentChooser:
             used[agent] = True
             chosen[int(kernel)] = agent
         return [chosen[k] for k in range(per_kernel.shape[0])]
+
+    def _place_alike(
+        self, need: Int64Array, kernels: int, avoid: BoolArray | None
+    ) -> list[int] | None:
+        """`kernels` equal kernels on as many distinct agents, all chosen in one step.
+
+        None (nothing taken) when fewer fresh agents outside `avoid` have room: then kernels
+        share or use failed agents, and the per-kernel loop settles which. Otherwise the loop's
+        every choice is from the fresh agents outside `avoid`, whose loads do not change while
+        it runs, so its choices are the first `kernels` agents in the selector's order: by
+        (load, row) for concentrated, (-load, row) for dispersed (arg-min and arg-max take the
+        lowest row of a tie, as the stable sort does), cyclically from the pointer for
+        round-robin.
+        """
+        candidates = self.fits(need)
+        if avoid is not None:
+            candidates = candidates & ~avoid
+        rows = candidates.nonzero()[0]
+        if rows.size < kernels:
+            return None
+        if self.selector is Selector.CONCENTRATED:
+            picked = rows[self._load[rows].argsort(kind="stable")[:kernels]]
+        elif self.selector is Selector.DISPERSED:
+            picked = rows[(-self._load[rows]).argsort(kind="stable")[:kernels]]
+        else:
+            start = int(rows.searchsorted(self._next))
+            picked = rows.take(np.arange(start, start + kernels), mode="wrap")
+            self._next = int(picked[-1]) + 1
+        free = self.free[picked] - need
+        self.free[picked] = free
+        # A stack of 1 x n by n x 1 products: numpy computes each as the vector dot product
+        # `_changed` uses (one matrix-vector product could round differently, and a load off
+        # in its last bit can turn a tie).
+        self._load[picked] = (free[:, None, :] @ self._weights[:, None]).ravel()
+        count = len(self._shapes)
+        # The agents were candidates, so usable: their masks are where they still fit.
+        self._masks[:count, picked] = (self._needs[:count, None] <= free).all(axis=2)
+        chosen: list[int] = picked.tolist()
+        return chosen
+
+    def _alike(self, per_kernel: Int64Array) -> bool:
+        """Whether a multi-node request's kernels all ask the same (memoised per request)."""
+        key = per_kernel.tobytes()
+        alike = self._uniform.get(key)
+        if alike is None:
+            alike = self._uniform[key] = bool(
+                per_kernel.shape[0] and (per_kernel == per_kernel[0]).all()
+            )
+        return alike
 
     def agent_ids(self, rows: Sequence[int]) -> list[AgentId]:
         """The agent ids of pool rows."""

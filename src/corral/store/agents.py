@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -44,13 +44,22 @@ class NewAgent:
     token_hash: str | None = None
 
 
+class Holding(Protocol):
+    """Slots held on one agent (e.g. by one kernel)."""
+
+    @property
+    def agent_id(self) -> AgentId: ...
+
+    @property
+    def slots(self) -> MilliSlots: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Claim(Generic[K]):
-    """Slots that one unit of work (`key`, e.g. a session) needs on one agent."""
+    """Slots that one unit of work (`key`, e.g. a session) needs, on each agent it holds."""
 
     key: K
-    agent_id: AgentId
-    slots: MilliSlots
+    holdings: Sequence[Holding]
 
 
 async def insert_agents(db: Database, new_agents: Sequence[NewAgent], now: datetime) -> None:
@@ -106,11 +115,11 @@ async def lock_ledger(
 def fit_claims(
     ledger: Ledger, claims: Sequence[Claim[K]]
 ) -> tuple[list[K], dict[AgentId, dict[str, int]]]:
-    """Accept claims in order, all of one key or none; return accepted keys and slot deltas.
+    """Accept claims in order (one per key), each whole or not at all; return keys and deltas.
 
-    A key (a session) is accepted only if every one of its claims fits what is still free after
-    the keys accepted before it; a slot the agent does not have has capacity 0. The ledger is
-    not modified.
+    A key (a session) is accepted only if all of its holdings fit what is still free after the
+    keys accepted before it; a slot the agent does not have has capacity 0. The ledger is not
+    modified.
     """
     free: dict[tuple[AgentId, str], int] = {
         (agent_id, slot): capacity - occupied
@@ -120,32 +129,29 @@ def fit_claims(
     # Fast path, the common case: the whole plan fits what is free, so every key is accepted.
     total: dict[AgentId, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for claim in claims:
-        per_agent = total[claim.agent_id]
-        for slot, amount in claim.slots.items():
-            per_agent[slot] += amount
+        for holding in claim.holdings:
+            per_agent = total[holding.agent_id]
+            for slot, amount in holding.slots.items():
+                per_agent[slot] += amount
     if all(
         amount <= 0 or free.get((agent_id, slot), 0) >= amount
         for agent_id, slots in total.items()
         for slot, amount in slots.items()
     ):
-        keys = list(dict.fromkeys(claim.key for claim in claims))
-        return keys, {
+        return [claim.key for claim in claims], {
             agent: {s: a for s, a in cells.items() if a} for agent, cells in total.items()
         }
 
-    by_key: dict[K, list[Claim[K]]] = defaultdict(list)
-    for claim in claims:
-        by_key[claim.key].append(claim)
     accepted: list[K] = []
     deltas: dict[AgentId, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for key, key_claims in by_key.items():
+    for claim in claims:
         need: dict[tuple[AgentId, str], int] = defaultdict(int)
-        for claim in key_claims:
-            for slot, amount in claim.slots.items():
+        for holding in claim.holdings:
+            for slot, amount in holding.slots.items():
                 if amount:
-                    need[(claim.agent_id, slot)] += amount
+                    need[(holding.agent_id, slot)] += amount
         if all(free.get(cell, 0) >= amount for cell, amount in need.items()):
-            accepted.append(key)
+            accepted.append(claim.key)
             for cell, amount in need.items():
                 free[cell] -= amount
                 deltas[cell[0]][cell[1]] += amount

@@ -17,7 +17,7 @@ from corral.domain.results import SchedulingResult
 from corral.domain.session import MilliSlots
 from corral.domain.status import SESSION_TRANSITIONS, KernelStatus, SessionStatus
 from corral.domain.types import AgentId, KernelId, SessionId, UserId
-from corral.store._sql import in_values
+from corral.store._sql import id_batch, in_values
 from corral.store.agents import AGENT_ALIVE, Claim, apply_slot_deltas, fit_claims, lock_ledger
 from corral.store.database import Database, Dialect
 from corral.store.history import record_kernel_history, record_session_history
@@ -41,6 +41,7 @@ def _place_kernels(dialect: Dialect, placed: Sequence[KernelPlacement], now: dat
     kernel_key: sa.ColumnElement[Any]
     agent: sa.ColumnElement[Any]
     slots: sa.ColumnElement[Any]
+    slots_json = _slots_json(placed)
     if dialect == "postgresql":
         rows = (
             sa.func.unnest(
@@ -50,11 +51,7 @@ def _place_kernels(dialect: Dialect, placed: Sequence[KernelPlacement], now: dat
                 sa.bindparam(
                     None, [k.agent_id for k in placed], type_=postgresql.ARRAY(sa.String())
                 ),
-                sa.bindparam(
-                    None,
-                    [json.dumps(dict(k.slots)) for k in placed],
-                    type_=postgresql.ARRAY(sa.String()),
-                ),
+                sa.bindparam(None, slots_json, type_=postgresql.ARRAY(sa.String())),
             )
             .table_valued("kid", "agent", "slots")
             .render_derived(name="placed")
@@ -63,7 +60,16 @@ def _place_kernels(dialect: Dialect, placed: Sequence[KernelPlacement], now: dat
         agent = rows.c.agent
         slots = sa.cast(rows.c.slots, JSONB)
     else:
-        payload = json.dumps({k.kernel_id.hex: [k.agent_id, dict(k.slots)] for k in placed})
+        agent_json: dict[str, str] = {}
+        for k in placed:
+            if k.agent_id not in agent_json:
+                agent_json[k.agent_id] = json.dumps(k.agent_id)
+        # {kernel id hex: [agent, slots]}, joined from the pieces encoded once each.
+        rows_json = ",".join(
+            f'"{k.kernel_id.hex}":[{agent_json[k.agent_id]},{slots}]'
+            for k, slots in zip(placed, slots_json, strict=True)
+        )
+        payload = "{" + rows_json + "}"
         each = sa.func.json_each(sa.bindparam(None, payload, type_=sa.String())).table_valued(
             "key", "value"
         )
@@ -80,6 +86,22 @@ def _place_kernels(dialect: Dialect, placed: Sequence[KernelPlacement], now: dat
             occupied_slots=slots,
         )
     )
+
+
+def _slots_json(placed: Sequence[KernelPlacement]) -> list[str]:
+    """Each kernel's slots as JSON text, encoded once per distinct mapping.
+
+    A plan repeats a few request shapes, and the loader shares one mapping per shape; the
+    encoded value keeps its mapping alive, so an `id` cannot be reused while this runs.
+    """
+    encoded: dict[int, tuple[MilliSlots, str]] = {}
+    result: list[str] = []
+    for k in placed:
+        found = encoded.get(id(k.slots))
+        if found is None:
+            found = encoded[id(k.slots)] = (k.slots, json.dumps(dict(k.slots)))
+        result.append(found[1])
+    return result
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,9 +169,12 @@ async def commit_placements(
         ledger = {agent: slots for agent, slots in ledger.items() if agent in usable_ids}
 
         ids = [p.session_id for p in plan]
+        # The ids are encoded once for every statement that can take them all (the usual case:
+        # every session still PENDING and accepted).
+        batch = id_batch(dialect, ids)
         owners: dict[SessionId, UserId] = {}
         pending = set(
-            await lock_sessions(conn, dialect, ids, [SessionStatus.PENDING], owners=owners)
+            await lock_sessions(conn, dialect, batch, [SessionStatus.PENDING], owners=owners)
         )
         # A session is placeable only while every kernel of it is PENDING too: one whose kernel
         # already ended (requeued after a kernel failed) would be charged slots no kernel holds.
@@ -158,18 +183,17 @@ async def commit_placements(
                 sa.select(kernels.c.session_id)
                 .distinct()
                 .where(
-                    in_values(dialect, kernels.c.session_id, pending),
+                    in_values(
+                        dialect,
+                        kernels.c.session_id,
+                        batch if len(pending) == len(ids) else pending,
+                    ),
                     kernels.c.status != KernelStatus.PENDING.value,
                 )
             )
             pending -= {SessionId(row[0]) for row in not_ready}
         outcome.stale = [sid for sid in ids if sid not in pending]
-        claims = [
-            Claim(p.session_id, k.agent_id, k.slots)
-            for p in plan
-            if p.session_id in pending
-            for k in p.kernels
-        ]
+        claims = [Claim(p.session_id, p.kernels) for p in plan if p.session_id in pending]
         accepted, deltas = fit_claims(ledger, claims)
         accepted_set = set(accepted)
         outcome.no_longer_fits = [
@@ -180,10 +204,11 @@ async def commit_placements(
         if not accepted:
             return outcome
 
+        accepted_batch = batch if accepted == ids else id_batch(dialect, accepted)
         await record_session_history(
             conn,
             dialect,
-            accepted,
+            accepted_batch,
             phase=PHASE,
             result=SchedulingResult.SUCCESS.value,
             to_status=SessionStatus.SCHEDULED.value,
@@ -192,7 +217,7 @@ async def commit_placements(
         )
         await conn.execute(
             sessions.update()
-            .where(in_values(dialect, sessions.c.id, accepted))
+            .where(in_values(dialect, sessions.c.id, accepted_batch))
             .values(
                 status=SessionStatus.SCHEDULED.value,
                 status_changed_at=now,
@@ -207,7 +232,7 @@ async def commit_placements(
         await record_kernel_history(
             conn,
             dialect,
-            accepted,
+            accepted_batch,
             [KernelStatus.SCHEDULED.value],
             phase=PHASE,
             result=SchedulingResult.SUCCESS.value,

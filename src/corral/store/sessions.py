@@ -10,6 +10,7 @@ import functools
 import json
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -187,10 +188,6 @@ async def insert_sessions(
     return [row | {"kernels": rows} for row, rows in zip(session_rows, kernel_rows, strict=True)]
 
 
-# The load query selects this many session columns, then the kernel's.
-_SESSION_COLUMNS = 19
-
-
 @functools.cache
 def _promotable_query(
     statuses: tuple[str, ...], kernel_statuses: tuple[str, ...], match: KernelMatchType
@@ -260,13 +257,17 @@ def _by_ids_query(dialect: Dialect) -> sa.Select[Any]:
 
 
 def with_kernels(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
-    """The sessions matching `where` with every kernel of theirs, oldest session first."""
+    """The sessions matching `where` with every kernel of theirs, oldest session first.
+
+    Ids, timestamps and booleans come back as the driver returns them (`_raw`): each row
+    repeats its session's columns, and `load_with_kernels` converts them once per session.
+    """
     s, k = sessions.c, kernels.c
     return (
         sa.select(
-            s.id,
+            _raw(s.id),
             s.name,
-            s.owner_id,
+            _raw(s.owner_id),
             s.type,
             s.priority,
             s.resource_group,
@@ -274,21 +275,21 @@ def with_kernels(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
             s.cluster_size,
             s.status,
             s.status_info,
-            s.status_changed_at,
-            s.created_at,
-            s.starts_at,
-            s.requeue_at,
-            s.requeue_active,
+            _raw(s.status_changed_at),
+            _raw(s.created_at),
+            _raw(s.starts_at),
+            _raw(s.requeue_at),
+            _raw(s.requeue_active),
             s.phase,
             s.phase_attempts,
             sa.cast(s.failed_agents, sa.Text),
             s.creation_id,
-            k.id,
+            _raw(k.id),
             k.cluster_role,
             k.cluster_index,
             k.agent_id,
             k.status,
-            k.status_changed_at,
+            _raw(k.status_changed_at),
             sa.cast(k.requested_slots, sa.Text),
             sa.cast(k.occupied_slots, sa.Text),
             k.exit_code,
@@ -296,7 +297,7 @@ def with_kernels(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
             k.desired_state,
             k.desired_generation,
             k.stage_failure,
-            s.started_at,
+            _raw(s.started_at),
         )
         .select_from(sessions.join(kernels, k.session_id == s.id))
         .where(where)
@@ -304,77 +305,147 @@ def with_kernels(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
     )
 
 
+def _raw(column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    """`column` as the driver returns it: SQLAlchemy converts nothing (see `_Decoders`)."""
+    return sa.type_coerce(column, sa.types.NullType())
+
+
+_KERNEL_STATUSES = {status.value: status for status in KernelStatus}
+_SESSION_STATUSES = {status.value: status for status in SessionStatus}
+_INTENTS = {intent.value: intent for intent in KernelIntent}
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+class _Decoders:
+    """A dialect's conversions of `_raw` values, exactly what the columns' own types would do.
+
+    On SQLite UUIDs are hex text, timestamps text and booleans integers; on PostgreSQL the
+    driver's values need (almost) nothing.
+    """
+
+    def __init__(self, dialect: sa.Dialect) -> None:
+        self.uuid = self._processor(dialect, sessions.c.id)
+        self.time = self._processor(dialect, sessions.c.created_at)
+        self.bool = self._processor(dialect, sessions.c.requeue_active)
+
+    @staticmethod
+    def _processor(dialect: sa.Dialect, column: sa.Column[Any]) -> Callable[[Any], Any]:
+        process = column.type.dialect_impl(dialect).result_processor(dialect, None)
+        return _same if process is None else process
+
+
+_DECODERS: dict[str, _Decoders] = {}
+
+
+def _decoders(dialect: sa.Dialect) -> _Decoders:
+    """The decoders of a dialect, built once per dialect name (corral configures each alike)."""
+    found = _DECODERS.get(dialect.name)
+    if found is None:
+        found = _DECODERS[dialect.name] = _Decoders(dialect)
+    return found
+
+
 async def load_with_kernels(
     conn: AsyncConnection, statement: sa.Select[Any], params: Mapping[str, Any]
 ) -> list[SessionWithKernels]:
     """Sessions with their kernels: the rows of a `with_kernels` statement, run with `params`."""
-    rows = await conn.execute(statement, dict(params))
+    # All rows at once: iterating the result would fetch them one call at a time.
+    rows = (await conn.execute(statement, dict(params))).all()
+    decode = _decoders(conn.dialect)
     # JSON comes back as text and is decoded once per distinct value: a batch repeats a few
-    # request shapes thousands of times. The decoded values are shared: read-only.
-    decoded: dict[str, Any] = {}
-
-    def load_json(raw: str | None) -> Any:
-        if raw is None:
-            return None
-        value = decoded.get(raw)
-        if value is None:
-            value = decoded[raw] = json.loads(raw)
-        return value
-
+    # request shapes thousands of times. The decoded values are shared: read-only. Timestamps
+    # and owners likewise: a session's kernels mostly share theirs, and owners are few.
+    loaders = _Loaders(
+        uuid=decode.uuid,
+        owner=_memoised(decode.uuid),
+        time=_memoised(decode.time),
+        json=_memoised(json.loads),
+        bool=decode.bool,
+    )
+    to_uuid, load_time, load_json = loaders.uuid, loaders.time, loaders.json
     result: list[SessionWithKernels] = []
-    pending_kernels: list[KernelRecord] = []
-    head: tuple[Any, ...] | None = None
+    head: dict[str, Any] | None = None  # the current session's fields, but its kernels
+    session_kernels: list[KernelRecord] = []
+    raw_id: Any = None
     for row in rows:
-        if head is None or row[0] != head[0]:
+        if head is None or row[0] != raw_id:
             if head is not None:
-                result.append(_session(head, pending_kernels, load_json))
-            head, pending_kernels = (*row[:_SESSION_COLUMNS], row[32]), []
-        pending_kernels.append(
+                result.append(SessionWithKernels(**head, kernels=tuple(session_kernels)))
+            raw_id, session_kernels = row[0], []
+            head = _session(row, loaders)
+        session_kernels.append(
             KernelRecord(
-                id=KernelId(row[19]),
-                session_id=SessionId(row[0]),
-                cluster_role=row[20],
-                cluster_index=row[21],
-                agent_id=AgentId(row[22]) if row[22] is not None else None,
-                status=KernelStatus(row[23]),
-                status_changed_at=row[24],
-                requested_slots=load_json(row[25]),
-                occupied_slots=load_json(row[26]),
-                exit_code=row[27],
-                failure_cause=row[28],
-                desired_state=KernelIntent(row[29]) if row[29] is not None else None,
-                desired_generation=row[30],
-                stage_failure=row[31],
+                KernelId(to_uuid(row[19])),
+                head["id"],
+                row[20],
+                row[21],
+                row[22],
+                _KERNEL_STATUSES[row[23]],
+                load_time(row[24]),
+                load_json(row[25]),
+                load_json(row[26]),
+                row[27],
+                row[28],
+                None if row[29] is None else _INTENTS[row[29]],
+                row[30],
+                row[31],
             )
         )
     if head is not None:
-        result.append(_session(head, pending_kernels, load_json))
+        result.append(SessionWithKernels(**head, kernels=tuple(session_kernels)))
     return result
 
 
-def _session(
-    head: tuple[Any, ...], kernel_records: list[KernelRecord], load_json: Callable[[Any], Any]
-) -> SessionWithKernels:
-    return SessionWithKernels(
-        id=SessionId(head[0]),
-        name=head[1],
-        owner_id=UserId(head[2]),
-        type=head[3],
-        priority=head[4],
-        resource_group=head[5],
-        cluster_mode=head[6],
-        cluster_size=head[7],
-        status=SessionStatus(head[8]),
-        status_info=head[9],
-        status_changed_at=head[10],
-        created_at=head[11],
-        starts_at=head[12],
-        requeue_at=head[13],
-        requeue_active=head[14],
-        phase=head[15],
-        phase_attempts=head[16],
-        failed_agents=tuple(AgentId(a) for a in load_json(head[17])),
-        creation_id=head[18],
-        kernels=tuple(kernel_records),
-        started_at=head[19],
-    )
+@dataclass(frozen=True, slots=True)
+class _Loaders:
+    """How one load converts the raw values of its rows."""
+
+    uuid: Callable[[Any], Any]
+    owner: Callable[[Any], Any]
+    time: Callable[[Any], Any]
+    json: Callable[[Any], Any]
+    bool: Callable[[Any], Any]
+
+
+def _memoised(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`convert`, run once per distinct raw value (None stays None)."""
+    seen: dict[Any, Any] = {}
+
+    def load(raw: Any) -> Any:
+        if raw is None:
+            return None
+        value = seen.get(raw)
+        if value is None:
+            value = seen[raw] = convert(raw)
+        return value
+
+    return load
+
+
+def _session(row: Sequence[Any], load: _Loaders) -> dict[str, Any]:
+    """The session fields of a `with_kernels` row (all but its kernels)."""
+    return {
+        "id": SessionId(load.uuid(row[0])),
+        "name": row[1],
+        "owner_id": UserId(load.owner(row[2])),
+        "type": row[3],
+        "priority": row[4],
+        "resource_group": row[5],
+        "cluster_mode": row[6],
+        "cluster_size": row[7],
+        "status": _SESSION_STATUSES[row[8]],
+        "status_info": row[9],
+        "status_changed_at": load.time(row[10]),
+        "created_at": load.time(row[11]),
+        "starts_at": load.time(row[12]),
+        "requeue_at": load.time(row[13]),
+        "requeue_active": load.bool(row[14]),
+        "phase": row[15],
+        "phase_attempts": row[16],
+        "failed_agents": tuple(AgentId(a) for a in load.json(row[17])),
+        "creation_id": row[18],
+        "started_at": load.time(row[32]),
+    }

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+import dataclasses
+import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
 
 from corral.domain.lifecycle import IllegalTransitionError
 from corral.domain.results import KernelMatchType, ResultNote, SchedulingResult, TransitionStatus
+from corral.domain.session import KernelIntent
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import AgentId, SessionId
 from corral.store.agents import NewAgent, insert_agents, read_ledger
@@ -58,6 +61,82 @@ async def test_insert_creates_pending_sessions_with_their_kernels(db: Database) 
     assert [k.cluster_role for k in loaded.kernels] == ["main", "sub", "sub"]
     assert all(k.status is K.PENDING and k.agent_id is None for k in loaded.kernels)
     assert loaded.requested_total() == {"cpu": 3000}
+
+
+async def test_load_returns_every_column_with_its_python_type(db: Database) -> None:
+    """Ids as UUIDs, timestamps as aware UTC datetimes, flags as bools, statuses as enums."""
+    owner = await add_user(db)
+    sid, other = await add_session_ids(db, owner, 2, cluster_size=2)
+    later = NOW + timedelta(hours=1, microseconds=123456)
+    await update_sessions(
+        db,
+        [sid],
+        status=S.PREPARING.value,
+        status_info="preparing",
+        status_changed_at=later,
+        starts_at=later + timedelta(seconds=1),
+        requeue_at=later + timedelta(seconds=2),
+        requeue_active=False,
+        phase="PrepareSessions",
+        phase_attempts=3,
+        failed_agents=["a1", "a2"],
+        creation_id="c-1",
+        started_at=later + timedelta(seconds=3),
+    )
+    async with db.transaction() as conn:
+        await conn.execute(
+            kernels.update()
+            .where(kernels.c.session_id == sid, kernels.c.cluster_index == 1)
+            .values(
+                agent_id="a1",
+                status=K.PREPARING.value,
+                status_changed_at=later,
+                occupied_slots={"cpu": 1000},
+                exit_code=3,
+                failure_cause="oom",
+                desired_state=KernelIntent.RUN.value,
+                desired_generation=2,
+                stage_failure="image_pull_failure",
+            )
+        )
+    by_id = {s.id: s for s in await SessionRepository(db).get([sid, other])}
+    loaded, untouched = by_id[sid], by_id[other]
+    assert isinstance(loaded.id, uuid.UUID) and loaded.id == sid
+    assert isinstance(loaded.owner_id, uuid.UUID) and loaded.owner_id == owner
+    assert (loaded.status, loaded.status_info, loaded.phase, loaded.phase_attempts) == (
+        S.PREPARING,
+        "preparing",
+        "PrepareSessions",
+        3,
+    )
+    times = (loaded.status_changed_at, loaded.starts_at, loaded.requeue_at, loaded.started_at)
+    assert times == tuple(later + timedelta(seconds=n) for n in range(4))
+    assert all(t is not None and t.tzinfo is UTC for t in (*times, loaded.created_at))
+    assert loaded.created_at == NOW
+    assert loaded.requeue_active is False and untouched.requeue_active is True
+    assert (loaded.failed_agents, loaded.creation_id) == (("a1", "a2"), "c-1")
+    assert (untouched.starts_at, untouched.requeue_at, untouched.started_at) == (None,) * 3
+    first, second = loaded.kernels
+    assert all(isinstance(k.id, uuid.UUID) and k.session_id == sid for k in loaded.kernels)
+    assert first.status is K.PENDING and first.status_changed_at == NOW
+    assert first.status_changed_at.tzinfo is UTC
+    assert (first.agent_id, first.occupied_slots, first.desired_state) == (None, None, None)
+    assert second == dataclasses.replace(
+        first,
+        id=second.id,
+        cluster_role="sub",
+        cluster_index=1,
+        agent_id="a1",
+        status=K.PREPARING,
+        status_changed_at=later,
+        occupied_slots={"cpu": 1000},
+        exit_code=3,
+        failure_cause="oom",
+        desired_state=KernelIntent.RUN,
+        desired_generation=2,
+        stage_failure="image_pull_failure",
+    )
+    assert second.status_changed_at.tzinfo is UTC
 
 
 async def test_load_filters_by_status_kernel_status_and_group(db: Database) -> None:

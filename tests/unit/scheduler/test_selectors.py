@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from corral.domain.resource_group import Selector
 from corral.scheduler.selectors import AgentChooser
-from corral.scheduler.types import AgentPool, Int64Array
+from corral.scheduler.types import AgentPool, BoolArray, Int64Array
 from tests.unit.scheduler._builders import CPU, GIB, cpu_pool, pool
 
 PACK, SPREAD, TURN = Selector.CONCENTRATED, Selector.DISPERSED, Selector.ROUNDROBIN
@@ -275,3 +275,71 @@ def test_fits_masks_stay_correct_through_places_and_rollbacks(
             assert all(chooser.usable[r] for r in placed)
         assert (chooser.free[chooser.usable] >= 0).all()
         assert _fresh_masks_agree(chooser, seen)
+
+
+# --- equal kernels of a multi-node session, chosen in one step --------------------------------
+
+
+class _KernelByKernel(AgentChooser):
+    """The chooser with the one-step path for equal kernels turned off: the reference."""
+
+    def _place_alike(self, need: Int64Array, kernels: int, avoid: BoolArray | None) -> None:
+        return None
+
+
+_requests = st.lists(
+    st.tuples(
+        st.integers(1, 4),  # kernels
+        _kernel_rows,  # per-kernel rows, used when the kernels differ
+        st.booleans(),  # alike: every kernel asks the first row's amounts
+        st.none() | st.lists(st.booleans(), min_size=8, max_size=8),  # failed agents
+    ),
+    min_size=1,
+    max_size=20,
+)
+
+
+@st.composite
+def _larger_pools(draw: st.DrawFn) -> AgentPool:
+    """Up to 8 agents of a few sizes, so loads tie often and multi-node kernels spread."""
+    count = draw(st.integers(1, 8))
+    capacity = [draw(st.integers(0, 4)) for _ in range(count)]
+    held = [draw(st.integers(0, c)) for c in capacity]
+    usable = [f"a{i}" for i in range(count) if draw(_mostly_true)]
+    return pool(
+        {f"a{i}": {"cpu": c * CPU, "mem": c * GIB} for i, c in enumerate(capacity)},
+        occupied={f"a{i}": {"cpu": h * CPU, "mem": h * GIB} for i, h in enumerate(held)},
+        usable=usable,
+    )
+
+
+_mostly_true = st.integers(0, 4).map(bool)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    agents=st.one_of(_pools(), _larger_pools()),
+    selector=st.sampled_from(list(Selector)),
+    requests=_requests,
+)
+def test_equal_kernels_in_one_step_choose_as_kernel_by_kernel(
+    agents: AgentPool,
+    selector: Selector,
+    requests: list[tuple[int, list[tuple[int, int]], bool, list[bool] | None]],
+) -> None:
+    """Multi-node choices, failed agents or not, equal the per-kernel loop's, run after run."""
+    fast, reference = AgentChooser(agents, selector), _KernelByKernel(agents, selector)
+    seen: list[Int64Array] = []
+    for kernels, rows, alike, failed in requests:
+        amounts = [rows[0]] * kernels if alike else (rows * kernels)[:kernels]
+        per_kernel = np.array([[c * CPU, m * GIB] for c, m in amounts], dtype=np.int64)
+        seen.append(per_kernel[0])
+        avoid = None if failed is None else np.array(failed[: len(agents.ids)], dtype=bool)
+        assert fast.place(per_kernel, multi_node=True, avoid=avoid) == reference.place(
+            per_kernel, multi_node=True, avoid=avoid
+        )
+        assert np.array_equal(fast.free, reference.free)
+        assert all(np.array_equal(fast.fits(n), reference.fits(n)) for n in seen)
+        # The state the next choice depends on, to the last bit of every load.
+        assert np.array_equal(fast._load, reference._load)
+        assert fast._next == reference._next
