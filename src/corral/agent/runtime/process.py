@@ -42,7 +42,7 @@ from corral.agent.runtime import (
     RuntimeNotes,
     StageFailure,
 )
-from corral.agent.runtime._cgroups import Cgroup, probe_cgroups, release_cgroups
+from corral.agent.runtime._cgroups import Cgroup, CgroupProbe, probe_cgroups, release_cgroups
 
 logger = logging.getLogger(__name__)
 
@@ -192,23 +192,20 @@ class ProcessRuntime:
         self._images = {name: Path(location) for name, location in (images or {}).items()}
         self._host = host or socket.gethostname()
         self._cgroups = probe_cgroups(("memory", "cpu") if memory_limits else ("cpu",))
-        memory = self._cgroups.parent("memory")
-        self._mode: MemoryLimitMode = "cgroup" if memory else "rlimit"
-        if memory is not None:
-            where = f"cgroup v{memory.version} under {memory.path}"
-        else:
-            reason = self._cgroups.reasons.get("memory")
-            where = f"best effort (RLIMIT_AS, not for kernels holding GPUs); cgroups: {reason}"
+        self._mode: MemoryLimitMode = "cgroup" if self._cgroups.parent("memory") else "rlimit"
+        where = _where(
+            self._cgroups, "memory", "", "best effort (RLIMIT_AS, not for kernels holding GPUs)"
+        )
         if not memory_limits:
             self._mode, where = "off", "off (disabled in the agent's configuration)"
         self._memory_note = f"memory limits: {where}"
-        cpu = self._cgroups.parent("cpu")
-        self._cpu_mode: CpuLimitMode = "cgroup" if cpu else "none"
-        if cpu is not None:
-            where = f"cgroup v{cpu.version} under {cpu.path} (a CFS quota from the cpu slot)"
-        else:
-            reason = self._cgroups.reasons.get("cpu")
-            where = f"not enforced (kernels share the host's cores); cgroups: {reason}"
+        self._cpu_mode: CpuLimitMode = "cgroup" if self._cgroups.parent("cpu") else "none"
+        where = _where(
+            self._cgroups,
+            "cpu",
+            " (a CFS quota from the cpu slot)",
+            "not enforced (kernels share the host's cores)",
+        )
         self._cpu_note = f"cpu limits: {where}"
 
     @property
@@ -368,3 +365,11 @@ def _read_inside(root: Path, name: str) -> bytes:
             "use a name from list_outputs()"
         )
     return path.read_bytes()
+
+
+def _where(probe: CgroupProbe, controller: str, how: str, otherwise: str) -> str:
+    """Where a kernel's `controller` limit is enforced, for the startup notes (or why not)."""
+    parent = probe.parent(controller)
+    if parent is not None:
+        return f"cgroup v{parent.version} under {parent.path}{how}"
+    return f"{otherwise}; cgroups: {probe.reasons.get(controller)}"
