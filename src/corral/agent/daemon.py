@@ -17,13 +17,13 @@ import contextlib
 import functools
 import json
 import logging
-import os
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from corral._private_file import write_private
 from corral.agent.client import ManagerClient, ManagerRejectedError, ManagerUnavailableError
 from corral.agent.devices import DeviceAllocator
 from corral.agent.kernel_worker import KernelWorker, WorkerSettings
@@ -389,11 +389,7 @@ class AgentDaemon:
     def _save_token(self, token: str) -> None:
         path = self._token_path()
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            json.dump({"agent_id": self.config.agent_id, "token": token}, handle)
-        tmp.replace(path)
+        write_private(path, json.dumps({"agent_id": self.config.agent_id, "token": token}))
 
     def _log_startup(self) -> None:
         notes = getattr(self.runtime, "notes", None)

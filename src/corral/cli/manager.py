@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import secrets
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from corral._private_file import write_private
 from corral.cli._common import fail, settings_from_flags
 from corral.cli._logging import configure_logging
 from corral.controller.agents import AgentTimings
@@ -82,6 +82,4 @@ def manager_command(
 def _write_secret(path: Path, secret: str) -> None:
     """Write `secret` to `path`, readable by its owner only."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(secret + "\n")
+    write_private(path, secret + "\n")

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from corral._private_file import write_private
+
 URL_VARIABLE = "CORRAL_URL"
 TOKEN_VARIABLE = "CORRAL_TOKEN"
 _HOW_TO_CONFIGURE = f"run `corral up` or set {URL_VARIABLE} and {TOKEN_VARIABLE}"
@@ -76,14 +78,7 @@ def write_client_config(url: str, token: str, path: Path | None = None) -> Path:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     # A JSON string is a valid TOML basic string (same quotes and escapes), so no TOML writer.
     text = f"url = {json.dumps(check_url(url))}\ntoken = {json.dumps(token)}\n"
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    # Created 0600 and renamed over the old file, so the token is never readable by others,
-    # not even for a moment, and a crash leaves the old file whole.
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as file:
-        os.fchmod(file.fileno(), 0o600)  # an old temporary file keeps its mode through O_TRUNC
-        file.write(text)
-    os.replace(temporary, path)
+    write_private(path, text)
     return path
 
 
