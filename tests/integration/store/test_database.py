@@ -49,11 +49,12 @@ async def test_a_quiet_caller_keeps_reusing_the_most_recent_connection(db: Datab
             assert await _driver_identity(conn) == last_returned
 
 
+@pytest.mark.parametrize(
+    "database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
+)
 async def test_postgresql_connections_keep_hundreds_of_statements_prepared(db: Database) -> None:
     """A manager runs more distinct statements than asyncpg's default cache of 100 holds: each
     connection keeps them all prepared rather than preparing them again on reuse."""
-    if db.dialect != "postgresql":
-        pytest.skip("prepared statements are PostgreSQL's")
     async with db.read() as conn:
         for n in range(150):
             await conn.execute(sa.text(f"SELECT {n} AS n"))
