@@ -55,8 +55,8 @@ def agent_ls_command(
                 a.resource_group,
                 a.runtime,
                 str(a.kernels),
-                text(a.capacity.format_human()),
-                text(a.occupied.format_human()),
+                text(a.capacity.format_brief()),
+                text(a.occupied.format_brief()),
                 age(a.last_heartbeat_at) + ("" if a.last_heartbeat_at is None else " ago"),
                 a.address,
             ]

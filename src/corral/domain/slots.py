@@ -137,6 +137,13 @@ class ResourceSlots(Mapping[str, Decimal]):
             f"{name}={_human_amount(name, amount)}" for name, amount in self._amounts.items()
         )
 
+    def format_brief(self) -> str:
+        """Like `format_human`, but a byte amount that no unit divides is rounded to a tenth of
+        its largest unit (`mem=23.5GiB`, not `mem=24684084KiB`): for tables, not to parse."""
+        return " ".join(
+            f"{name}={_brief_amount(name, amount)}" for name, amount in self._amounts.items()
+        )
+
     def names(self) -> frozenset[str]:
         """The names of the slots with a non-zero amount."""
         return frozenset(self._amounts)
@@ -351,6 +358,19 @@ def _human_amount(name: str, amount: Decimal) -> str:
         if size % 1024**power == 0:
             return f"{size // 1024**power}{suffix}"
     return str(size)
+
+
+def _brief_amount(name: str, amount: Decimal) -> str:
+    exact = _human_amount(name, amount)
+    if not is_byte_slot(name):
+        return exact
+    size = int(amount)
+    for suffix, power in _HUMAN_UNITS:
+        if size >= 1024**power:
+            rounded = f"{size / 1024**power:.1f}".removesuffix(".0")
+            # An exact form that is no longer than the rounded one says more: keep it.
+            return exact if len(exact) <= len(rounded) + len(suffix) else f"{rounded}{suffix}"
+    return exact
 
 
 def _from_pydantic_input(value: object) -> ResourceSlots:

@@ -277,6 +277,24 @@ def test_format_human(text: str, human: str) -> None:
     assert ResourceSlots.parse(text).format_human() == human
 
 
+@pytest.mark.parametrize(
+    ("text", "brief"),
+    [
+        ("cpu=2,mem=24684084k", "cpu=2 mem=23.5GiB"),  # a host's memory, as detected
+        ("mem=3000000k", "mem=2.9GiB"),
+        ("mem=4g,cuda.device=2", "mem=4GiB cuda.device=2"),
+        ("mem=512m", "mem=512MiB"),
+        ("mem=1.5g", "mem=1.5GiB"),
+        ("mem=1000", "mem=1000"),
+        ("cpu=0.25", "cpu=0.25"),
+    ],
+)
+def test_format_brief(text: str, brief: str) -> None:
+    """For tables: byte amounts no unit divides are rounded to a tenth of their largest unit;
+    whole amounts, small ones and other slots read as format_human writes them."""
+    assert ResourceSlots.parse(text).format_brief() == brief
+
+
 def test_repr_round_trips() -> None:
     """repr shows amounts as strings and evaluates back to an equal value."""
     slots = ResourceSlots({"cpu": "0.5", "mem": "1g"})
