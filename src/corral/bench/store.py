@@ -100,12 +100,9 @@ async def run_store_bench(database: str, sessions: int) -> StoreBenchResult:
             ],
             now,
         )
-        loaded = await repo.get(ids)
         plan = [
-            SessionPlacement(
-                s.id, (KernelPlacement(s.kernels[0].id, agents[i % len(agents)], {"cpu": 1000}),)
-            )
-            for i, s in enumerate(loaded)
+            SessionPlacement(sid, (KernelPlacement(0, agents[i % len(agents)], {"cpu": 1000}),))
+            for i, sid in enumerate(ids)
         ]
         placed = await commit_placements(db, plan, now)
         assert len(placed.placed) == sessions, "bench setup: every session must be placed"

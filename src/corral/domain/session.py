@@ -84,6 +84,67 @@ class SessionWithKernels:
 
 
 @dataclass(frozen=True, slots=True)
+class PendingSession:
+    """A PENDING session as placement sees it: who asks, how urgently, and each kernel's request.
+
+    Kernels are named by their cluster index (`kernel_slots[i]` is kernel i's request): a
+    placement is written to the kernel rows by (session, index), so a scheduling pass reads one
+    row per session, not one per kernel.
+    """
+
+    id: SessionId
+    name: str | None
+    owner_id: UserId
+    priority: int
+    resource_group: str
+    cluster_mode: str
+    status: SessionStatus
+    created_at: datetime
+    starts_at: datetime | None
+    requeue_at: datetime | None
+    requeue_active: bool
+    failed_agents: tuple[AgentId, ...]
+    kernel_slots: tuple[MilliSlots, ...]
+
+    @property
+    def cluster_size(self) -> int:
+        return len(self.kernel_slots)
+
+    def requested_total(self) -> dict[str, int]:
+        """The sum of all kernels' requested slots (milli-units)."""
+        total: dict[str, int] = {}
+        for slots in self.kernel_slots:
+            for name, amount in slots.items():
+                total[name] = total.get(name, 0) + amount
+        return total
+
+    @classmethod
+    def of(cls, session: SessionWithKernels) -> PendingSession:
+        """The placement view of a session loaded with its kernels."""
+        return cls(
+            id=session.id,
+            name=session.name,
+            owner_id=session.owner_id,
+            priority=session.priority,
+            resource_group=session.resource_group,
+            cluster_mode=session.cluster_mode,
+            status=session.status,
+            created_at=session.created_at,
+            starts_at=session.starts_at,
+            requeue_at=session.requeue_at,
+            requeue_active=session.requeue_active,
+            failed_agents=session.failed_agents,
+            kernel_slots=tuple(
+                k.requested_slots for k in sorted(session.kernels, key=_cluster_index)
+            ),
+        )
+
+
+def _cluster_index(kernel: KernelRecord) -> int:
+    return kernel.cluster_index
+
+
+@dataclass(frozen=True, slots=True)
 class NewSession:
     """What the store needs to create a session and its `cluster_size` kernels, all PENDING."""
 

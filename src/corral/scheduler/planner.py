@@ -10,7 +10,7 @@ an owner limit, a permanent failure) never stops the pass.
 from __future__ import annotations
 
 from corral.domain.resource_group import Ordering
-from corral.domain.session import SessionWithKernels
+from corral.domain.session import PendingSession
 from corral.scheduler.requests import Request, RequestCache, format_milli
 from corral.scheduler.selectors import AgentChooser
 from corral.scheduler.sequencers import order_sessions, usable_capacity
@@ -36,7 +36,7 @@ def place_sessions(snapshot: GroupSnapshot) -> Plan:
     chooser = AgentChooser(pool, options.selector)
     requests = RequestCache(pool.slot_index)
     plan = Plan(order=[s.id for s in ordered])
-    blocker: SessionWithKernels | None = None
+    blocker: PendingSession | None = None
 
     for position, session in enumerate(ordered, start=1):
         request = requests.get(session)
@@ -73,8 +73,10 @@ def place_sessions(snapshot: GroupSnapshot) -> Plan:
             SessionPlacement(
                 session.id,
                 tuple(
-                    KernelPlacement(kernel.id, agent, kernel.requested_slots)
-                    for kernel, agent in zip(session.kernels, agent_ids, strict=True)
+                    KernelPlacement(index, agent, slots)
+                    for index, (slots, agent) in enumerate(
+                        zip(session.kernel_slots, agent_ids, strict=True)
+                    )
                 ),
             )
         )
@@ -89,7 +91,7 @@ def place_sessions(snapshot: GroupSnapshot) -> Plan:
 
 
 def _decision(
-    session: SessionWithKernels, outcome: Outcome, position: int, verdict: Verdict
+    session: PendingSession, outcome: Outcome, position: int, verdict: Verdict
 ) -> Decision:
     return Decision(session.id, outcome, position, verdict.code, verdict.message)
 
@@ -119,6 +121,6 @@ def _shortage(snapshot: GroupSnapshot, chooser: AgentChooser, request: Request) 
     )
 
 
-def _label(session: SessionWithKernels) -> str:
+def _label(session: PendingSession) -> str:
     short = str(session.id)[:8]
     return f"{session.name} ({short})" if session.name else short

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from corral.domain.session import SessionWithKernels
+from corral.domain.session import PendingSession
 from corral.scheduler.types import Int64Array
 
 
@@ -35,21 +35,21 @@ class RequestCache:
         self.slot_index = slot_index
         self._known: dict[tuple[object, ...], Request] = {}
 
-    def get(self, session: SessionWithKernels) -> Request:
+    def get(self, session: PendingSession) -> Request:
         """The request of `session`, built once per distinct shape."""
-        key = (session.cluster_mode, *(tuple(k.requested_slots.items()) for k in session.kernels))
+        key = (session.cluster_mode, *(tuple(slots.items()) for slots in session.kernel_slots))
         found = self._known.get(key)
         if found is None:
             found = self._known[key] = session_request(session, self.slot_index)
         return found
 
 
-def session_request(session: SessionWithKernels, slot_index: Mapping[str, int]) -> Request:
+def session_request(session: PendingSession, slot_index: Mapping[str, int]) -> Request:
     """Build the request vectors of `session` for a pool with columns `slot_index`."""
-    per_kernel = np.zeros((len(session.kernels), len(slot_index)), dtype=np.int64)
+    per_kernel = np.zeros((session.cluster_size, len(slot_index)), dtype=np.int64)
     unknown: list[str] = []
-    for row, kernel in enumerate(session.kernels):
-        for name, amount in kernel.requested_slots.items():
+    for row, slots in enumerate(session.kernel_slots):
+        for name, amount in slots.items():
             if amount <= 0:
                 continue
             column = slot_index.get(name)

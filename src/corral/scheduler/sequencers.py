@@ -18,7 +18,7 @@ from datetime import datetime
 import numpy as np
 
 from corral.domain.resource_group import Sequencer
-from corral.domain.session import SessionWithKernels
+from corral.domain.session import PendingSession
 from corral.domain.types import SessionId, UserId
 from corral.scheduler.types import AgentPool, OwnerUsage
 
@@ -27,23 +27,23 @@ _DrfEntry = tuple[float, int, datetime, UserId]
 
 
 def order_sessions(
-    pending: Sequence[SessionWithKernels],
+    pending: Sequence[PendingSession],
     sequencer: Sequencer,
     *,
     usage: Mapping[UserId, OwnerUsage],
     group_capacity: Mapping[str, int],
-) -> list[SessionWithKernels]:
+) -> list[PendingSession]:
     """Order `pending` by priority (higher first), then by `sequencer` within each priority.
 
     `usage` is what each owner holds in the group now; `group_capacity` is the total capacity
     per slot of the group's usable agents (milli-units). Both only matter to DRF. Pure and
     deterministic: the same input always gives the same order.
     """
-    levels: dict[int, list[SessionWithKernels]] = {}
+    levels: dict[int, list[PendingSession]] = {}
     for session in pending:
         levels.setdefault(session.priority, []).append(session)
     drf = _DrfLedger(usage, group_capacity) if sequencer is Sequencer.DRF else None
-    ordered: list[SessionWithKernels] = []
+    ordered: list[PendingSession] = []
     for priority in sorted(levels, reverse=True):
         level = levels[priority]
         if drf is not None:
@@ -55,12 +55,12 @@ def order_sessions(
     return ordered
 
 
-def oldest_first(sessions: Sequence[SessionWithKernels]) -> list[SessionWithKernels]:
+def oldest_first(sessions: Sequence[PendingSession]) -> list[PendingSession]:
     """FIFO: `created_at` ascending, ties broken by session id."""
     return sorted(sessions, key=_age)
 
 
-def newest_first(sessions: Sequence[SessionWithKernels]) -> list[SessionWithKernels]:
+def newest_first(sessions: Sequence[PendingSession]) -> list[PendingSession]:
     """LIFO: `created_at` descending, ties broken by session id (ascending)."""
     # Two stable sorts: id ascending survives the reversed sort on created_at.
     by_id = sorted(sessions, key=lambda s: s.id)
@@ -81,7 +81,7 @@ def dominant_share(held: Mapping[str, int], capacity: Mapping[str, int]) -> floa
     )
 
 
-def _age(session: SessionWithKernels) -> tuple[datetime, SessionId]:
+def _age(session: PendingSession) -> tuple[datetime, SessionId]:
     return (session.created_at, session.id)
 
 
@@ -97,14 +97,14 @@ class _DrfLedger:
         self._held = {owner: dict(u.slots) for owner, u in usage.items()}
         self._sessions = {owner: u.sessions for owner, u in usage.items()}
 
-    def order(self, level: Sequence[SessionWithKernels]) -> list[SessionWithKernels]:
+    def order(self, level: Sequence[PendingSession]) -> list[PendingSession]:
         """DRF within one priority: O(n log owners), one heap entry per owner with sessions left."""
-        queues: dict[UserId, deque[SessionWithKernels]] = {}
+        queues: dict[UserId, deque[PendingSession]] = {}
         for session in oldest_first(level):
             queues.setdefault(session.owner_id, deque()).append(session)
         heap = [self._entry(owner, queue[0]) for owner, queue in queues.items()]
         heapq.heapify(heap)
-        ordered: list[SessionWithKernels] = []
+        ordered: list[PendingSession] = []
         while heap:
             owner = heapq.heappop(heap)[-1]
             queue = queues[owner]
@@ -116,13 +116,13 @@ class _DrfLedger:
                 heapq.heappush(heap, self._entry(owner, queue[0]))
         return ordered
 
-    def _entry(self, owner: UserId, next_session: SessionWithKernels) -> _DrfEntry:
+    def _entry(self, owner: UserId, next_session: PendingSession) -> _DrfEntry:
         # Ties: fewer sessions held (now plus queued), then the older next session, then owner.
         share = dominant_share(self._held.get(owner, {}), self._capacity)
         held_sessions = self._sessions.get(owner, 0)
         return (share, held_sessions, next_session.created_at, owner)
 
-    def _charge(self, owner: UserId, session: SessionWithKernels) -> None:
+    def _charge(self, owner: UserId, session: PendingSession) -> None:
         held = self._held.setdefault(owner, {})
         for name, amount in session.requested_total().items():
             held[name] = held.get(name, 0) + amount

@@ -8,7 +8,7 @@ from datetime import datetime
 import numpy as np
 
 from corral.domain.resource_group import ResourceGroupOptions, Sequencer
-from corral.domain.session import SessionWithKernels
+from corral.domain.session import PendingSession, SessionWithKernels
 from corral.domain.status import SessionStatus
 from corral.domain.types import AgentId, UserId
 from corral.scheduler.types import AgentPool, DependencyState, GroupSnapshot, OwnerUsage
@@ -45,10 +45,15 @@ async def load_snapshot(
         options = ResourceGroupOptions.model_validate(await read_group_options(conn, group))
         if pending is None:
             candidates = await read_candidates(
-                conn, group, now, limit=limit, newest_first=options.sequencer is Sequencer.LIFO
+                conn,
+                db.dialect,
+                group,
+                now,
+                limit=limit,
+                newest_first=options.sequencer is Sequencer.LIFO,
             )
         else:
-            candidates = [s for s in pending if is_candidate(s, group, now)]
+            candidates = [PendingSession.of(s) for s in pending if is_candidate(s, group, now)]
         pool = build_pool(await read_agent_slots(conn, group))
         counts: dict[UserId, int] = {}
         slots: dict[UserId, dict[str, int]] = {}
@@ -76,7 +81,7 @@ async def load_snapshot(
     )
 
 
-def is_candidate(session: SessionWithKernels, group: str, now: datetime) -> bool:
+def is_candidate(session: SessionWithKernels | PendingSession, group: str, now: datetime) -> bool:
     """Whether `session` may be placed in `group` at `now`: what `read_candidates` selects."""
     return (
         session.status is SessionStatus.PENDING

@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from corral.domain.resource_group import ResourceGroupOptions
-from corral.domain.session import SessionWithKernels
+from corral.domain.session import PendingSession
 from corral.domain.status import SessionStatus
 from corral.domain.types import AgentId, SessionId, UserId
 from corral.store.placements import SessionPlacement
@@ -68,7 +68,7 @@ class GroupSnapshot:
 
     group: str
     options: ResourceGroupOptions
-    pending: list[SessionWithKernels]  # candidates only: due, active, PENDING
+    pending: list[PendingSession]  # candidates only: due, active, PENDING
     agents: AgentPool
     usage: dict[UserId, OwnerUsage]
     dependencies: dict[SessionId, list[DependencyState]]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from corral.domain.session import SessionWithKernels
+from corral.domain.session import PendingSession
 from corral.domain.slots import ResourceSlots
 from corral.domain.status import SESSION_TERMINAL, SessionStatus
 from corral.domain.types import UserId
@@ -72,7 +72,7 @@ class ValidationContext:
     def group(self) -> str:
         return self.snapshot.group
 
-    def add_placed(self, session: SessionWithKernels, request: Request) -> None:
+    def add_placed(self, session: PendingSession, request: Request) -> None:
         """Count a session placed in this pass against its owner's live usage.
 
         The slot tally is only kept when a slot limit applies: nothing else reads it.
@@ -90,12 +90,10 @@ class ValidationContext:
         return {names[i]: int(total[i]) for i in np.flatnonzero(total)}
 
 
-Validator = Callable[[SessionWithKernels, Request, ValidationContext], Verdict | None]
+Validator = Callable[[PendingSession, Request, ValidationContext], Verdict | None]
 
 
-def validate(
-    session: SessionWithKernels, request: Request, ctx: ValidationContext
-) -> Verdict | None:
+def validate(session: PendingSession, request: Request, ctx: ValidationContext) -> Verdict | None:
     """Run every validator in order; the first verdict wins; None: it may be placed."""
     for validator in VALIDATORS:
         verdict = validator(session, request, ctx)
@@ -105,7 +103,7 @@ def validate(
 
 
 def check_dependencies(
-    session: SessionWithKernels, request: Request, ctx: ValidationContext
+    session: PendingSession, request: Request, ctx: ValidationContext
 ) -> Verdict | None:
     """Every dependency must have ended successfully; one that never will fails the session."""
     waiting: list[DependencyState] = []
@@ -137,7 +135,7 @@ def check_dependencies(
 
 
 def check_agents_joined(
-    session: SessionWithKernels, request: Request, ctx: ValidationContext
+    session: PendingSession, request: Request, ctx: ValidationContext
 ) -> Verdict | None:
     """A group no agent has joined yet cannot judge any request: wait for agents."""
     if ctx.snapshot.agents.ids:
@@ -150,7 +148,7 @@ def check_agents_joined(
 
 
 def check_known_slots(
-    session: SessionWithKernels, request: Request, ctx: ValidationContext
+    session: PendingSession, request: Request, ctx: ValidationContext
 ) -> Verdict | None:
     """Every requested slot must be one some agent of the group offers."""
     if not request.unknown_slots:
@@ -164,7 +162,7 @@ def check_known_slots(
 
 
 def check_could_ever_fit(
-    session: SessionWithKernels, request: Request, ctx: ValidationContext
+    session: PendingSession, request: Request, ctx: ValidationContext
 ) -> Verdict | None:
     """The request must fit the group's registered agents when all of them are empty.
 
@@ -202,7 +200,7 @@ def check_could_ever_fit(
 
 
 def check_owner_limits(
-    session: SessionWithKernels, request: Request, ctx: ValidationContext
+    session: PendingSession, request: Request, ctx: ValidationContext
 ) -> Verdict | None:
     """The owner's per-group limits: a session over the slot limit alone fails, else it waits."""
     options = ctx.snapshot.options

@@ -10,13 +10,12 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.domain.results import SchedulingResult
 from corral.domain.session import MilliSlots
 from corral.domain.status import SESSION_TRANSITIONS, KernelStatus, SessionStatus
-from corral.domain.types import AgentId, KernelId, SessionId, UserId
+from corral.domain.types import AgentId, SessionId, UserId
 from corral.store._sql import id_batch, in_values
 from corral.store.agents import AGENT_ALIVE, Claim, apply_slot_deltas, fit_claims, lock_ledger
 from corral.store.database import Database, Dialect
@@ -32,83 +31,90 @@ OnCommitted = Callable[
 ]
 
 
-def _place_kernels(dialect: Dialect, placed: Sequence[KernelPlacement], now: datetime) -> sa.Update:
-    """One set-based UPDATE giving every placed kernel its agent and occupied slots.
+def _place_kernels(
+    dialect: Dialect, placed: Sequence[SessionPlacement], now: datetime
+) -> sa.Update:
+    """One set-based UPDATE giving every kernel of the placed sessions its agent and slots.
 
-    The per-kernel values travel as one parameter set (arrays on PostgreSQL, one JSON object on
-    SQLite) joined in `UPDATE ... FROM`, instead of one parameter row per kernel.
+    Kernels are found by (session, cluster index) and occupy what they requested. The agents
+    travel as one parameter set, not one parameter row per kernel: on PostgreSQL arrays of
+    (session, index, agent) joined in `UPDATE ... FROM unnest(...)`, on SQLite one JSON object
+    of each session's agents in index order. A kernel whose index the plan does not name is
+    left alone: the caller checks the count.
     """
-    kernel_key: sa.ColumnElement[Any]
+    index = kernels.c.cluster_index
+    where: sa.ColumnElement[bool]
     agent: sa.ColumnElement[Any]
-    slots: sa.ColumnElement[Any]
-    slots_json = _slots_json(placed)
     if dialect == "postgresql":
+        sids: list[SessionId] = []
+        indexes: list[int] = []
+        agent_ids: list[str] = []
+        for p in placed:
+            for k in _by_index(p):
+                sids.append(p.session_id)
+                indexes.append(k.cluster_index)
+                agent_ids.append(k.agent_id)
         rows = (
             sa.func.unnest(
-                sa.bindparam(
-                    None, [k.kernel_id for k in placed], type_=postgresql.ARRAY(sa.Uuid())
-                ),
-                sa.bindparam(
-                    None, [k.agent_id for k in placed], type_=postgresql.ARRAY(sa.String())
-                ),
-                sa.bindparam(None, slots_json, type_=postgresql.ARRAY(sa.String())),
+                sa.bindparam(None, sids, type_=postgresql.ARRAY(sa.Uuid())),
+                sa.bindparam(None, indexes, type_=postgresql.ARRAY(sa.Integer())),
+                sa.bindparam(None, agent_ids, type_=postgresql.ARRAY(sa.String())),
             )
-            .table_valued("kid", "agent", "slots")
+            .table_valued("sid", "index", "agent")
             .render_derived(name="placed")
         )
-        kernel_key = rows.c.kid
+        where = sa.and_(kernels.c.session_id == rows.c.sid, index == rows.c.index)
         agent = rows.c.agent
-        slots = sa.cast(rows.c.slots, JSONB)
     else:
         agent_json: dict[str, str] = {}
-        for k in placed:
-            if k.agent_id not in agent_json:
-                agent_json[k.agent_id] = json.dumps(k.agent_id)
-        # {kernel id hex: [agent, slots]}, joined from the pieces encoded once each.
-        rows_json = ",".join(
-            f'"{k.kernel_id.hex}":[{agent_json[k.agent_id]},{slots}]'
-            for k, slots in zip(placed, slots_json, strict=True)
+        for p in placed:
+            for k in p.kernels:
+                if k.agent_id not in agent_json:
+                    agent_json[k.agent_id] = json.dumps(k.agent_id)
+        # {session id hex: [agent of kernel 0, agent of kernel 1, ...]}
+        payload = (
+            "{"
+            + ",".join(
+                f'"{p.session_id.hex}":[{",".join(agent_json[k.agent_id] for k in _by_index(p))}]'
+                for p in placed
+            )
+            + "}"
         )
-        payload = "{" + rows_json + "}"
         each = sa.func.json_each(sa.bindparam(None, payload, type_=sa.String())).table_valued(
             "key", "value"
         )
-        kernel_key = each.c.key
-        agent = sa.func.json_extract(each.c.value, "$[0]")
-        slots = sa.func.json_extract(each.c.value, "$[1]")
+        where = sa.and_(
+            kernels.c.session_id == each.c.key, index < sa.func.json_array_length(each.c.value)
+        )
+        agent = sa.func.json_extract(each.c.value, sa.literal("$[").concat(index).concat("]"))
     return (
         kernels.update()
-        .where(kernels.c.id == kernel_key, kernels.c.status == KernelStatus.PENDING.value)
+        .where(where, kernels.c.status == KernelStatus.PENDING.value)
         .values(
             status=KernelStatus.SCHEDULED.value,
             status_changed_at=now,
             agent_id=agent,
-            occupied_slots=slots,
+            occupied_slots=kernels.c.requested_slots,
         )
     )
 
 
-def _slots_json(placed: Sequence[KernelPlacement]) -> list[str]:
-    """Each kernel's slots as JSON text, encoded once per distinct mapping.
-
-    A plan repeats a few request shapes, and the loader shares one mapping per shape; the
-    encoded value keeps its mapping alive, so an `id` cannot be reused while this runs.
-    """
-    encoded: dict[int, tuple[MilliSlots, str]] = {}
-    result: list[str] = []
-    for k in placed:
-        found = encoded.get(id(k.slots))
-        if found is None:
-            found = encoded[id(k.slots)] = (k.slots, json.dumps(dict(k.slots)))
-        result.append(found[1])
-    return result
+def _by_index(placement: SessionPlacement) -> Sequence[KernelPlacement]:
+    """The kernels of a placement in cluster-index order, checked to be exactly 0..n-1."""
+    ordered = sorted(placement.kernels, key=lambda k: k.cluster_index)
+    if [k.cluster_index for k in ordered] != list(range(len(ordered))):
+        raise ValueError(
+            f"placement of session {placement.session_id} names kernel indexes "
+            f"{[k.cluster_index for k in ordered]}, not 0..{len(ordered) - 1}"
+        )
+    return ordered
 
 
 @dataclass(frozen=True, slots=True)
 class KernelPlacement:
-    """One kernel on one agent, holding `slots` (milli-units)."""
+    """Kernel `cluster_index` of a session on one agent, holding `slots`: what it requested."""
 
-    kernel_id: KernelId
+    cluster_index: int
     agent_id: AgentId
     slots: MilliSlots
 
@@ -226,8 +232,13 @@ async def commit_placements(
                 phase_attempts=0,
             )
         )
-        placed_kernels = [k for p in plan if p.session_id in accepted_set for k in p.kernels]
-        await conn.execute(_place_kernels(dialect, placed_kernels, now))
+        placed_sessions = [p for p in plan if p.session_id in accepted_set]
+        moved = await conn.execute(_place_kernels(dialect, placed_sessions, now))
+        expected = sum(len(p.kernels) for p in placed_sessions)
+        if moved.rowcount != expected:
+            # Every kernel was checked PENDING under lock above; a plan naming too few or
+            # too many kernels of a session is a bug, and nothing of it may commit.
+            raise RuntimeError(f"placement moved {moved.rowcount} kernels, expected {expected}")
         await apply_slot_deltas(conn, deltas)
         await record_kernel_history(
             conn,

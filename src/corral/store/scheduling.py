@@ -12,13 +12,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from corral.domain.session import SessionWithKernels
+from corral.domain.session import PendingSession
 from corral.domain.status import SESSION_OCCUPYING, SessionStatus
 from corral.domain.types import AgentId, SessionId, UserId
 from corral.store._sql import in_param, payload, slot_entries
 from corral.store.agents import AGENT_ALIVE
 from corral.store.database import Dialect
-from corral.store.sessions import load_with_kernels, with_kernels
+from corral.store.sessions import load_pending, pending_view
 from corral.store.tables import (
     agent_slots,
     agents,
@@ -59,12 +59,13 @@ async def read_group_options(conn: AsyncConnection, group: str) -> dict[str, Any
 
 async def read_candidates(
     conn: AsyncConnection,
+    dialect: Dialect,
     group: str,
     now: datetime,
     *,
     limit: int | None = None,
     newest_first: bool = False,
-) -> list[SessionWithKernels]:
+) -> list[PendingSession]:
     """PENDING sessions of the group that may be placed now: due, not deactivated.
 
     With `limit`, the window is the first `limit` sessions in the group's order: priority
@@ -74,25 +75,27 @@ async def read_candidates(
     if limit is not None:
         params["limit"] = limit
     query = _candidates_query(limited=limit is not None, newest_first=newest_first)
-    return await load_with_kernels(conn, query, params)
+    return await load_pending(conn, dialect, query, params)
 
 
 @functools.cache
 def _candidates_query(*, limited: bool, newest_first: bool) -> sa.Select[Any]:
     now = sa.bindparam("now", type_=sessions.c.created_at.type)
-    due = sa.select(sessions.c.id).where(
-        sessions.c.status == SessionStatus.PENDING.value,
-        sessions.c.resource_group == sa.bindparam("group"),
-        sessions.c.requeue_active.is_(True),
-        sa.or_(sessions.c.requeue_at.is_(None), sessions.c.requeue_at <= now),
-        sa.or_(sessions.c.starts_at.is_(None), sessions.c.starts_at <= now),
-    )
-    if limited:
-        age = sessions.c.created_at.desc() if newest_first else sessions.c.created_at.asc()
-        due = due.order_by(sessions.c.priority.desc(), age, sessions.c.id).limit(
-            sa.bindparam("limit", type_=sa.Integer())
+    query = pending_view(
+        sa.and_(
+            sessions.c.status == SessionStatus.PENDING.value,
+            sessions.c.resource_group == sa.bindparam("group"),
+            sessions.c.requeue_active.is_(True),
+            sa.or_(sessions.c.requeue_at.is_(None), sessions.c.requeue_at <= now),
+            sa.or_(sessions.c.starts_at.is_(None), sessions.c.starts_at <= now),
         )
-    return with_kernels(sessions.c.id.in_(due.scalar_subquery()))
+    )
+    if not limited:
+        return query.order_by(sessions.c.created_at, sessions.c.id)
+    age = sessions.c.created_at.desc() if newest_first else sessions.c.created_at.asc()
+    return query.order_by(sessions.c.priority.desc(), age, sessions.c.id).limit(
+        sa.bindparam("limit", type_=sa.Integer())
+    )
 
 
 _AGENT_SLOTS = (

@@ -6,6 +6,7 @@ session. Status changes live in `store.status_changes`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import uuid
@@ -18,10 +19,17 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.domain.results import KernelMatchType
-from corral.domain.session import KernelIntent, KernelRecord, NewSession, SessionWithKernels
+from corral.domain.session import (
+    KernelIntent,
+    KernelRecord,
+    MilliSlots,
+    NewSession,
+    PendingSession,
+    SessionWithKernels,
+)
 from corral.domain.status import KERNEL_TERMINAL, KernelStatus, SessionStatus
 from corral.domain.types import AgentId, KernelId, SessionId, UserId
-from corral.store._sql import in_param, payload
+from corral.store._sql import in_param, in_values, payload
 from corral.store.agents import AGENT_ALIVE
 from corral.store.database import Database, Dialect
 from corral.store.status_changes import AppliedChanges, StatusChange, apply_changes
@@ -397,6 +405,97 @@ async def load_with_kernels(
     if head is not None:
         result.append(SessionWithKernels(**head, kernels=tuple(session_kernels)))
     return result
+
+
+def pending_view(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
+    """The sessions matching `where` as placement sees them (`load_pending`): one row each.
+
+    A row carries kernel 0's request and whether any other kernel asks something else; the
+    kernels' own rows are read only for such a session (none today: every kernel of a session
+    is created with the same request).
+    """
+    first_kernel = kernels.alias("first_kernel")
+    s, first, other = sessions.c, first_kernel.c, kernels.alias("other_kernel").c
+    mixed = sa.exists().where(
+        other.session_id == s.id,
+        other.cluster_index > 0,
+        sa.cast(other.requested_slots, sa.Text) != sa.cast(first.requested_slots, sa.Text),
+    )
+    return (
+        sa.select(
+            _raw(s.id),
+            s.name,
+            _raw(s.owner_id),
+            s.priority,
+            s.resource_group,
+            s.cluster_mode,
+            s.cluster_size,
+            s.status,
+            _raw(s.created_at),
+            _raw(s.starts_at),
+            _raw(s.requeue_at),
+            _raw(s.requeue_active),
+            sa.cast(s.failed_agents, sa.Text),
+            sa.cast(first.requested_slots, sa.Text),
+            mixed,
+        )
+        .select_from(
+            sessions.join(
+                first_kernel, sa.and_(first.session_id == s.id, first.cluster_index == 0)
+            )
+        )
+        .where(where)
+    )
+
+
+_KERNEL_REQUESTS = sa.select(
+    kernels.c.session_id, kernels.c.cluster_index, kernels.c.requested_slots
+).order_by(kernels.c.session_id, kernels.c.cluster_index)
+
+
+async def load_pending(
+    conn: AsyncConnection, dialect: Dialect, statement: sa.Select[Any], params: Mapping[str, Any]
+) -> list[PendingSession]:
+    """Sessions for placement: the rows of a `pending_view` statement, run with `params`."""
+    rows = (await conn.execute(statement, dict(params))).all()
+    decode = _decoders(conn.dialect)
+    to_uuid, owner = decode.uuid, _memoised(decode.uuid)
+    load_time, load_json, load_bool = _memoised(decode.time), _memoised(json.loads), decode.bool
+    mixed: list[SessionId] = []
+    result: list[PendingSession] = []
+    for row in rows:
+        sid = SessionId(to_uuid(row[0]))
+        if row[14]:
+            mixed.append(sid)
+        result.append(
+            PendingSession(
+                id=sid,
+                name=row[1],
+                owner_id=UserId(owner(row[2])),
+                priority=row[3],
+                resource_group=row[4],
+                cluster_mode=row[5],
+                status=_SESSION_STATUSES[row[7]],
+                created_at=load_time(row[8]),
+                starts_at=load_time(row[9]),
+                requeue_at=load_time(row[10]),
+                requeue_active=load_bool(row[11]),
+                failed_agents=tuple(AgentId(a) for a in load_json(row[12])),
+                kernel_slots=(load_json(row[13]),) * row[6],
+            )
+        )
+    if not mixed:
+        return result
+    each: dict[SessionId, list[MilliSlots]] = {}
+    kernel_rows = await conn.execute(
+        _KERNEL_REQUESTS.where(in_values(dialect, kernels.c.session_id, mixed))
+    )
+    for sid, _, slots in kernel_rows:
+        each.setdefault(SessionId(sid), []).append(slots)
+    return [
+        dataclasses.replace(p, kernel_slots=tuple(each[p.id])) if p.id in each else p
+        for p in result
+    ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from corral.store.agents import NewAgent, insert_agents, read_ledger
 from corral.store.database import Database
 from corral.store.placements import PHASE
 from corral.store.sessions import SessionRepository
+from corral.store.tables import kernels
 from tests.integration.store._factories import (
     NOW,
     add_agents,
@@ -373,3 +374,33 @@ async def test_limited_pass_takes_its_window_in_the_groups_order(db: Database) -
     result = await schedule_group(db, "default", LATER, limit=1)
 
     assert result.committed.placed == [ids[-1]]
+
+
+async def test_kernels_asking_different_amounts_are_each_placed_by_their_own_request(
+    db: Database,
+) -> None:
+    """A session whose kernels' requests differ is read kernel by kernel, and fits as such.
+
+    Sessions are created with one request for all kernels; this one is changed in the store
+    so that kernel 1 asks six times what kernel 0 asks.
+    """
+    owner = await add_user(db)
+    agents = await add_agents(db, [{"cpu": 7000}, {"cpu": 7000}])
+    [mixed, uniform] = await add_sessions(db, owner, [(2, {"cpu": 1000}), (2, {"cpu": 1000})])
+    async with db.transaction() as conn:
+        await conn.execute(
+            kernels.update()
+            .where(kernels.c.session_id == mixed.id, kernels.c.cluster_index == 1)
+            .values(requested_slots={"cpu": 6000})
+        )
+    await update_sessions(db, [mixed.id], priority=1)
+
+    result = await schedule_group(db, "default", LATER)
+
+    assert sorted(result.committed.placed) == sorted([mixed.id, uniform.id])
+    found = await assert_slots_consistent(db, agents, [mixed.id, uniform.id])
+    by_id = {s.id: s for s in found}
+    assert [k.occupied_slots for k in by_id[mixed.id].kernels] == [{"cpu": 1000}, {"cpu": 6000}]
+    assert len({k.agent_id for k in by_id[mixed.id].kernels}) == 2
+    ledger = await read_ledger(db)
+    assert sum(ledger[a]["cpu"][1] for a in agents) == 9000

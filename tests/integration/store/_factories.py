@@ -134,7 +134,7 @@ def placement(session: SessionWithKernels, agent_ids: Sequence[AgentId]) -> Sess
     return SessionPlacement(
         session.id,
         tuple(
-            KernelPlacement(k.id, agent, k.requested_slots)
+            KernelPlacement(k.cluster_index, agent, k.requested_slots)
             for k, agent in zip(session.kernels, agent_ids, strict=True)
         ),
     )

@@ -222,3 +222,44 @@ async def test_placing_a_session_whose_kernel_ended_charges_no_phantom_slots(db:
     outcome = await commit_placements(db, [placement(session, [second])], NOW)
     assert outcome.stale == [session.id] and outcome.placed == []
     await assert_slots_consistent(db, agents, [session.id])
+
+
+async def test_each_kernel_gets_the_agent_of_its_cluster_index(db: Database) -> None:
+    """Kernel i of a multi-node session goes to the agent the plan names for index i."""
+    repo = SessionRepository(db)
+    [sid] = await add_session_ids(db, await add_user(db), 1, cluster_size=3, cpu_milli=1000)
+    names = [AgentId("a1"), AgentId("a2"), AgentId("a3")]
+    await insert_agents(db, [NewAgent(a, "h", {"cpu": 4000}) for a in names], NOW)
+    [session] = await repo.get([sid])
+    # The plan lists the kernels out of order; each must still land by its own index.
+    shuffled = placement(session, [names[2], names[0], names[1]])
+    reordered = type(shuffled)(sid, tuple(reversed(shuffled.kernels)))
+    outcome = await commit_placements(db, [reordered], NOW)
+    assert outcome.placed == [sid]
+    [after] = await repo.get([sid])
+    assert [(k.cluster_index, k.agent_id) for k in after.kernels] == [
+        (0, "a3"),
+        (1, "a1"),
+        (2, "a2"),
+    ]
+    assert all(k.occupied_slots == k.requested_slots for k in after.kernels)
+
+
+async def test_a_plan_naming_kernel_indexes_the_session_lacks_writes_nothing(
+    db: Database,
+) -> None:
+    """Indexes must be exactly 0..n-1: anything else is refused before a row is written."""
+    repo = SessionRepository(db)
+    [sid] = await add_session_ids(db, await add_user(db), 1, cluster_size=2, cpu_milli=1000)
+    await insert_agents(db, [NewAgent(AgentId("a1"), "h", {"cpu": 4000})], NOW)
+    [session] = await repo.get([sid])
+    good = placement(session, [AgentId("a1"), AgentId("a1")])
+    wrong = type(good)(
+        sid, (good.kernels[0], type(good.kernels[1])(5, AgentId("a1"), {"cpu": 1000}))
+    )
+    with pytest.raises(ValueError, match="kernel indexes"):
+        await commit_placements(db, [wrong], NOW)
+    [after] = await repo.get([sid])
+    assert after.status is SessionStatus.PENDING
+    assert all(k.status is KernelStatus.PENDING and k.agent_id is None for k in after.kernels)
+    assert (await read_ledger(db))["a1"]["cpu"] == [4000, 0]

@@ -210,12 +210,14 @@ async def test_guarded_changes_only_follow_the_transition_tables(
     ]
     outcome = await commit_placements(db, plan, NOW)
     assert sorted(outcome.placed) == sorted(to_place)
-    placed = {k.kernel_id: (k.agent_id, k.slots) for p in plan for k in p.kernels}
+    placed = {
+        (p.session_id, k.cluster_index): (k.agent_id, k.slots) for p in plan for k in p.kernels
+    }
     model = StatusModel(
         sessions={s.id: S.SCHEDULED if s.id in to_place else S.PENDING for s in created},
         kernels={
-            k.id: (s.id, K.SCHEDULED, *placed[k.id])
-            if k.id in placed
+            k.id: (s.id, K.SCHEDULED, *placed[s.id, k.cluster_index])
+            if (s.id, k.cluster_index) in placed
             else (s.id, K.PENDING, None, None)
             for s in created
             for k in s.kernels

@@ -13,9 +13,9 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 
 from corral.domain.resource_group import ResourceGroupOptions
-from corral.domain.session import KernelRecord, SessionWithKernels
-from corral.domain.status import KernelStatus, SessionStatus
-from corral.domain.types import AgentId, KernelId, SessionId, UserId
+from corral.domain.session import PendingSession
+from corral.domain.status import SessionStatus
+from corral.domain.types import AgentId, SessionId, UserId
 from corral.scheduler.types import (
     AgentPool,
     DependencyState,
@@ -46,31 +46,6 @@ def at(created: float | datetime) -> datetime:
     return created if isinstance(created, datetime) else T0 + timedelta(seconds=created)
 
 
-def kernel(
-    sid: SessionId,
-    index: int = 0,
-    *,
-    slots: Mapping[str, int] | None = None,
-    status: KernelStatus = KernelStatus.PENDING,
-    agent: str | None = None,
-    changed: float | datetime = 0,
-) -> KernelRecord:
-    """One kernel of session `sid`, requesting `slots` (default one cpu)."""
-    return KernelRecord(
-        id=KernelId(uuid.uuid4()),
-        session_id=sid,
-        cluster_role="main" if index == 0 else "sub",
-        cluster_index=index,
-        agent_id=None if agent is None else AgentId(agent),
-        status=status,
-        status_changed_at=at(changed),
-        requested_slots=dict(slots if slots is not None else {"cpu": CPU}),
-        occupied_slots=None,
-        exit_code=None,
-        failure_cause=None,
-    )
-
-
 def session(
     *,
     id: int | SessionId | None = None,
@@ -85,41 +60,30 @@ def session(
     status: SessionStatus = SessionStatus.PENDING,
     group: str = "default",
     name: str | None = None,
-) -> SessionWithKernels:
+) -> PendingSession:
     """A session of `kernels` kernels, each requesting `slots` (default one cpu).
 
     `per_kernel` gives each kernel its own request instead (and sets the kernel count).
     """
-    sid = session_id(id)
     requests = (
         list(per_kernel)
         if per_kernel is not None
         else [slots if slots is not None else {"cpu": CPU}] * kernels
     )
-    created_at = at(created)
-    return SessionWithKernels(
-        id=sid,
+    return PendingSession(
+        id=session_id(id),
         name=name,
         owner_id=user(owner),
-        type="BATCH",
         priority=priority,
         resource_group=group,
         cluster_mode=mode,
-        cluster_size=len(requests),
         status=status,
-        status_info=None,
-        status_changed_at=created_at,
-        created_at=created_at,
+        created_at=at(created),
         starts_at=None,
         requeue_at=None,
         requeue_active=True,
-        phase=None,
-        phase_attempts=0,
         failed_agents=tuple(AgentId(a) for a in failed_agents),
-        creation_id=None,
-        kernels=tuple(
-            kernel(sid, i, slots=request, changed=created_at) for i, request in enumerate(requests)
-        ),
+        kernel_slots=tuple(dict(request) for request in requests),
     )
 
 
@@ -174,7 +138,7 @@ def dependency(
 
 def snapshot(
     *,
-    pending: Sequence[SessionWithKernels] = (),
+    pending: Sequence[PendingSession] = (),
     agents: AgentPool | None = None,
     usage: Mapping[int, OwnerUsage] | Mapping[UserId, OwnerUsage] | None = None,
     dependencies: Mapping[SessionId, Sequence[DependencyState]] | None = None,

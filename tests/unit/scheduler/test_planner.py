@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import pytest
 
 from corral.domain.resource_group import Ordering, ResourceGroupOptions, Selector
-from corral.domain.session import SessionWithKernels
+from corral.domain.session import PendingSession
 from corral.domain.status import SessionStatus
 from corral.domain.types import SessionId
 from corral.scheduler import validators as v
@@ -31,7 +31,7 @@ def _s(
     owner: int = 1,
     priority: int = 0,
     failed_agents: Sequence[str] = (),
-) -> SessionWithKernels:
+) -> PendingSession:
     """A session labelled `name`, created `created` s after T0, `kernels` kernels of `cpus` cpus."""
     return session(
         id=created + 1,
@@ -47,7 +47,7 @@ def _s(
 
 
 def _plan(
-    pending: Sequence[SessionWithKernels],
+    pending: Sequence[PendingSession],
     agents: AgentPool,
     *,
     deps: Mapping[str, Sequence[DependencyState]] | None = None,
@@ -65,16 +65,16 @@ def _plan(
     )
 
 
-def _names(pending: Sequence[SessionWithKernels]) -> dict[SessionId, str]:
+def _names(pending: Sequence[PendingSession]) -> dict[SessionId, str]:
     return {s.id: str(s.name) for s in pending}
 
 
-def _outcomes(plan: Plan, pending: Sequence[SessionWithKernels]) -> dict[str, tuple[Outcome, str]]:
+def _outcomes(plan: Plan, pending: Sequence[PendingSession]) -> dict[str, tuple[Outcome, str]]:
     names = _names(pending)
     return {names[sid]: (d.outcome, d.code) for sid, d in plan.decisions.items()}
 
 
-def _agents_of(plan: Plan, pending: Sequence[SessionWithKernels]) -> dict[str, list[str]]:
+def _agents_of(plan: Plan, pending: Sequence[PendingSession]) -> dict[str, list[str]]:
     names = _names(pending)
     return {names[p.session_id]: [str(k.agent_id) for k in p.kernels] for p in plan.placements}
 
@@ -155,9 +155,8 @@ def test_cluster_sessions_place_all_kernels_or_none(
         assert _outcomes(plan, pending)["s"] == (WAITING, NO_CAPACITY)
     else:
         placement = plan.placements[0]
-        kernels = pending[0].kernels
-        assert [k.kernel_id for k in placement.kernels] == [k.id for k in kernels]
-        assert [k.slots for k in placement.kernels] == [k.requested_slots for k in kernels]
+        assert [k.cluster_index for k in placement.kernels] == [0, 1]
+        assert [k.slots for k in placement.kernels] == list(pending[0].kernel_slots)
 
 
 @pytest.mark.parametrize("mode", ["single-node", "multi-node"])

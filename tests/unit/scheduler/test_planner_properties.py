@@ -14,7 +14,7 @@ from corral.domain.resource_group import (
     Selector,
     Sequencer,
 )
-from corral.domain.session import SessionWithKernels
+from corral.domain.session import PendingSession
 from corral.domain.slots import ResourceSlots
 from corral.domain.status import SessionStatus
 from corral.scheduler.planner import NO_CAPACITY, WAITING_BEHIND, place_sessions
@@ -90,7 +90,7 @@ def _draw_agents(draw: st.DrawFn) -> AgentPool:
     return pool(capacity, occupied=occupied, usable=usable)
 
 
-def _draw_session(draw: st.DrawFn, n: int, agents: AgentPool) -> SessionWithKernels:
+def _draw_session(draw: st.DrawFn, n: int, agents: AgentPool) -> PendingSession:
     """Session `n`: random owner, priority, age, 1-4 kernels (equal or not), some failed agents."""
     names, k = agents.slot_names, len(agents.slot_names)
     size = draw(_CLUSTER_SIZE)
@@ -160,7 +160,7 @@ def _apply(agents: AgentPool, plan: Plan) -> Int64Array:
 
 def _placed_in_order(
     snap: GroupSnapshot, plan: Plan
-) -> Iterator[tuple[SessionWithKernels, Outcome, str, Int64Array]]:
+) -> Iterator[tuple[PendingSession, Outcome, str, Int64Array]]:
     """Replay the plan: each session in order, its outcome and code, and the free space it saw."""
     by_id = {s.id: s for s in snap.pending}
     placements = {p.session_id: p for p in plan.placements}
@@ -202,8 +202,8 @@ def test_a_placed_session_has_every_kernel_placed_once(snap: GroupSnapshot) -> N
     for placement in plan.placements:
         s = by_id[placement.session_id]
         assert len(placement.kernels) == s.cluster_size
-        assert [k.kernel_id for k in placement.kernels] == [k.id for k in s.kernels]
-        assert [k.slots for k in placement.kernels] == [k.requested_slots for k in s.kernels]
+        assert [k.cluster_index for k in placement.kernels] == list(range(s.cluster_size))
+        assert [k.slots for k in placement.kernels] == list(s.kernel_slots)
         if s.cluster_mode == "single-node":
             assert len({k.agent_id for k in placement.kernels}) == 1
 
@@ -273,7 +273,7 @@ def test_no_capacity_is_only_reported_when_nothing_fits(snap: GroupSnapshot) -> 
     agents = snap.agents
     placements = {p.session_id: p for p in plan.placements}
     for s, outcome, code, free in _placed_in_order(snap, plan):
-        needs = [_vector(k.requested_slots, agents) for k in s.kernels]
+        needs = [_vector(slots, agents) for slots in s.kernel_slots]
         failed = np.isin(np.array(agents.ids, dtype=object), list(s.failed_agents))
         if s.cluster_mode == "single-node":
             total = sum(needs, np.zeros_like(needs[0]))

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from corral.domain.resource_group import Sequencer
-from corral.domain.session import SessionWithKernels
+from corral.domain.session import PendingSession
 from corral.domain.types import UserId
 from corral.scheduler.sequencers import (
     dominant_share,
@@ -26,7 +26,7 @@ A, B, C = 1, 2, 3
 
 
 def _order(
-    sessions: Sequence[SessionWithKernels],
+    sessions: Sequence[PendingSession],
     sequencer: Sequencer,
     *,
     held: Mapping[int, OwnerUsage] | None = None,
@@ -78,7 +78,7 @@ AGE_CASES = [
 
 @pytest.mark.parametrize(("sessions", "fifo", "lifo"), AGE_CASES)
 def test_fifo_and_lifo_order_by_age_within_each_priority(
-    sessions: list[SessionWithKernels], fifo: list[str], lifo: list[str]
+    sessions: list[PendingSession], fifo: list[str], lifo: list[str]
 ) -> None:
     """FIFO is oldest first, LIFO newest first, both after priority, ties by session id."""
     assert _order(sessions, Sequencer.FIFO) == fifo
@@ -205,7 +205,7 @@ DRF_CASES = [
 
 @pytest.mark.parametrize(("sessions", "held", "capacity", "expected"), DRF_CASES)
 def test_drf_serves_the_owner_with_the_lowest_dominant_share(
-    sessions: list[SessionWithKernels],
+    sessions: list[PendingSession],
     held: dict[int, OwnerUsage],
     capacity: dict[str, int],
     expected: list[str],

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from corral.domain.resource_group import ResourceGroupOptions
-from corral.domain.session import SessionWithKernels
+from corral.domain.session import PendingSession
 from corral.domain.slots import ResourceSlots
 from corral.domain.status import SessionStatus
 from corral.domain.types import SessionId
@@ -46,7 +46,7 @@ def _agents() -> AgentPool:
 
 
 def _check(
-    s: SessionWithKernels, snap: GroupSnapshot, ctx: ValidationContext | None = None
+    s: PendingSession, snap: GroupSnapshot, ctx: ValidationContext | None = None
 ) -> Verdict | None:
     ctx = ctx or ValidationContext.build(snap)
     return validate(s, session_request(s, snap.agents.slot_index), ctx)
@@ -230,7 +230,7 @@ _MULTI = "multi-node"
         pytest.param(session(slots={}, kernels=50, mode=_MULTI), True, id="multi-asks-nothing"),
     ],
 )
-def test_could_ever_fit(s: SessionWithKernels, expected: bool) -> None:
+def test_could_ever_fit(s: PendingSession, expected: bool) -> None:
     """A request must fit empty agents: one agent for single-node, sharing for multi-node."""
     verdict = _check(s, snapshot(agents=_agents()))
     assert _kind_code(verdict) == (None if expected else (FAIL, v.REQUEST_TOO_LARGE))
