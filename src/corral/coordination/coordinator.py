@@ -36,7 +36,6 @@ from corral.handlers.sessions.start import StartSessions
 from corral.handlers.sessions.terminate import TerminateSessions
 from corral.infra.events import EventBus
 from corral.infra.hints import HintBus
-from corral.store._sql import in_values
 from corral.store.database import Database
 from corral.store.events import append_session_moves
 from corral.store.sessions import SessionRepository
@@ -69,6 +68,8 @@ _HINTS: Mapping[str, Hint] = {
 # Runs of these write agents' desired state (and may have re-asked for a failed stage).
 _ASKS_AGENTS = frozenset({PrepareSessions.name(), StartSessions.name(), TerminateSessions.name()})
 
+
+_GROUP_OPTIONS = sa.select(resource_groups.c.name, resource_groups.c.options)
 
 _PLACED_EVENTS: ContextVar[list[Event] | None] = ContextVar("placed_events", default=None)
 
@@ -118,15 +119,18 @@ class SessionCoordinator:
         """One run of a lifecycle handler over all its current targets."""
         started = time.perf_counter()
         name = handler.name()
-        group_limits: _GroupLimits | None = None
-        if handler.watched_session_statuses:
-            # Every group's limits: they say which watched sessions may have expired.
-            group_limits = await self._group_limits(name)
-            targets = await self._needing_attention(handler, group_limits)
-        else:
-            targets = await self.repository.load(
-                handler.target_session_statuses, kernel_statuses=handler.target_kernel_statuses
-            )
+        # One read: every group's limits (for a watching handler they say which sessions may
+        # have expired; for the judge, each session's) and the handler's targets.
+        async with self.db.read() as conn:
+            group_limits = await self._group_limits(conn, name)
+            if handler.watched_session_statuses:
+                targets = await self._needing_attention(conn, handler, group_limits)
+            else:
+                targets = await self.repository.load(
+                    handler.target_session_statuses,
+                    kernel_statuses=handler.target_kernel_statuses,
+                    conn=conn,
+                )
         if not targets:
             return TaskRun(name)
         placed_events: list[Event] = []
@@ -138,8 +142,6 @@ class SessionCoordinator:
         finally:
             _PLACED_EVENTS.reset(token)
         now = self.clock()
-        if group_limits is None:
-            group_limits = await self._group_limits(name, {s.resource_group for s in targets})
         by_group, default = group_limits
 
         def limits(session: SessionWithKernels) -> PhaseLimits:
@@ -253,7 +255,7 @@ class SessionCoordinator:
             await self.events.publish(events)
 
     async def _needing_attention(
-        self, handler: LifecycleHandler, group_limits: _GroupLimits
+        self, conn: AsyncConnection, handler: LifecycleHandler, group_limits: _GroupLimits
     ) -> list[SessionWithKernels]:
         """The handler's targets; in its watched statuses, only the sessions that need it."""
         by_group, default = group_limits
@@ -264,18 +266,17 @@ class SessionCoordinator:
         ]
         expiring_before = self.clock() - timedelta(seconds=min(timeouts)) if timeouts else None
         return await self.repository.load_needing_attention(
-            handler.target_session_statuses, handler.watched_session_statuses, expiring_before
+            handler.target_session_statuses,
+            handler.watched_session_statuses,
+            expiring_before,
+            conn=conn,
         )
 
-    async def _group_limits(self, phase: str, groups: set[str] | None = None) -> _GroupLimits:
+    async def _group_limits(self, conn: AsyncConnection, phase: str) -> _GroupLimits:
         """Limits per resource group for `phase`, where a group overrides the default; and
-        the default. `groups` None: every group."""
+        the default."""
         default = self.limits.get(phase, PhaseLimits())
-        query = sa.select(resource_groups.c.name, resource_groups.c.options)
-        if groups is not None:
-            query = query.where(in_values(self.db.dialect, resource_groups.c.name, groups))
-        async with self.db.read() as conn:
-            stored = {name: options for name, options in await conn.execute(query)}
+        stored = {name: options for name, options in await conn.execute(_GROUP_OPTIONS)}
         limits: dict[str, PhaseLimits] = {}
         for group, options in stored.items():
             override = ResourceGroupOptions.model_validate(options).phase_limits.get(phase)

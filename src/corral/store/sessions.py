@@ -60,10 +60,12 @@ class SessionRepository:
         kernel_statuses: Collection[KernelStatus] | None = None,
         resource_group: str | None = None,
         limit: int | None = None,
+        conn: AsyncConnection | None = None,
     ) -> list[SessionWithKernels]:
         """Sessions in `statuses` with all their kernels, oldest first, in one query.
 
         With `kernel_statuses`, only sessions that have at least one kernel in one of them.
+        With `conn`, read in the caller's transaction.
         """
         query = _load_query(
             tuple(sorted(s.value for s in statuses)),
@@ -76,28 +78,35 @@ class SessionRepository:
             params["group"] = resource_group
         if limit is not None:
             params["limit"] = limit
-        async with self.db.read() as conn:
+        if conn is not None:
             return await load_with_kernels(conn, query, params)
+        async with self.db.read() as own:
+            return await load_with_kernels(own, query, params)
 
     async def load_needing_attention(
         self,
         statuses: Collection[SessionStatus],
         watched: Collection[SessionStatus],
         expiring_before: datetime | None,
+        *,
+        conn: AsyncConnection | None = None,
     ) -> list[SessionWithKernels]:
         """Like `load`, but a session in `watched` only when something may have to be done.
 
         That is: a live kernel of it has a stage failure reported or is on an agent that is
         not ALIVE (or no longer known), or it entered its status before `expiring_before`
-        (None: it never expires). See `LifecycleHandler.watched_session_statuses`.
+        (None: it never expires). See `LifecycleHandler.watched_session_statuses`. With
+        `conn`, read in the caller's transaction.
         """
         acted = tuple(sorted(s.value for s in statuses if s not in watched))
         query = _attention_query(
             acted, tuple(sorted(s.value for s in watched)), timed=expiring_before is not None
         )
         params = {} if expiring_before is None else {"expiring_before": expiring_before}
-        async with self.db.read() as conn:
+        if conn is not None:
             return await load_with_kernels(conn, query, params)
+        async with self.db.read() as own:
+            return await load_with_kernels(own, query, params)
 
     async def get(self, session_ids: Collection[SessionId]) -> list[SessionWithKernels]:
         """The given sessions with their kernels (missing ids are left out)."""
@@ -440,9 +449,7 @@ def pending_view(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
             mixed,
         )
         .select_from(
-            sessions.join(
-                first_kernel, sa.and_(first.session_id == s.id, first.cluster_index == 0)
-            )
+            sessions.join(first_kernel, sa.and_(first.session_id == s.id, first.cluster_index == 0))
         )
         .where(where)
     )

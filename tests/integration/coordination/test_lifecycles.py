@@ -286,3 +286,32 @@ async def test_creating_expiry_takes_started_kernels_back_from_their_agents(db: 
     assert back.status is S.PENDING
     assert [(k.status, k.agent_id) for k in back.kernels] == [(K.PENDING, None)] * 2
     await assert_slots_consistent(db, c.agents, [sid])
+
+
+@pytest.mark.parametrize("handler", ["ScheduleNewSessions", "PrepareSessions"])
+async def test_a_lifecycle_run_reads_its_targets_and_limits_in_one_transaction(
+    db: Database, handler: str
+) -> None:
+    """Loading the targets and every group's limits is one read, whatever the handler kind.
+
+    PrepareSessions watches sessions (it needs the limits to find the expiring ones), the
+    scheduler does not; before the read was shared, each took a second transaction for the
+    limits. A run that places one session: that read, the scheduler's snapshot read and its
+    commit; a PrepareSessions run: that read, its check of the agents, and the transaction
+    asking the agent.
+    """
+    c = await make_cluster(db, [CPU4])
+    await c.submit()
+    if handler == "PrepareSessions":
+        assert await c.run("ScheduleNewSessions") == 1
+    begins: list[object] = []
+
+    def on_begin(conn: object) -> None:
+        begins.append(conn)
+
+    sa.event.listen(db.engine.sync_engine, "begin", on_begin)
+    try:
+        assert await c.run(handler) == 1
+    finally:
+        sa.event.remove(db.engine.sync_engine, "begin", on_begin)
+    assert len(begins) == 3
