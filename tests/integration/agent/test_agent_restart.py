@@ -247,4 +247,5 @@ async def test_a_left_kernel_the_manager_gave_up_on_is_killed(forgetful_node: No
     wrapper = node.record(kid).wrapper.pid
     await node.start()
     await eventually(lambda: process_gone(pid) and process_gone(wrapper), "the kernel killed")
-    assert not (node.work_dir(kid) / RECORD_FILE).exists()
+    record = node.work_dir(kid) / RECORD_FILE
+    await eventually(lambda: not record.exists(), "its record removed (after its cgroups)")
