@@ -34,14 +34,20 @@ WAITER = (
 
 
 @pytest.fixture
-async def pids() -> AsyncIterator[list[int]]:
-    """Process groups a test leaves behind on purpose: killed at teardown."""
+async def pids(tmp_path: Path) -> AsyncIterator[list[int]]:
+    """Process groups a test leaves behind on purpose: killed at teardown, with every kernel
+    still recorded under tmp_path (its wrapper and cgroups too), whether the test passed or not."""
     groups: list[int] = []
     yield groups
+    runtime = ProcessRuntime()
+    records = await runtime.find_left(tmp_path)
+    for left in records:
+        await runtime.discard(left)
     for pid in groups:
         if not process_gone(pid):
             os.killpg(pid, signal.SIGKILL)
-    await eventually(lambda: all(map(process_gone, groups)), f"{groups} to end")
+    wrappers = [left.wrapper.pid for left in records if isinstance(left, KernelRecord)]
+    await eventually(lambda: all(map(process_gone, groups + wrappers)), "left processes to end")
 
 
 async def start_left(tmp_path: Path, launch: KernelLaunch, pids: list[int]) -> ProcessKernel:
