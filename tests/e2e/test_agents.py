@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 
 import pytest
 
-from corral.domain.status import SessionStatus
+from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import KernelId
 from corral.store.kernel_logs import read_log
 from tests.e2e._cluster import live_cluster, poll
 
-S = SessionStatus
+S, K = SessionStatus, KernelStatus
 
 # Prints what a rank sees of its cluster as one JSON line.
 _WHO_AM_I = (
@@ -216,3 +218,46 @@ async def test_agents_reconnect_to_a_restarted_manager(database_url: str, tmp_pa
         await cluster.manager.parts.sessions.mark_terminate([running], "test")
         assert (await cluster.wait_status(running))["status"] == S.TERMINATED
         assert "agent.manager_unreachable" in cluster.agent_log("node-a")
+
+
+async def test_an_agent_restarted_after_leaving_adopts_its_running_kernel(
+    tmp_path: Path, sqlite_template: Path
+) -> None:
+    """`--on-shutdown leave`, SIGTERM, the same agent again: the kernel runs on and obeys it.
+
+    SQLite only: adoption is the agent's affair; the manager's backend plays no part in it.
+    """
+    database = tmp_path / "corral.db"
+    shutil.copyfile(sqlite_template, database)
+    async with live_cluster(f"sqlite:///{database}", tmp_path, heartbeat_timeout_s=30) as cluster:
+        cluster.start_agent("node-a", "cpu=2,mem=2g", "--on-shutdown", "leave")
+        await cluster.wait_agents_alive({"node-a"})
+        spec = {"image": "shell", "command": ["exec sleep 600"], "resources": {"cpu": 1}}
+        sid = await cluster.submit(**spec)
+        await cluster.wait_status(sid, {S.RUNNING})
+        (kernel,) = await cluster.kernels(sid)
+        pid = int(kernel["runtime_info"]["pid"])
+        try:
+            first = cluster.agents["node-a"]
+            first.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(first.wait, 30) == 0
+            assert _alive(pid), "the leave policy ended the kernel"
+
+            cluster.start_agent("node-a", "cpu=2,mem=2g")
+
+            async def adopted() -> bool:
+                return "agent.kernel_adopted" in cluster.agent_log("node-a")
+
+            await poll(adopted, what="the restarted agent to adopt the kernel")
+            (kernel,) = await cluster.kernels(sid)
+            assert (kernel["status"], kernel["failure_cause"]) == (K.RUNNING, None)
+            assert cluster.manager.parts is not None
+            await cluster.manager.parts.sessions.mark_terminate([sid], "test: terminate")
+            assert (await cluster.wait_status(sid))["status"] == S.TERMINATED
+
+            async def gone() -> bool:
+                return not _alive(pid)
+
+            await poll(gone, what=f"the adopted kernel {pid} to end")
+        finally:
+            await _reap(kernel["runtime_info"])

@@ -4,10 +4,17 @@ Reconciling compares the manager's desired kernels with the workers this agent r
 to prepare or run gets a worker (`kernel_worker.py`); a worker whose kernel left the assignment
 (re-scheduled elsewhere, ended by the manager) is stopped without a report, since the kernel is
 no longer this agent's; a kernel the manager believes running here that this agent does not know
-(it restarted) is reported lost. Reports go out in order and in batches through one shipper,
-retried with backoff while the manager is away. On SIGTERM the agent stops taking work and,
-by policy, stops its kernels and reports them (`stop`, the default) or leaves them running for
-the manager to declare lost after the heartbeat timeout (`leave`).
+is reported lost. Reports go out in order and in batches through one shipper, retried with
+backoff while the manager is away. On SIGTERM the agent stops taking work and, by policy, stops
+its kernels and reports them (`stop`, the default) or leaves them running (`leave`).
+
+Kernels left running are adopted when the agent comes back with the same data directory and id,
+before the manager's heartbeat timeout declares it lost. If its runtime can adopt
+(`Runtime.adoption`), the agent looks for the kernels an earlier agent left before it registers;
+the first assignment decides their fate. One the manager still believes started here gets a
+worker that takes it over (its devices too): it runs on, or, if it ended meanwhile, its real exit
+is reported; only a kernel with no trace is lost. One no longer assigned here is killed and its
+traces removed: it is not this agent's any more (the manager gave up on it).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from typing import Literal
 
 from corral._private_file import write_private
 from corral.agent.client import ManagerClient, ManagerRejectedError, ManagerUnavailableError
-from corral.agent.devices import DeviceAllocator
+from corral.agent.devices import DeviceAllocationError, DeviceAllocator
 from corral.agent.kernel_worker import KernelWorker, WorkerSettings
 from corral.agent.protocol import (
     AssignedKernelMessage,
@@ -34,7 +41,13 @@ from corral.agent.protocol import (
     RegisterRequest,
     RegisterResponse,
 )
-from corral.agent.runtime import KernelLaunch, Runtime
+from corral.agent.runtime import (
+    KERNEL_LOST_CAUSE,
+    KernelLaunch,
+    LeftKernel,
+    RunningKernel,
+    Runtime,
+)
 from corral.agent.shipper import Backoff, ReportShipper
 from corral.domain.session import KernelIntent
 from corral.domain.slots import ResourceSlots
@@ -45,13 +58,15 @@ logger = logging.getLogger(__name__)
 
 ShutdownPolicy = Literal["stop", "leave"]
 AGENT_SHUTDOWN_CAUSE = "agent_shutdown"
-KERNEL_LOST_CAUSE = "kernel_lost"  # the manager thinks it runs here; this agent never knew it
 DEVICE_CAUSE = "device_unavailable"
 _STARTABLE = frozenset(
     {KernelStatus.PREPARING, KernelStatus.PULLING, KernelStatus.PREPARED, KernelStatus.CREATING}
 )
 _STARTED = frozenset({KernelStatus.RUNNING, KernelStatus.TERMINATING})
+# A left kernel in one of these was started: CREATING when its RUNNING report never arrived.
+_ADOPTABLE = _STARTED | {KernelStatus.CREATING}
 TOKEN_FILE = "agent-token"
+KERNELS_DIR = "kernels"  # under the data directory: one work directory per kernel
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +115,8 @@ class AgentDaemon:
         self.registered = asyncio.Event()
         self.registration: RegisterResponse | None = None
         self.revision: int | None = None
+        # Kernels an earlier agent left, until the first assignment says whose they are.
+        self._left: dict[KernelId, LeftKernel] = {}
 
     async def run(self) -> None:
         """Register, then heartbeat, poll and ship until stop(); then shut down by policy."""
@@ -107,6 +124,7 @@ class AgentDaemon:
         shipping = asyncio.create_task(self.shipper.run(), name="agent-shipper")
         loops: set[asyncio.Task[None]] = set()
         try:
+            await self._find_left_kernels()
             if not await self._register_until_done():
                 return
             loops = {
@@ -223,6 +241,8 @@ class AgentDaemon:
                 logger.info("agent.manager_reachable")
             backoff.reset()
             self.revision = assignment.revision
+            if self._left:  # the first assignment: before anything new is started
+                await self._settle_left_kernels(assignment)
             self.reconcile(assignment)
 
     # -- reconciling ------------------------------------------------------------------------
@@ -247,7 +267,7 @@ class AgentDaemon:
                         status=KernelStatus.ERROR,
                         failure_cause=KERNEL_LOST_CAUSE,
                         message=f"agent {self.config.agent_id} does not know this kernel "
-                        "(it restarted); the kernel's process is gone from its view",
+                        "(it restarted) and found no trace of it to adopt",
                     )
                 )
                 self._remember_done(kernel)
@@ -276,19 +296,80 @@ class AgentDaemon:
             )
             self._remember_done(kernel)
             return
+        self._run_worker(kernel, self._launch(kernel, devices))
+
+    def _run_worker(
+        self,
+        kernel: AssignedKernelMessage,
+        launch: KernelLaunch,
+        adopt: Callable[[], Awaitable[RunningKernel]] | None = None,
+    ) -> None:
+        kernel_id = KernelId(kernel.id)
         worker = KernelWorker(
             kernel,
-            self._launch(kernel, devices),
+            launch,
             self.runtime,
             self.shipper,
             settings=self.config.worker,
             clock=self.clock,
             sleep=self._sleep,
+            adopt=adopt,
         )
         self.workers[kernel_id] = worker
         task = asyncio.create_task(worker.run(), name=f"kernel-{kernel_id}")
         self._tasks[kernel_id] = task
         task.add_done_callback(functools.partial(self._worker_ended, kernel_id))
+
+    # -- kernels an earlier agent left ----------------------------------------------------
+
+    async def _find_left_kernels(self) -> None:
+        adoption = self.runtime.adoption
+        if adoption is None:
+            return
+        found = await adoption.find_left(self.config.data_dir / KERNELS_DIR)
+        self._left = {left.kernel_id: left for left in found}
+        if found:
+            logger.info("agent.left_kernels_found", extra={"kernels": len(found)})
+
+    async def _settle_left_kernels(self, assignment: AssignmentMessage) -> None:
+        """Adopt the left kernels the manager believes started here; discard all the others."""
+        adoption = self.runtime.adoption
+        assert adoption is not None  # kernels are only ever found through it
+        for kernel in assignment.kernels:
+            left = self._left.get(KernelId(kernel.id))
+            if left is not None and kernel.status in _ADOPTABLE and self._adopt(kernel, left):
+                del self._left[left.kernel_id]
+        left_over, self._left = list(self._left.values()), {}
+        for left in left_over:
+            try:
+                await adoption.discard(left)
+            except OSError as exc:
+                extra = {"kernel_id": str(left.kernel_id), "error": str(exc)}
+                logger.error("agent.left_kernel_not_discarded", extra=extra)
+
+    def _adopt(self, kernel: AssignedKernelMessage, left: LeftKernel) -> bool:
+        """Give a worker the left kernel; False if its devices cannot be accounted for."""
+        adoption = self.runtime.adoption
+        assert adoption is not None
+        kernel_id = KernelId(kernel.id)
+        try:
+            # Before anything new is started: the kernel holds its devices already.
+            self.devices.adopt(kernel_id, left.devices)
+        except DeviceAllocationError as exc:
+            self.shipper.report(
+                KernelReportMessage(
+                    kernel_id=kernel.id,
+                    status=KernelStatus.ERROR,
+                    failure_cause=DEVICE_CAUSE,
+                    message=f"cannot adopt the kernel: {exc}",
+                )
+            )
+            self._remember_done(kernel)
+            return False
+        launch = self._launch(kernel, left.devices)
+        logger.info("agent.kernel_adopted", extra={"kernel_id": str(kernel_id)})
+        self._run_worker(kernel, launch, functools.partial(adoption.adopt, left, launch))
+        return True
 
     def _worker_ended(self, kernel_id: KernelId, task: asyncio.Task[None]) -> None:
         self.devices.release(kernel_id)
@@ -334,7 +415,7 @@ class AgentDaemon:
                 h.rsplit(":", 1)[0] if h.count(":") == 1 else h for h in kernel.cluster_hosts
             ),
             slots=kernel.slots,
-            work_dir=self.config.data_dir / "kernels" / str(kernel.id),
+            work_dir=self.config.data_dir / KERNELS_DIR / str(kernel.id),
             devices=devices,
         )
 

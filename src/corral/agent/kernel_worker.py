@@ -6,12 +6,19 @@ After an exit: post-processing (final logs, the output list), the safety check (
 limit), submitting (logs and outputs uploaded), then COMPLETE — or, for a non-zero exit or an
 out-of-memory kill, ABORTED → REPORTED_FAILED, so the kernel ends in ERROR with that cause.
 A stop request during any stage is honoured (USER_REQUESTED_ABORT → USER_ABORT_COMPLETE).
+A worker given `adopt` takes over a kernel an earlier agent started and left running: it goes
+straight to GENERATING without reporting, and supervises the adopted kernel like its own.
 
 A failed stage goes to ERROR and back to the same stage while the machine's per-state error
 limit allows, after a backoff; past the limit, or for a failure retrying cannot fix, the kernel
 is aborted and reported failed with the stage's cause. Every move is reported through the one
 table `progress.KERNEL_STATUS`, skipping statuses the kernel table does not allow from the last
 one reported (a kernel prepared again after an agent restart does not report PULLING twice).
+
+Logs are shipped from where the last upload ended, and the runtime keeps that mark with the
+kernel (`save_log_marks`) before each upload, so an adopting agent neither resends what arrived
+nor skips what did not. A chunk whose upload got no answer is sent again exactly as it was: the
+manager keeps the first chunk stored at an offset (see `LogMark`).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from corral.agent.client import ManagerRejectedError, ManagerUnavailableError
 from corral.agent.progress import KERNEL_STATUS, KernelProgress, Progress
@@ -36,6 +43,7 @@ from corral.agent.runtime import (
     LOG_STREAMS,
     KernelExit,
     KernelLaunch,
+    LogMark,
     RunningKernel,
     Runtime,
     StageFailure,
@@ -127,6 +135,7 @@ class KernelWorker:
         settings: WorkerSettings = WorkerSettings(),
         clock: Clock = utcnow,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        adopt: Callable[[], Awaitable[RunningKernel]] | None = None,
     ) -> None:
         self.kernel_id = kernel.id
         self.launch = launch
@@ -139,7 +148,9 @@ class KernelWorker:
         self._changed = asyncio.Event()
         self._reported: KernelStatus = kernel.status
         self._running: RunningKernel | None = None
-        self._log_offsets = dict.fromkeys(LOG_STREAMS, 0)
+        self._adopt = adopt  # set: the kernel runs already, started by an earlier agent
+        self._log_offsets = dict.fromkeys(LOG_STREAMS, 0)  # shipped up to here, per stream
+        self._log_resend: dict[str, int] = {}  # a chunk sent without an answer: where it ended
         self._detached = False
         self._exit_code: int | None = None  # once the kernel's process ended
 
@@ -167,9 +178,12 @@ class KernelWorker:
     async def run(self) -> None:
         """Drive the kernel until it ends; cancelled: kill it without reporting (not ours now)."""
         try:
-            await self._prepare()
-            await self._until_desired({KernelIntent.RUN})
-            running = await self._start()
+            if self._adopt is not None:
+                running = await self._take_over(self._adopt)
+            else:
+                await self._prepare()
+                await self._until_desired({KernelIntent.RUN})
+                running = await self._start()
             await self._supervise(running)
         except _StopRequested:
             await self._stop_now()
@@ -178,6 +192,8 @@ class KernelWorker:
         except asyncio.CancelledError:
             if not self._detached:
                 await asyncio.shield(self._kill_quietly())
+            elif self._running is not None:
+                self._running.detach()
             raise
 
     async def shutdown(self, cause: str) -> None:
@@ -207,6 +223,24 @@ class KernelWorker:
         self._move(P.GENERATING, report=False)
         running = await self._attempt(lambda: self._runtime.start(self.launch))
         self._running = running
+        self._emit(KernelStatus.RUNNING, runtime_info=dict(running.info))
+        return running
+
+    async def _take_over(self, adopt: Callable[[], Awaitable[RunningKernel]]) -> RunningKernel:
+        """Adopt a kernel an earlier agent started: it is past preparing and start already."""
+        self._move(P.GENERATING, report=False)
+        try:
+            # Not interruptible, unlike a start: the kernel runs already, so a STOP that came
+            # meanwhile is for the supervision that follows to honour.
+            running = await adopt()
+        except OSError as exc:
+            self._fail(AGENT_IO_CAUSE, f"cannot adopt the kernel: {type(exc).__name__}: {exc}")
+        self._running = running
+        for stream, mark in running.log_marks.items():
+            self._log_offsets[stream] = mark.shipped
+            if mark.sending > mark.shipped:
+                self._log_resend[stream] = mark.sending
+        # The earlier agent's RUNNING report may not have arrived (the manager says CREATING).
         self._emit(KernelStatus.RUNNING, runtime_info=dict(running.info))
         return running
 
@@ -314,10 +348,12 @@ class KernelWorker:
         if self._running is None or not self._settings.ship_logs:
             return
         while True:
-            chunks = []
+            chunks, marks = [], {}
             for stream in LOG_STREAMS:
                 offset = self._log_offsets[stream]
-                data = await self._running.read_log(stream, offset, LOG_READ_BYTES)
+                limit = self._log_resend.get(stream, offset + LOG_READ_BYTES) - offset
+                data = await self._running.read_log(stream, offset, limit)
+                marks[stream] = LogMark(offset, offset + len(data))
                 if data:
                     chunks.append(
                         LogChunkMessage(
@@ -329,7 +365,12 @@ class KernelWorker:
                     )
             if not chunks:
                 return
+            # Kept before the upload: if no answer comes, this agent or an adopting one sends
+            # exactly these chunks again.
+            self._log_resend = {s: m.sending for s, m in marks.items() if m.sending > m.shipped}
+            await self._running.save_log_marks(marks)
             await self._shipper.upload_logs(chunks)
+            self._log_resend = {}
             for chunk in chunks:
                 self._log_offsets[chunk.stream] += len(chunk.raw())
 
@@ -393,7 +434,7 @@ class KernelWorker:
             await self._changed.wait()
             self._changed.clear()
 
-    def _fail(self, cause: str, message: str, *, exit_code: int | None = None) -> None:
+    def _fail(self, cause: str, message: str, *, exit_code: int | None = None) -> NoReturn:
         """Abort the kernel and report it failed with `cause`; always raises _Ended."""
         if self.progress.state is not P.ABORTED:
             self.progress.abort(cause, message)

@@ -69,7 +69,12 @@ def agent_command(
         typer.Option(help="NAME=PATH: an extra image (an interpreter or a venv). Repeatable."),
     ] = None,
     on_shutdown: Annotated[
-        str, typer.Option(help="`stop` kernels on SIGTERM, or `leave` them running.")
+        str,
+        typer.Option(
+            help="On SIGTERM: `stop` the kernels (reported ERROR agent_shutdown), or `leave` "
+            "them running; an agent started again with the same --id and --data-dir adopts "
+            "them (process runtime; a kernel that ended meanwhile reports its real exit)."
+        ),
     ] = "stop",
     stop_grace: Annotated[float, typer.Option(min=0, help="SIGTERM → SIGKILL, seconds.")] = 10.0,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR.")] = "INFO",

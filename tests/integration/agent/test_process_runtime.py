@@ -19,8 +19,8 @@ from corral.agent.runtime._cgroups import CgroupProbe
 from corral.agent.runtime.process import ProcessKernel, ProcessRuntime
 from corral.domain.types import new_kernel_id, new_session_id
 from tests.conftest import IN_CI
+from tests.integration.agent._support import eventually, process_gone
 
-DEADLINE_S = 10.0
 MIB = 1 << 20
 
 
@@ -50,25 +50,6 @@ def make_launch(
         work_dir=tmp_path / str(kernel_id),
         devices=devices,
     )
-
-
-async def eventually(predicate: Callable[[], bool], what: str) -> None:
-    """Poll `predicate` until it holds; fail after DEADLINE_S."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DEADLINE_S
-    while not predicate():
-        if loop.time() > deadline:
-            pytest.fail(f"not within {DEADLINE_S} s: {what}")
-        await asyncio.sleep(0.01)
-
-
-def process_gone(pid: int) -> bool:
-    """True when `pid` no longer runs (absent, or a zombie nobody reaped yet)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
 @pytest.fixture

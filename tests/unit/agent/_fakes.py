@@ -24,7 +24,7 @@ from corral.agent.protocol import (
     RegisterRequest,
     RegisterResponse,
 )
-from corral.agent.runtime import KernelExit, KernelLaunch, OutputFile, StageFailure
+from corral.agent.runtime import KernelExit, KernelLaunch, LogMark, OutputFile, StageFailure
 from corral.domain.session import KernelIntent
 from corral.domain.status import KernelStatus
 from corral.domain.types import KernelId, SessionId
@@ -198,6 +198,9 @@ class FakeKernel:
         self.logs = dict(logs)
         self.outputs = dict(outputs)
         self.terminate_calls: list[float] = []
+        self.log_marks: dict[str, LogMark] = {}  # as last saved (or as handed over)
+        self.saved_marks: list[dict[str, LogMark]] = []
+        self.detached = False
         self._ended: asyncio.Future[KernelExit] = asyncio.get_running_loop().create_future()
         if exit_with is not None:
             self._ended.set_result(exit_with)
@@ -234,6 +237,13 @@ class FakeKernel:
     async def read_output(self, name: str) -> bytes:
         return self.outputs[name]
 
+    async def save_log_marks(self, marks: Mapping[str, LogMark]) -> None:
+        self.log_marks = dict(marks)
+        self.saved_marks.append(dict(marks))
+
+    def detach(self) -> None:
+        self.detached = True
+
 
 class FakeRuntime:
     """A runtime whose stages fail, stall or end as a test scripts them; records every call."""
@@ -267,6 +277,7 @@ class FakeRuntime:
         self.preloads_cancelled = 0
         self.start_calls: list[KernelId] = []
         self.kernels: dict[KernelId, FakeKernel] = {}
+        self.adoption: FakeAdoption | None = None  # set one to play a runtime that adopts
 
     async def preload(self, launch: KernelLaunch) -> None:
         self.preload_calls.append(launch.kernel_id)
@@ -295,6 +306,40 @@ class FakeRuntime:
     def terminate_calls(self) -> dict[KernelId, list[float]]:
         """Per started kernel, the grace periods terminate was called with."""
         return {kid: k.terminate_calls for kid, k in self.kernels.items()}
+
+
+class FakeLeft:
+    """A kernel an earlier agent left, as a runtime finds it."""
+
+    def __init__(self, kernel_id: KernelId, devices: tuple[int, ...] = ()) -> None:
+        self.kernel_id = kernel_id
+        self.devices = devices
+
+
+class FakeAdoption:
+    """A runtime's adoption: finds `left`, adopts each as a running FakeKernel, records discards."""
+
+    def __init__(self, runtime: FakeRuntime, left: Iterable[FakeLeft]) -> None:
+        self.runtime = runtime
+        self.left = list(left)
+        self.searched: list[Path] = []
+        self.adopted: dict[KernelId, FakeKernel] = {}
+        self.discarded: list[KernelId] = []
+
+    async def find_left(self, kernels_dir: Path) -> list[FakeLeft]:
+        self.searched.append(kernels_dir)
+        return list(self.left)
+
+    async def adopt(self, left: FakeLeft, launch: KernelLaunch) -> FakeKernel:
+        runtime = self.runtime
+        kernel = FakeKernel(runtime.watch, runtime.info, runtime.logs, runtime.outputs, None)
+        self.adopted[left.kernel_id] = runtime.kernels[left.kernel_id] = kernel
+        runtime.watch.changed()
+        return kernel
+
+    async def discard(self, left: FakeLeft) -> None:
+        self.discarded.append(left.kernel_id)
+        self.runtime.watch.changed()
 
 
 class FakeManagerClient:

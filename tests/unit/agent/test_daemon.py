@@ -20,7 +20,9 @@ from hypothesis import strategies as st
 from corral.agent.client import ManagerRejectedError
 from corral.agent.daemon import (
     AGENT_SHUTDOWN_CAUSE,
+    DEVICE_CAUSE,
     KERNEL_LOST_CAUSE,
+    KERNELS_DIR,
     TOKEN_FILE,
     AgentConfig,
     AgentDaemon,
@@ -29,12 +31,15 @@ from corral.agent.daemon import (
 from corral.agent.devices import DeviceAllocator
 from corral.agent.kernel_worker import WorkerSettings
 from corral.agent.protocol import MAX_BATCH, KernelReportMessage
+from corral.agent.runtime import KernelExit
 from corral.agent.shipper import Backoff, ReportShipper
 from corral.domain.session import KernelIntent
 from corral.domain.slots import ResourceSlots
 from corral.domain.status import KernelStatus
 
 from ._fakes import (
+    FakeAdoption,
+    FakeLeft,
     FakeManagerClient,
     FakeRuntime,
     FakeSleep,
@@ -387,8 +392,111 @@ async def test_leave_policy_leaves_kernels_running_unreported(
 
     assert rig.runtime.kernels[A].terminate_calls == []
     assert not rig.runtime.kernels[A].ended
+    assert rig.runtime.kernels[A].detached  # let go of, for a later agent to adopt
     assert rig.client.statuses_of(A) == [K.RUNNING]
     assert rig.client.closed
+
+
+# -- kernels an earlier agent left ------------------------------------------------------------
+
+RUN = KernelIntent.RUN
+GPU = {"cuda.device": 1000}
+
+
+async def test_a_left_kernel_still_assigned_is_adopted_before_new_kernels_take_devices(
+    make_rig: Callable[..., Rig],
+) -> None:
+    """Adopted with its device (not lost, not started again); a new kernel gets another device."""
+    rig = make_rig(devices=2)
+    adoption = rig.runtime.adoption = FakeAdoption(rig.runtime, [FakeLeft(A, (0,))])
+    async with running(rig):
+        rig.client.assignments.put_nowait(
+            assignment(
+                1,
+                assigned(B, status=K.CREATING, desired=RUN, slots=GPU),  # listed first
+                assigned(A, status=K.RUNNING, desired=RUN, slots=GPU),
+            )
+        )
+        await rig.watch.until(lambda: A in adoption.adopted)
+        await rig.delivered(B, K.RUNNING)
+        assert (rig.daemon.devices.held(A), rig.daemon.devices.held(B)) == ((0,), (1,))
+        adoption.adopted[A].exit(KernelExit(3))
+        await rig.delivered(A, K.ERROR)
+
+    assert adoption.searched == [rig.tmp_path / KERNELS_DIR]
+    assert rig.runtime.start_calls == [B]
+    assert rig.client.statuses_of(A) == [K.TERMINATING, K.ERROR]
+    error = rig.client.reports_of(A)[-1]
+    assert (error.failure_cause, error.exit_code) == ("kernel_nonzero_exit", 3)
+    assert adoption.discarded == []
+
+
+async def test_a_left_kernel_whose_running_report_never_arrived_reports_it(
+    make_rig: Callable[..., Rig],
+) -> None:
+    """Left at CREATING (its RUNNING report was lost): adopted, RUNNING reported with its info."""
+    rig = make_rig()
+    adoption = rig.runtime.adoption = FakeAdoption(rig.runtime, [FakeLeft(A)])
+    async with running(rig):
+        rig.client.assignments.put_nowait(
+            assignment(1, assigned(A, status=K.CREATING, desired=RUN))
+        )
+        await rig.delivered(A, K.RUNNING)
+
+    assert A in adoption.adopted
+    assert rig.runtime.preload_calls == rig.runtime.start_calls == []
+    assert rig.client.reports_of(A)[0].runtime_info == rig.runtime.info
+
+
+async def test_left_kernels_the_first_assignment_does_not_hold_are_discarded_once(
+    make_rig: Callable[..., Rig],
+) -> None:
+    """A left kernel not assigned here any more is discarded, after the first assignment only."""
+    rig = make_rig()
+    left = [FakeLeft(A), FakeLeft(X)]
+    adoption = rig.runtime.adoption = FakeAdoption(rig.runtime, left)
+    async with running(rig):
+        rig.client.assignments.put_nowait(assignment(1, assigned(A, status=K.RUNNING, desired=RUN)))
+        await rig.watch.until(lambda: adoption.discarded == [X])
+        rig.client.assignments.put_nowait(assignment(2))
+        await rig.watch.until(lambda: rig.client.assignment_calls[-1] == 2)
+
+    assert list(adoption.adopted) == [A]
+    assert adoption.discarded == [X]
+    assert rig.client.reports_of(X) == []
+
+
+async def test_a_left_kernel_the_manager_does_not_think_started_is_not_adopted(
+    make_rig: Callable[..., Rig],
+) -> None:
+    """A left kernel the manager sees at PREPARING is not adopted: discarded, prepared anew."""
+    rig = make_rig()
+    adoption = rig.runtime.adoption = FakeAdoption(rig.runtime, [FakeLeft(A)])
+    async with running(rig):
+        rig.client.assignments.put_nowait(assignment(1, assigned(A)))
+        await rig.delivered(A, K.PREPARED)
+        await rig.watch.until(lambda: adoption.discarded == [A])
+
+    assert adoption.adopted == {}
+    assert rig.runtime.preload_calls == [A]
+
+
+async def test_a_left_kernel_holding_devices_this_host_lacks_fails_and_is_discarded(
+    make_rig: Callable[..., Rig],
+) -> None:
+    """Devices that cannot be accounted for: ERROR device_unavailable; the kernel is discarded."""
+    rig = make_rig(devices=1)
+    adoption = rig.runtime.adoption = FakeAdoption(rig.runtime, [FakeLeft(A, (3,))])
+    async with running(rig):
+        rig.client.assignments.put_nowait(
+            assignment(1, assigned(A, status=K.RUNNING, desired=RUN, slots=GPU))
+        )
+        await rig.watch.until(lambda: adoption.discarded == [A])
+        await rig.delivered(A, K.ERROR)
+
+    assert adoption.adopted == {}
+    assert rig.client.reports_of(A)[-1].failure_cause == DEVICE_CAUSE
+    assert rig.daemon.devices.held(A) == ()
 
 
 # -- ReportShipper ----------------------------------------------------------------------------

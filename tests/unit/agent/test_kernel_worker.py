@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -17,8 +17,8 @@ from corral.agent.kernel_worker import (
     WorkerSettings,
 )
 from corral.agent.progress import DEFAULT_ERROR_LIMITS, Progress
-from corral.agent.protocol import KernelReportMessage
-from corral.agent.runtime import KernelExit, StageFailure
+from corral.agent.protocol import AssignedKernelMessage, KernelReportMessage, LogChunkMessage
+from corral.agent.runtime import KERNEL_LOST_CAUSE, KernelExit, LogMark, RunningKernel, StageFailure
 from corral.domain.session import KernelIntent
 from corral.domain.status import KernelStatus
 
@@ -98,12 +98,15 @@ async def make() -> AsyncIterator[Callable[..., Harness]]:
         *,
         settings: WorkerSettings = SETTINGS,
         park: tuple[float, ...] = (LOG_INTERVAL_S,),
+        kernel: AssignedKernelMessage | None = None,
+        adopt: Callable[[], Awaitable[RunningKernel]] | None = None,
+        shipper: FakeShipper | None = None,
     ) -> Harness:
         watch = runtime.watch if runtime is not None else Watch()
         runtime = runtime or FakeRuntime(watch=watch)
-        shipper = FakeShipper(watch)
+        shipper = shipper or FakeShipper(watch)
         sleep = FakeSleep(park=park, watch=watch)
-        kernel = assigned()
+        kernel = kernel or assigned()
         worker = KernelWorker(
             kernel,
             launch_of(kernel),
@@ -112,6 +115,7 @@ async def make() -> AsyncIterator[Callable[..., Harness]]:
             settings=settings,
             clock=lambda: T0,
             sleep=sleep,
+            adopt=adopt,
         )
         harness = Harness(worker, runtime, shipper, sleep, watch).start()
         made.append(harness)
@@ -384,6 +388,7 @@ async def test_detached_worker_cancelled_leaves_the_kernel_running(
 
     assert h.kernel.terminate_calls == []
     assert not h.kernel.ended
+    assert h.kernel.detached  # it stops watching too, for a later agent to adopt
     assert h.shipper.events == reports_before
 
 
@@ -428,3 +433,154 @@ async def test_shutdown_during_a_retry_backoff_reports_error_agent_shutdown(
 
     assert h.shipper.statuses == [K.PULLING, K.ERROR]
     assert last(h.shipper).failure_cause == "agent_shutdown"
+
+
+# -- log marks --------------------------------------------------------------------------------
+
+
+def chunks(shipper: FakeShipper) -> list[tuple[str, int, bytes]]:
+    """Every log chunk uploaded, in order: (stream, offset, bytes)."""
+    uploads: list[list[LogChunkMessage]] = [item for kind, item in shipper.events if kind == "logs"]
+    return [(c.stream, c.offset, c.raw()) for batch in uploads for c in batch]
+
+
+async def test_log_marks_are_saved_before_each_upload(make: Callable[..., Harness]) -> None:
+    """The kernel keeps what is being shipped before the upload: shipped, and up to where."""
+    h = make(FakeRuntime(exit_with=KernelExit(0)))
+    await h.run_to_running()
+    await h.finished()
+
+    assert h.kernel.saved_marks == [{"stdout": LogMark(0, 6), "stderr": LogMark(0, 5)}]
+    assert h.shipper.index("logs") > 0
+
+
+class GrowingLogShipper(FakeShipper):
+    """Its first log upload gets no answer, and the kernel prints more meanwhile."""
+
+    kernel: FakeKernel | None = None
+
+    async def upload_logs(self, chunks: list[LogChunkMessage]) -> None:
+        if self.kernel is not None:
+            self.kernel.logs["stdout"] += b"more\n"
+            self.kernel = None
+            raise unavailable()
+        await super().upload_logs(chunks)
+
+
+async def test_an_unanswered_log_chunk_is_sent_again_exactly(make: Callable[..., Harness]) -> None:
+    """The manager keeps the first chunk at an offset: a retry resends it, then what is new."""
+    shipper = GrowingLogShipper()
+    h = make(FakeRuntime(watch=shipper.watch, exit_with=KernelExit(0)), shipper=shipper)
+    await h.run_to_running()
+    shipper.kernel = h.kernel
+    await h.finished()
+
+    assert h.shipper.statuses[-1] is K.TERMINATED
+    assert chunks(h.shipper) == [
+        ("stdout", 0, b"hello\n"),
+        ("stderr", 0, b"warn\n"),
+        ("stdout", 6, b"more\n"),
+    ]
+
+
+# -- adopted kernels --------------------------------------------------------------------------
+
+
+def adopting(kernel: FakeKernel) -> Callable[[], Awaitable[RunningKernel]]:
+    """An `adopt` that hands the worker `kernel`."""
+
+    async def adopt() -> RunningKernel:
+        return kernel
+
+    return adopt
+
+
+def left_kernel(
+    runtime: FakeRuntime, *, marks: dict[str, LogMark] | None = None, logs: dict[str, bytes]
+) -> FakeKernel:
+    """A kernel an earlier agent started, still running, its logs shipped up to `marks`."""
+    kernel = FakeKernel(runtime.watch, runtime.info, logs, {}, None)
+    kernel.log_marks = dict(marks or {})
+    runtime.kernels[KID] = kernel
+    return kernel
+
+
+async def test_an_adopted_kernel_is_supervised_without_being_started_or_reported_started(
+    make: Callable[..., Harness],
+) -> None:
+    """Adopted while RUNNING: no preload, no start, no report until it ends (exit 3: ERROR)."""
+    runtime = FakeRuntime()
+    adopted = left_kernel(runtime, logs={})
+    h = make(
+        runtime,
+        kernel=assigned(status=K.RUNNING, desired=KernelIntent.RUN),
+        adopt=adopting(adopted),
+    )
+    await h.watch.until(lambda: states(h.worker) == [P.NOT_STARTED, P.GENERATING])
+    assert h.shipper.events == []
+    adopted.exit(KernelExit(3))
+    await h.finished()
+
+    assert runtime.preload_calls == runtime.start_calls == []
+    assert h.shipper.statuses == [K.TERMINATING, K.ERROR]
+    assert (last(h.shipper).failure_cause, last(h.shipper).exit_code) == (NONZERO_EXIT_CAUSE, 3)
+
+
+async def test_an_adopted_kernel_ships_logs_from_its_marks(make: Callable[..., Harness]) -> None:
+    """Shipped bytes are not sent again; the chunk whose upload got no answer is, exactly."""
+    runtime = FakeRuntime(exit_with=KernelExit(0))
+    logs = {"stdout": b"0123456789abc", "stderr": b"warn\nlater\n"}
+    marks = {"stdout": LogMark(4, 8), "stderr": LogMark(5, 5)}
+    adopted = left_kernel(runtime, marks=marks, logs=logs)
+    adopted.exit(KernelExit(0))
+    h = make(
+        runtime,
+        kernel=assigned(status=K.RUNNING, desired=KernelIntent.RUN),
+        adopt=adopting(adopted),
+    )
+    await h.finished()
+
+    assert h.shipper.statuses == [K.TERMINATING, K.TERMINATED]
+    assert chunks(h.shipper) == [
+        ("stdout", 4, b"4567"),
+        ("stderr", 5, b"later\n"),
+        ("stdout", 8, b"89abc"),
+    ]
+
+
+async def test_an_adopted_kernel_that_was_lost_ends_in_error_without_an_exit_code(
+    make: Callable[..., Harness],
+) -> None:
+    """An adopted kernel ending without a known status: ERROR kernel_lost, no exit code."""
+    runtime = FakeRuntime()
+    adopted = left_kernel(runtime, logs={})
+    adopted.exit(KernelExit(None, KERNEL_LOST_CAUSE, "gone"))
+    h = make(
+        runtime,
+        kernel=assigned(status=K.TERMINATING, desired=KernelIntent.RUN),
+        adopt=adopting(adopted),
+    )
+    await h.finished()
+
+    assert h.shipper.statuses == [K.ERROR]
+    error = last(h.shipper)
+    assert (error.failure_cause, error.exit_code, error.message) == (
+        KERNEL_LOST_CAUSE,
+        None,
+        "gone",
+    )
+
+
+async def test_an_adopted_kernel_asked_to_stop_is_terminated(make: Callable[..., Harness]) -> None:
+    """Adopted with STOP desired (the manager ended it while no agent ran): terminated once."""
+    runtime = FakeRuntime()
+    adopted = left_kernel(runtime, logs={})
+    h = make(
+        runtime,
+        kernel=assigned(status=K.RUNNING, desired=KernelIntent.STOP),
+        adopt=adopting(adopted),
+    )
+    await h.finished()
+
+    assert adopted.terminate_calls == [STOP_GRACE_S]
+    assert h.shipper.statuses == [K.TERMINATING, K.TERMINATED]

@@ -6,6 +6,13 @@ directory), `start` (GENERATING begins), then on the returned `RunningKernel`: `
 end, or `terminate` it, read its logs while it runs, and list its outputs after it ended. A
 stage that cannot be done raises `StageFailure` with a failure cause users and retry policies
 can act on; whether the daemon retries the stage is the progress machine's error limit.
+
+A runtime whose kernels outlive their agent (`process`, under the agent's `leave` policy) offers
+an `Adoption` (`Runtime.adoption`; None for runtimes that cannot adopt, like `simulated`): a
+restarted agent asks it for the kernels an earlier agent left (`find_left`), takes over those
+still assigned to it (`adopt`: a RunningKernel like any other) and ends the others (`discard`).
+A running kernel keeps `log_marks`, how far its logs were shipped, so an adopting agent goes on
+from there instead of sending the logs again.
 """
 
 from __future__ import annotations
@@ -20,6 +27,9 @@ from corral.domain.session import MilliSlots
 from corral.domain.types import KernelId, SessionId
 
 LOG_STREAMS = ("stdout", "stderr")
+# The manager believes the kernel runs on this agent, but neither the kernel nor a record of how
+# it ended can be found (the agent restarted and the kernel is gone from its view).
+KERNEL_LOST_CAUSE = "kernel_lost"
 # torch.distributed's rendezvous port is derived from the session id, so every rank of a
 # session computes the same one without a round trip; the range avoids well-known and
 # ephemeral ports.
@@ -94,12 +104,24 @@ class KernelLaunch:
 class KernelExit:
     """How a kernel's process ended."""
 
-    # The exit status; negative: killed by that signal (as subprocess reports it).
-    exit_code: int
+    # The exit status; negative: killed by that signal (as subprocess reports it); None: not
+    # known (a kernel that was lost, see KERNEL_LOST_CAUSE).
+    exit_code: int | None
     # Set when the runtime knows why it ended badly (e.g. "oom_killed"); None otherwise. A plain
     # non-zero exit is classified by the daemon (kernel_nonzero_exit).
     failure_cause: str | None = None
     message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LogMark:
+    """How far one log stream of a kernel was shipped to the manager (byte offsets)."""
+
+    shipped: int = 0  # every byte before this one is stored at the manager
+    # An upload whose answer never came held the bytes up to here (>= shipped). The manager keeps
+    # the first chunk it stored at an offset, so exactly this chunk must be sent again: a longer
+    # one at the same offset would be dropped whole, and the bytes past this end with it.
+    sending: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +160,49 @@ class RunningKernel(Protocol):
         """One output file's content."""
         ...
 
+    @property
+    def log_marks(self) -> Mapping[str, LogMark]:
+        """How far each log stream was shipped when this kernel was handed over (empty: not)."""
+        ...
+
+    async def save_log_marks(self, marks: Mapping[str, LogMark]) -> None:
+        """Remember how far the logs are shipped, for an agent that may adopt the kernel later."""
+        ...
+
+    def detach(self) -> None:
+        """Stop watching the kernel and leave it running (the agent's `leave` policy)."""
+        ...
+
+
+class LeftKernel(Protocol):
+    """A kernel an earlier agent on this host started and left behind, as its runtime found it."""
+
+    @property
+    def kernel_id(self) -> KernelId:
+        """The kernel's id."""
+        ...
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        """The cuda devices it was given."""
+        ...
+
+
+class Adoption(Protocol):
+    """How a runtime takes over the kernels an earlier agent left running."""
+
+    async def find_left(self, kernels_dir: Path) -> list[LeftKernel]:
+        """The kernels whose records are under `kernels_dir` (one work directory each)."""
+        ...
+
+    async def adopt(self, left: LeftKernel, launch: KernelLaunch) -> RunningKernel:
+        """Take the kernel over: it runs on, or it ended (how, if known), or it was lost."""
+        ...
+
+    async def discard(self, left: LeftKernel) -> None:
+        """The kernel is not this agent's: end it if it still runs, clean up, forget its record."""
+        ...
+
 
 class Runtime(Protocol):
     """A way of running kernels on this agent (`process`, `simulated`)."""
@@ -158,6 +223,11 @@ class Runtime(Protocol):
 
     async def start(self, launch: KernelLaunch) -> RunningKernel:
         """GENERATING begins: start the kernel and return at once."""
+        ...
+
+    @property
+    def adoption(self) -> Adoption | None:
+        """How a restarted agent takes over kernels left running; None: this runtime cannot."""
         ...
 
 

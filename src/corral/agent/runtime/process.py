@@ -1,4 +1,4 @@
-"""The `process` runtime: every kernel is a child process group on the agent's host.
+"""The `process` runtime: every kernel is a process group on the agent's host.
 
 Images name environments this agent knows: `python` (the agent's own interpreter), `shell`
 (`/bin/sh`) and configured extras (an interpreter path, or a venv directory: its `bin/python`,
@@ -16,6 +16,14 @@ the same way (`cpu.max` on v2, `cpu.cfs_quota_us` on v1) where the host allows, 
 enforced. A tiny `/bin/sh` wrapper moves itself into the kernel's cgroups (one per v1
 hierarchy) or limits itself, then execs the kernel, so nothing the kernel forks escapes the
 limits. `notes()` says what this host allows.
+
+Every kernel runs under an exit-status wrapper (`_exitwrap.py`, outside its process group and
+cgroups) that leaves the kernel's exit status in a file, and the runtime records the kernel in
+its work directory (`_kernel_record.py`: pids with their start times, devices, cgroups, log
+files, how far the logs were shipped). That is what lets a restarted agent adopt the kernels an
+agent stopped under the `leave` policy left running (`adoption`): a kernel still running is
+watched by polling its wrapper, one that ended meanwhile is reported with its real exit status,
+and only one with neither is lost.
 """
 
 from __future__ import annotations
@@ -32,17 +40,28 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from corral.agent.runtime import (
     LOG_STREAMS,
-    KernelExit,
+    Adoption,
     KernelLaunch,
-    OutputFile,
+    LeftKernel,
     RuntimeNotes,
     StageFailure,
 )
+from corral.agent.runtime import _exitwrap as exitwrap
 from corral.agent.runtime._cgroups import Cgroup, CgroupProbe, probe_cgroups, release_cgroups
+from corral.agent.runtime._kernel_record import (
+    EXIT_FILE,
+    RECORD_FILE,
+    KernelRecord,
+    ProcessIdentity,
+    RecordError,
+)
+from corral.agent.runtime._process_kernel import AdoptedKernel, ProcessKernel
+
+__all__ = ["BUILTIN_IMAGES", "AdoptedKernel", "ProcessKernel", "ProcessRuntime"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +82,9 @@ _CGROUP_WRAPPER = (
     'until [ "$1" = -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@"'
 )
 _RLIMIT_WRAPPER = 'ulimit -v "$1" || exit 126; shift; exec "$@"'
+# Run by path with the agent's interpreter, isolated (-I: no PYTHON* variables, no user site) and
+# without site-packages (-S): it needs the standard library only, and starts quicker so.
+_EXIT_WRAPPER = (sys.executable, "-I", "-S", exitwrap.__file__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,86 +118,6 @@ class _Image:
         return list(command)
 
 
-class ProcessKernel:
-    """A kernel running as a child process group: the `process` runtime's RunningKernel."""
-
-    def __init__(
-        self,
-        launch: KernelLaunch,
-        process: asyncio.subprocess.Process,
-        host: str,
-        cgroups: tuple[Cgroup, ...] = (),
-    ) -> None:
-        self._launch = launch
-        self._process = process
-        self._cgroups = cgroups
-        self._info: dict[str, Any] = {"host": host, "pid": process.pid}
-        if cgroups:
-            self._info["cgroups"] = {
-                controller: str(cgroup.path)
-                for cgroup in cgroups
-                for controller in sorted(cgroup.controllers)
-            }
-        # Reaped and cleaned up as soon as it ends, whether or not anyone waits yet.
-        self._exit = asyncio.create_task(self._reap(), name=f"kernel-{launch.kernel_id}")
-
-    @property
-    def info(self) -> Mapping[str, Any]:
-        """Host and pid (and its cgroups by controller, when it has any)."""
-        return self._info
-
-    async def wait(self) -> KernelExit:
-        """Until the kernel's main process ends; its leftover processes are killed then."""
-        return await asyncio.shield(self._exit)
-
-    async def terminate(self, grace_s: float) -> KernelExit:
-        """SIGTERM the process group, SIGKILL it after `grace_s`; how it ended. Idempotent."""
-        if not self._exit.done():
-            self._signal_group(signal.SIGTERM)
-            try:
-                async with asyncio.timeout(grace_s):
-                    await asyncio.shield(self._exit)
-            except TimeoutError:
-                extra = {"kernel_id": str(self._launch.kernel_id), "grace_s": grace_s}
-                logger.warning("runtime.kernel_killed", extra=extra)
-                self._signal_group(signal.SIGKILL)
-        return await asyncio.shield(self._exit)
-
-    async def read_log(self, stream: str, offset: int, limit: int) -> bytes:
-        """Up to `limit` bytes of stdout.log or stderr.log from byte `offset` on."""
-        if stream not in LOG_STREAMS:
-            raise ValueError(f"unknown log stream {stream!r}; use one of {LOG_STREAMS}")
-        path = self._launch.work_dir / f"{stream}.log"
-        return await asyncio.to_thread(_read_range, path, offset, limit)
-
-    async def list_outputs(self) -> list[OutputFile]:
-        """The regular files under the output directory, sorted by name (symlinks skipped)."""
-        return await asyncio.to_thread(_list_files, self._launch.output_dir)
-
-    async def read_output(self, name: str) -> bytes:
-        """One output file's content; a name leading out of the output directory is refused."""
-        return await asyncio.to_thread(_read_inside, self._launch.output_dir, name)
-
-    def _signal_group(self, sig: signal.Signals) -> None:
-        # The kernel leads its own session, so its pid is the group id. Once it is reaped the id
-        # stays reserved while any member lives; an empty group just reports ESRCH.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self._process.pid, sig)
-
-    async def _reap(self) -> KernelExit:
-        code = await self._process.wait()
-        self._signal_group(signal.SIGKILL)  # a kernel's orphans must not outlive it
-        oom_killed = bool(self._cgroups) and await release_cgroups(self._cgroups)
-        cause = "oom_killed" if oom_killed and code != 0 else None
-        extra = {"kernel_id": str(self._launch.kernel_id), "exit_code": code, "cause": cause}
-        logger.info("runtime.kernel_exited", extra=extra)
-        if cause is None:
-            return KernelExit(exit_code=code)
-        limit_bytes = self._launch.slots.get("mem", 0) // 1000
-        message = f"the kernel used more than its memory limit ({limit_bytes} bytes)"
-        return KernelExit(exit_code=code, failure_cause=cause, message=message)
-
-
 class ProcessRuntime:
     """Runs kernels as real child processes on this host (the agent's default runtime)."""
 
@@ -185,12 +127,15 @@ class ProcessRuntime:
         *,
         memory_limits: bool = True,
         host: str | None = None,
+        adopted_poll_s: float = 0.5,
     ) -> None:
         clashes = sorted(set(images or {}) & set(BUILTIN_IMAGES))
         if clashes:
             raise ValueError(f"images {clashes} are built in; configure them under other names")
         self._images = {name: Path(location) for name, location in (images or {}).items()}
         self._host = host or socket.gethostname()
+        # An adopted kernel is not the agent's child: how often it checks that it still runs.
+        self._adopted_poll_s = adopted_poll_s
         self._cgroups = probe_cgroups(("memory", "cpu") if memory_limits else ("cpu",))
         self._mode: MemoryLimitMode = "cgroup" if self._cgroups.parent("memory") else "rlimit"
         where = _where(
@@ -228,6 +173,11 @@ class ProcessRuntime:
         """How the `cpu` slot is enforced on this host."""
         return self._cpu_mode
 
+    @property
+    def adoption(self) -> Adoption:
+        """This runtime itself: it adopts the kernels an earlier agent left running."""
+        return self
+
     def notes(self) -> RuntimeNotes:
         """The limits this runtime can and cannot enforce here, for the agent's startup log."""
         return RuntimeNotes(lines=(self._memory_note, self._cpu_note))
@@ -252,31 +202,66 @@ class ProcessRuntime:
             message = f"{argv[0]!r} is not an executable on the kernel's PATH (image {image.name})"
             raise StageFailure("kernel_start_failure", message, retryable=False)
         try:
+            # An exit status left by an earlier start of this kernel must not be read as its own.
+            (launch.work_dir / EXIT_FILE).unlink(missing_ok=True)
             stdout, stderr = _open_logs(launch.work_dir)
         except OSError as exc:
             raise StageFailure("kernel_start_failure", f"cannot open its logs: {exc}") from exc
         cgroups: tuple[Cgroup, ...] = ()
         try:
             argv, cgroups = self._limit(launch, argv)
-            process = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=stdout,
-                stderr=stderr,
-                cwd=launch.work_dir,
-                env=env,
-                start_new_session=True,
-            )
+            process, kernel = await _spawn(launch, argv, env, stdout, stderr)
         except OSError as exc:
             await release_cgroups(cgroups)
             message = f"cannot start the kernel: {exc}"
             raise StageFailure("kernel_start_failure", message, retryable=False) from exc
+        except asyncio.CancelledError:
+            await asyncio.shield(release_cgroups(cgroups))  # _spawn killed what it started
+            raise
         finally:
             os.close(stdout)
             os.close(stderr)
-        extra = {"kernel_id": str(launch.kernel_id), "pid": process.pid, "image": image.name}
-        logger.info("runtime.kernel_started", extra=extra)
-        return ProcessKernel(launch, process, self._host, cgroups)
+        record = KernelRecord(
+            kernel_id=launch.kernel_id,
+            work_dir=launch.work_dir,
+            wrapper=ProcessIdentity(process.pid, kernel.wrapper_start_ticks),
+            kernel=kernel.identity,
+            devices=launch.devices,
+            cgroups=cgroups,
+            logs={stream: launch.work_dir / f"{stream}.log" for stream in LOG_STREAMS},
+        )
+        try:
+            await asyncio.to_thread(record.write)
+        except OSError as exc:
+            unwritten = {"kernel_id": str(launch.kernel_id), "error": str(exc)}
+            logger.warning("runtime.kernel_record_unwritten", extra=unwritten)  # not adoptable
+        extra = {"kernel_id": str(launch.kernel_id), "pid": kernel.identity.pid}
+        logger.info("runtime.kernel_started", extra={**extra, "image": image.name})
+        return ProcessKernel(launch, process, record, self._host)
+
+    async def find_left(self, kernels_dir: Path) -> list[LeftKernel]:
+        """The kernels recorded in the work directories under `kernels_dir`."""
+        return list(await asyncio.to_thread(_read_records, kernels_dir))
+
+    async def adopt(self, left: LeftKernel, launch: KernelLaunch) -> AdoptedKernel:
+        """Watch a recorded kernel: it runs on, it ended (its exit status), or it was lost."""
+        record = _as_record(left)
+        kernel = AdoptedKernel(launch, record, self._host, self._adopted_poll_s)
+        extra = {"kernel_id": str(record.kernel_id), "pid": record.kernel.pid}
+        logger.info("runtime.kernel_adopted", extra={**extra, "running": record.wrapper.alive()})
+        return kernel
+
+    async def discard(self, left: LeftKernel) -> None:
+        """Kill a recorded kernel that is not this agent's any more; remove its cgroups, record."""
+        record = _as_record(left)
+        # The wrapper first, so it does not write an exit status after the record is gone.
+        for process, kill in ((record.wrapper, os.kill), (record.kernel, os.killpg)):
+            if process.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    kill(process.pid, signal.SIGKILL)
+        await release_cgroups(c for c in record.cgroups if c.path.exists())
+        await asyncio.to_thread(record.remove)
+        logger.info("runtime.kernel_discarded", extra={"kernel_id": str(record.kernel_id)})
 
     def _limit(self, launch: KernelLaunch, argv: list[str]) -> tuple[list[str], tuple[Cgroup, ...]]:
         """The argv wrapped to apply the kernel's `mem` and `cpu` slots, and its cgroups."""
@@ -314,6 +299,87 @@ class ProcessRuntime:
         return image
 
 
+@dataclass(frozen=True, slots=True)
+class _Started:
+    """What the exit-status wrapper said once the kernel was started."""
+
+    identity: ProcessIdentity  # the kernel's first process, its group's leader
+    wrapper_start_ticks: int | None
+
+
+async def _spawn(
+    launch: KernelLaunch, argv: list[str], env: Mapping[str, str], stdout: int, stderr: int
+) -> tuple[asyncio.subprocess.Process, _Started]:
+    """Start `argv` under the exit-status wrapper; the wrapper and the started kernel."""
+    status_r, status_w = os.pipe()
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *_EXIT_WRAPPER,
+            str(status_w),
+            str(launch.work_dir / EXIT_FILE),
+            "--",
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            cwd=launch.work_dir,
+            env=env,
+            start_new_session=True,  # not in the agent's group: a Ctrl-C meant for it stays there
+            pass_fds=(status_w,),
+        )
+    except BaseException:
+        os.close(status_r)
+        raise
+    finally:
+        os.close(status_w)
+    # The wrapper answers as soon as the kernel is exec'd. Shielded: a start cancelled meanwhile
+    # still learns the kernel's pid, and kills it instead of leaving it behind.
+    answer = asyncio.ensure_future(asyncio.to_thread(_read_all, status_r))
+    try:
+        words = (await asyncio.shield(answer)).split()
+    except asyncio.CancelledError:
+        words = (await answer).split()
+        if words[:1] == ["started"]:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(words[1]), signal.SIGKILL)
+        await process.wait()
+        raise
+    if words[:1] == ["started"] and len(words) == 4:
+        pid, wrapper_ticks, kernel_ticks = (None if w == "-" else int(w) for w in words[1:])
+        assert pid is not None
+        return process, _Started(ProcessIdentity(pid, kernel_ticks), wrapper_ticks)
+    code = await process.wait()
+    if words[:1] == ["failed"] and len(words) >= 2:
+        raise OSError(int(words[1]), " ".join(words[2:]))
+    raise OSError(f"its exit-status wrapper ended (status {code}) before starting it")
+
+
+def _read_all(fd: int) -> str:
+    with os.fdopen(fd, "rb") as file:
+        return file.read().decode(errors="replace")
+
+
+def _read_records(kernels_dir: Path) -> list[KernelRecord]:
+    if not kernels_dir.is_dir():
+        return []
+    records = []
+    for work_dir in sorted(kernels_dir.iterdir()):
+        path = work_dir / RECORD_FILE
+        if not path.exists():
+            continue
+        try:
+            records.append(KernelRecord.read(path))
+        except RecordError as exc:
+            logger.warning("runtime.kernel_record_unreadable", extra={"error": str(exc)})
+    return records
+
+
+def _as_record(left: LeftKernel) -> KernelRecord:
+    if not isinstance(left, KernelRecord):
+        raise TypeError(f"{left!r} was not found by the process runtime; adopt its own finds")
+    return left
+
+
 def _wrap(script: str, arguments: list[str], argv: list[str]) -> list[str]:
     return [SHELL, "-c", script, "corral-kernel", *arguments, *argv]
 
@@ -335,36 +401,6 @@ def _open_logs(work_dir: Path) -> tuple[int, int]:
     except OSError:
         os.close(stdout)
         raise
-
-
-def _read_range(path: Path, offset: int, limit: int) -> bytes:
-    try:
-        with path.open("rb") as file:
-            file.seek(offset)
-            return file.read(limit)
-    except FileNotFoundError:
-        return b""
-
-
-def _list_files(root: Path) -> list[OutputFile]:
-    paths = (Path(folder, name) for folder, _, names in os.walk(root) for name in names)
-    files = [
-        OutputFile(path.relative_to(root).as_posix(), path.stat().st_size)
-        for path in paths
-        if path.is_file() and not path.is_symlink()
-    ]
-    return sorted(files, key=lambda output: output.name)
-
-
-def _read_inside(root: Path, name: str) -> bytes:
-    base = root.resolve()
-    path = (base / name).resolve()
-    if path == base or not path.is_relative_to(base):
-        raise ValueError(
-            f"output name {name!r} leads outside the kernel's output directory; "
-            "use a name from list_outputs()"
-        )
-    return path.read_bytes()
 
 
 def _where(probe: CgroupProbe, controller: str, how: str, otherwise: str) -> str:

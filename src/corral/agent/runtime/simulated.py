@@ -21,6 +21,7 @@ from corral.agent.runtime import (
     LOG_STREAMS,
     KernelExit,
     KernelLaunch,
+    LogMark,
     OutputFile,
     RuntimeNotes,
     StageFailure,
@@ -58,6 +59,7 @@ NONZERO_EXIT = KernelExit(1, None, "simulated: the kernel exited with code 1")
 OOM_KILLED = KernelExit(-9, "oom_killed", "simulated: the kernel ran out of memory")
 TERMINATED = KernelExit(-15, None, "simulated: terminated")
 KILLED_AFTER_GRACE = KernelExit(-9, None, "simulated: killed after the grace period")
+_NO_MARKS: Mapping[str, LogMark] = MappingProxyType({})
 
 
 def _non_negative(name: str, value: float) -> float:
@@ -306,6 +308,17 @@ class SimulatedKernel:
         """Always FileNotFoundError: a simulated kernel writes nothing."""
         raise FileNotFoundError(f"simulated kernel {self._launch.kernel_id} has no output {name!r}")
 
+    @property
+    def log_marks(self) -> Mapping[str, LogMark]:
+        """Always empty: a simulated kernel is never handed over to another agent."""
+        return _NO_MARKS
+
+    async def save_log_marks(self, marks: Mapping[str, LogMark]) -> None:
+        """Nothing to keep: no later agent can adopt a simulated kernel."""
+
+    def detach(self) -> None:
+        """Nothing to let go of: a simulated kernel left behind lives on only in memory."""
+
     def _log(self, stream: str) -> bytes:
         launch, ended = self._launch, self._exit
         if stream == "stderr":
@@ -358,6 +371,11 @@ class SimulatedRuntime:
     def black_box(self) -> bool:
         """False: every stage is reported."""
         return False
+
+    @property
+    def adoption(self) -> None:
+        """None: nothing of a simulated kernel outlives its agent (a restarted one reports lost)."""
+        return None
 
     def notes(self) -> RuntimeNotes:
         """One line describing the profile."""
