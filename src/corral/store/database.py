@@ -18,6 +18,10 @@ from corral.store import _inline_sqlite as inline_sqlite
 Dialect = Literal["sqlite", "postgresql"]
 
 _WRITE_OPTION = "corral_write"
+_PG_READ_OPTIONS: dict[str, Any] = {
+    "isolation_level": "REPEATABLE READ",
+    "postgresql_readonly": True,
+}
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 PREPARED_STATEMENTS = 1_000  # per PostgreSQL connection
 
@@ -123,9 +127,19 @@ class Database:
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
-        """A read-only transaction (a consistent snapshot on both backends)."""
-        async with self.engine.connect() as conn, conn.begin():
-            yield conn
+        """A read-only transaction (a consistent snapshot on both backends).
+
+        SQLite's deferred read transaction holds one snapshot of the WAL from its first read.
+        PostgreSQL's default, READ COMMITTED, would give every statement a snapshot of its own,
+        so a read of several statements (a scheduling snapshot: candidates, agents, usage) could
+        mix two states; reads run REPEATABLE READ, READ ONLY (the same single BEGIN; the pool
+        restores the connection's defaults when it is returned).
+        """
+        async with self.engine.connect() as conn:
+            if self.dialect == "postgresql":
+                await conn.execution_options(**_PG_READ_OPTIONS)
+            async with conn.begin():
+                yield conn
 
     @asynccontextmanager
     async def autocommit(self) -> AsyncIterator[AsyncConnection]:

@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 from corral.store.database import Database
-from tests.integration.store._factories import NOW
+from tests.integration.store._factories import NOW, add_user
 
 _USER = sa.text("INSERT INTO users (id, name, role, created_at) VALUES (:id, :name, 'user', :at)")
 
@@ -64,3 +64,33 @@ async def test_postgresql_connections_keep_hundreds_of_statements_prepared(db: D
             )
         )
     assert prepared == 150
+
+
+_USER_COUNT = sa.text("SELECT count(*) FROM users")
+
+
+async def test_a_read_sees_one_snapshot_across_its_statements(db: Database) -> None:
+    """A user added by a writer between two statements of one read is not seen by the second;
+    the next read sees it. (On PostgreSQL's default READ COMMITTED the second would see it.)"""
+    async with db.read() as conn:
+        before = await conn.scalar(_USER_COUNT)
+        await add_user(db)
+        assert await conn.scalar(_USER_COUNT) == before
+    async with db.read() as conn:
+        assert await conn.scalar(_USER_COUNT) == before + 1
+
+
+@pytest.mark.parametrize(
+    "database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
+)
+async def test_postgresql_reads_refuse_writes_and_leave_the_pooled_connection_as_it_was(
+    db: Database,
+) -> None:
+    """A write inside read() fails (the transaction is READ ONLY); the connection goes back to
+    the pool with PostgreSQL's defaults, so a write transaction that reuses it can write."""
+    with pytest.raises(sa.exc.DBAPIError, match="read-only"):
+        async with db.read() as conn:
+            await conn.execute(_USER, {"id": uuid.uuid4(), "name": "refused", "at": NOW})
+    async with db.transaction() as conn:
+        assert await conn.scalar(sa.text("SHOW transaction_isolation")) == "read committed"
+        await conn.execute(_USER, {"id": uuid.uuid4(), "name": "written", "at": NOW})
