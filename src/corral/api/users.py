@@ -14,6 +14,7 @@ from corral.api._pages import Cursor, Limit, Page, decode_cursor, invalid_cursor
 from corral.api.auth import AdminUser, CurrentUser, Db
 from corral.api.problems import Problem
 from corral.domain.types import utcnow
+from corral.infra.events import EventBus, EventBusError
 from corral.store.user_directory import (
     TokenRecord,
     UserRecord,
@@ -157,8 +158,10 @@ async def token_create(
 
 @router.delete("/v1/tokens/{token_id}", status_code=204)
 async def token_revoke(token_id: uuid.UUID, admin: AdminUser, db: Db, request: Request) -> Response:
-    """Revoke a token: this manager refuses it at once, other managers within seconds."""
-    if not await revoke_token(db, token_id):
+    """Revoke a token: refused at once by this manager and, through the event bus, by every
+    other (without a bus, within `auth.CACHE_S`)."""
+    revoked = await revoke_token(db, token_id, utcnow())
+    if revoked is None:
         raise Problem(
             404,
             "token-not-found",
@@ -169,6 +172,13 @@ async def token_revoke(token_id: uuid.UUID, admin: AdminUser, db: Db, request: R
     # The token → user cache is keyed by secret, which is not known here: drop it all.
     request.app.state.token_cache.clear()
     logger.info("token.revoked", extra={"token_id": str(token_id), "by": admin.name})
+    bus: EventBus | None = request.app.state.context.events
+    if bus is not None:
+        try:
+            await bus.publish([revoked])
+        except EventBusError as exc:
+            # Revoked and committed; the other managers' caches expire within CACHE_S.
+            logger.warning("token.revoked_not_published", extra={"error": repr(exc)})
     return Response(status_code=204)
 
 

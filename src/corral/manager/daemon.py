@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import uvicorn
 
 from corral.api.app import ApiContext, create_app
+from corral.api.auth import forget_revoked_tokens
 from corral.controller.agents import AgentController, AgentTimings
 from corral.controller.sessions import SessionController
 from corral.coordination.coordinator import SessionCoordinator
@@ -38,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 SWEEP_TASK = "DetectLostAgents"
 SWEEP_HINT = "agents-sweep"
+_REVOCATIONS_TASK = "manager-token-revocations"  # clears the token cache on any revocation
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +171,10 @@ class ManagerDaemon:
             asyncio.create_task(orchestrator.run(), name="manager-orchestrator"),
             asyncio.create_task(agents.polls.run(), name="manager-assignment-polls"),
             asyncio.create_task(server.serve(sockets=[self._sock]), name="manager-api"),
+            asyncio.create_task(
+                forget_revoked_tokens(app.state.token_cache, buses.events),
+                name=_REVOCATIONS_TASK,
+            ),
         }
         stopping = asyncio.create_task(self._stopping.wait(), name="manager-stop")
         # The socket listens already: requests queue in its backlog until the server accepts.
@@ -191,7 +197,7 @@ class ManagerDaemon:
             server.should_exit = True
             await orchestrator.stop()
             for task in components:
-                if task.get_name() == "manager-assignment-polls":
+                if task.get_name() in ("manager-assignment-polls", _REVOCATIONS_TASK):
                     task.cancel()
             results = await asyncio.gather(*components, return_exceptions=True)
             self._sock.close()

@@ -20,6 +20,7 @@ from corral.store.tables import events as events_table
 from corral.store.tables import sessions
 
 SESSION_STATUS_CHANGED = "session.status_changed"
+TOKEN_REVOKED = "token.revoked"  # an API token was deleted: every manager forgets it
 
 _c = events_table.c
 # One multi-row INSERT per batch (insertmanyvalues) on both backends. PostgreSQL gets the ids

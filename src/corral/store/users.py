@@ -10,8 +10,10 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
+from corral.domain.events import Event
 from corral.domain.types import UserId
 from corral.store.database import Database
+from corral.store.events import TOKEN_REVOKED, append_events
 from corral.store.tables import api_tokens, users
 
 ROLES = ("admin", "user")
@@ -84,11 +86,27 @@ async def issue_token(
     return IssuedToken(token_id, secret)
 
 
-async def revoke_token(db: Database, token_id: uuid.UUID) -> bool:
-    """Delete a token; True if it existed."""
+async def revoke_token(db: Database, token_id: uuid.UUID, now: datetime) -> Event | None:
+    """Delete a token; the `token.revoked` event appended with it, or None if there was none.
+
+    The event (no secret in it, only the token's id and its user as owner) is what tells every
+    manager to forget the token at once (`corral.api.auth.forget_revoked_tokens`).
+    """
     async with db.transaction() as conn:
-        result = await conn.execute(api_tokens.delete().where(api_tokens.c.id == token_id))
-    return bool(result.rowcount)
+        user_id = await conn.scalar(
+            api_tokens.delete().where(api_tokens.c.id == token_id).returning(api_tokens.c.user_id)
+        )
+        if user_id is None:
+            return None
+        revoked = Event(
+            kind=TOKEN_REVOKED,
+            entity_type="token",
+            entity_id=str(token_id),
+            owner_id=user_id,
+            created_at=now,
+        )
+        (appended,) = await append_events(conn, [revoked], now)
+    return appended
 
 
 async def principal_for(db: Database, secret: str, now: datetime) -> Principal | None:
