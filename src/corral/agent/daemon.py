@@ -286,17 +286,21 @@ class AgentDaemon:
         try:
             devices = self.devices.allocate(kernel_id, int(kernel.slots.get("cuda.device", 0)))
         except ValueError as exc:
-            self.shipper.report(
-                KernelReportMessage(
-                    kernel_id=kernel.id,
-                    status=KernelStatus.ERROR,
-                    failure_cause=DEVICE_CAUSE,
-                    message=str(exc),
-                )
-            )
-            self._remember_done(kernel)
+            self._fail_on_devices(kernel, str(exc))
             return
         self._run_worker(kernel, self._launch(kernel, devices))
+
+    def _fail_on_devices(self, kernel: AssignedKernelMessage, message: str) -> None:
+        """Report the kernel failed for want of its devices; it is done here."""
+        self.shipper.report(
+            KernelReportMessage(
+                kernel_id=kernel.id,
+                status=KernelStatus.ERROR,
+                failure_cause=DEVICE_CAUSE,
+                message=message,
+            )
+        )
+        self._remember_done(kernel)
 
     def _run_worker(
         self,
@@ -356,15 +360,7 @@ class AgentDaemon:
             # Before anything new is started: the kernel holds its devices already.
             self.devices.adopt(kernel_id, left.devices)
         except DeviceAllocationError as exc:
-            self.shipper.report(
-                KernelReportMessage(
-                    kernel_id=kernel.id,
-                    status=KernelStatus.ERROR,
-                    failure_cause=DEVICE_CAUSE,
-                    message=f"cannot adopt the kernel: {exc}",
-                )
-            )
-            self._remember_done(kernel)
+            self._fail_on_devices(kernel, f"cannot adopt the kernel: {exc}")
             return False
         launch = self._launch(kernel, left.devices)
         logger.info("agent.kernel_adopted", extra={"kernel_id": str(kernel_id)})

@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -106,15 +107,21 @@ class Node:
         await eventually(lambda: all(map(process_gone, wrappers)), "left kernels to end")
 
 
-@pytest.fixture
-async def node(sqlite_url: str, tmp_path: Path) -> AsyncIterator[Node]:
-    """A live manager and a node whose agents it has not seen yet."""
-    async with live_cluster(sqlite_url, tmp_path, heartbeat_timeout_s=30) as cluster:
-        host = Node(cluster, tmp_path / "agent")
+@asynccontextmanager
+async def _node(sqlite_url: str, tmp_path: Path, heartbeat_timeout_s: float) -> AsyncIterator[Node]:
+    async with live_cluster(sqlite_url, tmp_path, heartbeat_timeout_s=heartbeat_timeout_s) as c:
+        host = Node(c, tmp_path / "agent")
         try:
             yield host
         finally:
             await host.clean_up()
+
+
+@pytest.fixture
+async def node(sqlite_url: str, tmp_path: Path) -> AsyncIterator[Node]:
+    """A live manager and a node whose agents it has not seen yet."""
+    async with _node(sqlite_url, tmp_path, heartbeat_timeout_s=30) as host:
+        yield host
 
 
 async def run_waiter(node: Node, exit_code: int) -> tuple[SessionId, KernelId, int]:
@@ -228,12 +235,8 @@ async def test_terminating_an_adopted_kernel_kills_its_process_tree(node: Node) 
 @pytest.fixture
 async def forgetful_node(sqlite_url: str, tmp_path: Path) -> AsyncIterator[Node]:
     """A node whose manager declares a silent agent lost after 2 s."""
-    async with live_cluster(sqlite_url, tmp_path, heartbeat_timeout_s=2) as cluster:
-        host = Node(cluster, tmp_path / "agent")
-        try:
-            yield host
-        finally:
-            await host.clean_up()
+    async with _node(sqlite_url, tmp_path, heartbeat_timeout_s=2) as host:
+        yield host
 
 
 async def test_a_left_kernel_the_manager_gave_up_on_is_killed(forgetful_node: Node) -> None:
