@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 import pytest
 
+from corral.agent.runtime import _cgroups
 from corral.agent.runtime._cgroups import CPU_PERIOD_US, Cgroup, CgroupProbe, cpu_quota_us
 
 MIB = 1 << 20
@@ -83,3 +85,32 @@ def test_probe_names_the_cgroup_for_each_controller() -> None:
     assert CgroupProbe((both,)).parent("cpu") == both
     memory_only = Cgroup(1, Path("/sys/fs/cgroup/memory/agent"), frozenset({"memory"}))
     assert CgroupProbe((memory_only,), {"cpu": "Permission denied"}).parent("cpu") is None
+
+
+@pytest.mark.parametrize(
+    ("field", "path"),
+    [
+        ("/sys/fs/cgroup", "/sys/fs/cgroup"),
+        ("/mnt/my\\040cgroups", "/mnt/my cgroups"),
+        ("/a\\011b\\134c", "/a\tb\\c"),
+    ],
+)
+def test_mountinfo_paths_are_unescaped(field: str, path: str) -> None:
+    """/proc/self/mountinfo writes a space as \\040 (and tab, newline, backslash likewise)."""
+    assert _cgroups._unescaped(field) == path
+
+
+def test_a_refused_limit_says_what_was_refused_where(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EINVAL from a limit file (a v1 parent with a lower quota) is named, not 'Invalid argument'
+    alone, in the reason the agent's start-up note gives."""
+
+    def refuse(self: Cgroup, name: str, limits: object) -> Cgroup:
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(Cgroup, "create", refuse)
+    reason = _cgroups._try(Cgroup(1, tmp_path, frozenset({"cpu"})), "cpu")
+    assert reason is not None
+    assert "refused a cpu limit" in reason and str(tmp_path) in reason
+    assert "Invalid argument" in reason

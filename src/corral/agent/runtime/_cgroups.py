@@ -12,6 +12,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import signal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ _CPU_QUOTA_MIN_US = 1_000  # the kernel refuses shorter quotas (EINVAL)
 _PROBE_LIMITS = {"memory": 1 << 40, "cpu": 1_000}
 _REMOVE_TIMEOUT_S = 5.0
 _REMOVE_POLL_S = 0.01
+_MOUNTINFO_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
 def cpu_quota_us(cpu_milli: int) -> int:
@@ -199,9 +201,10 @@ def _candidates(controller: str) -> list[Cgroup]:
         if version not in own or (version == 1 and controller not in fs[2].split(",")):
             continue
         # A mount may show only a subtree (containers): place our path relative to its root.
-        relative = os.path.relpath(own[version], fields[3])
+        relative = os.path.relpath(own[version], _unescaped(fields[3]))
         if not relative.startswith(".."):
-            found.append(Cgroup(version, Path(fields[4]) / relative, frozenset({controller})))
+            mount = Path(_unescaped(fields[4]))
+            found.append(Cgroup(version, mount / relative, frozenset({controller})))
     return sorted(found, key=lambda candidate: -candidate.version)
 
 
@@ -220,8 +223,19 @@ def _try(candidate: Cgroup, controller: str) -> str | None:
         if probe is not None:
             os.rmdir(probe.path)
     except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return (
+                f"the kernel refused a {controller} limit under {path} ({exc.strerror}); "
+                "a parent cgroup may hold it to less"
+            )
         return exc.strerror or str(exc)
     return None
+
+
+def _unescaped(field: str) -> str:
+    """A /proc/self/mountinfo path field as the path it names (space, tab, newline and
+    backslash are written there as octal escapes: `\\040`)."""
+    return _MOUNTINFO_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
 
 
 def _write(path: Path, value: object, *, missing_ok: bool = False) -> None:
