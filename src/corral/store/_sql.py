@@ -49,9 +49,9 @@ def in_values(
 ) -> sa.ColumnElement[bool]:
     """`column IN values` with a single bound parameter, whatever the number of values.
 
-    PostgreSQL gets `= ANY(:array)`; SQLite gets `IN (SELECT value FROM json_each(:json))`. Both
-    avoid one parameter per value (SQLite caps a statement at 32,766) and keep the statement text
-    identical across batch sizes, so it is compiled and prepared once. It is a small construct
+    PostgreSQL gets `IN (SELECT unnest(:array))`, SQLite `IN (SELECT value FROM json_each(:json))`.
+    Both avoid one parameter per value (SQLite caps a statement at 32,766) and keep the statement
+    text identical across batch sizes, so it is compiled and prepared once. It is a small construct
     of its own (compiled below) rather than a `json_each` table-valued subquery: building that
     cost 110 µs per call, a fifth of a busy manager's CPU.
     """
@@ -107,9 +107,13 @@ class _InValues(sa.sql.expression.ColumnElement[bool]):
 
 @compiles(_InValues, "postgresql")
 def _in_values_postgresql(element: _InValues, compiler: Any, **kw: Any) -> str:
-    return (
-        f"{compiler.process(element.column, **kw)} = ANY ({compiler.process(element.param, **kw)})"
-    )
+    # Not `= ANY (:array)`: asyncpg prepares every statement, and from its sixth run PostgreSQL
+    # may keep a generic plan, in which `= ANY` over a parameter is a linear search per row
+    # (hashed only for a constant array). On a small table read whole (1,000 agents, 1,000 ids)
+    # that took 25 ms instead of 1.3 ms. A semi-join with the unnested array is planned as a
+    # join, by hash or by index, whatever the plan.
+    column, param = compiler.process(element.column, **kw), compiler.process(element.param, **kw)
+    return f"{column} IN (SELECT unnest({param}))"
 
 
 @compiles(_InValues)
