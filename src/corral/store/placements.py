@@ -39,8 +39,9 @@ def _place_kernels(
     Kernels are found by (session, cluster index) and occupy what they requested. The agents
     travel as one parameter set, not one parameter row per kernel: on PostgreSQL arrays of
     (session, index, agent) joined in `UPDATE ... FROM unnest(...)`, on SQLite one JSON object
-    of each session's agents in index order. A kernel whose index the plan does not name is
-    left alone: the caller checks the count.
+    of each session's agents in index order. Only the indexes the plan names are touched: the
+    planner names every kernel of a session (a property test checks it), and the caller's row
+    count catches a plan naming a kernel the session lacks.
     """
     index = kernels.c.cluster_index
     where: sa.ColumnElement[bool]
