@@ -78,10 +78,7 @@ class SessionRepository:
             params["group"] = resource_group
         if limit is not None:
             params["limit"] = limit
-        if conn is not None:
-            return await load_with_kernels(conn, query, params)
-        async with self.db.read() as own:
-            return await load_with_kernels(own, query, params)
+        return await self._load(conn, query, params)
 
     async def load_needing_attention(
         self,
@@ -103,6 +100,12 @@ class SessionRepository:
             acted, tuple(sorted(s.value for s in watched)), timed=expiring_before is not None
         )
         params = {} if expiring_before is None else {"expiring_before": expiring_before}
+        return await self._load(conn, query, params)
+
+    async def _load(
+        self, conn: AsyncConnection | None, query: sa.Select[Any], params: Mapping[str, Any]
+    ) -> list[SessionWithKernels]:
+        """`load_with_kernels` in the caller's transaction, or in a read of its own."""
         if conn is not None:
             return await load_with_kernels(conn, query, params)
         async with self.db.read() as own:
@@ -371,17 +374,7 @@ async def load_with_kernels(
     """Sessions with their kernels: the rows of a `with_kernels` statement, run with `params`."""
     # All rows at once: iterating the result would fetch them one call at a time.
     rows = (await conn.execute(statement, dict(params))).all()
-    decode = _decoders(conn.dialect)
-    # JSON comes back as text and is decoded once per distinct value: a batch repeats a few
-    # request shapes thousands of times. The decoded values are shared: read-only. Timestamps
-    # and owners likewise: a session's kernels mostly share theirs, and owners are few.
-    loaders = _Loaders(
-        uuid=decode.uuid,
-        owner=_memoised(decode.uuid),
-        time=_memoised(decode.time),
-        json=_memoised(json.loads),
-        bool=decode.bool,
-    )
+    loaders = _Loaders.of(conn.dialect)
     to_uuid, load_time, load_json = loaders.uuid, loaders.time, loaders.json
     result: list[SessionWithKernels] = []
     head: dict[str, Any] | None = None  # the current session's fields, but its kernels
@@ -465,30 +458,28 @@ async def load_pending(
 ) -> list[PendingSession]:
     """Sessions for placement: the rows of a `pending_view` statement, run with `params`."""
     rows = (await conn.execute(statement, dict(params))).all()
-    decode = _decoders(conn.dialect)
-    to_uuid, owner = decode.uuid, _memoised(decode.uuid)
-    load_time, load_json, load_bool = _memoised(decode.time), _memoised(json.loads), decode.bool
+    load = _Loaders.of(conn.dialect)
     mixed: list[SessionId] = []
     result: list[PendingSession] = []
     for row in rows:
-        sid = SessionId(to_uuid(row[0]))
+        sid = SessionId(load.uuid(row[0]))
         if row[14]:
             mixed.append(sid)
         result.append(
             PendingSession(
                 id=sid,
                 name=row[1],
-                owner_id=UserId(owner(row[2])),
+                owner_id=UserId(load.owner(row[2])),
                 priority=row[3],
                 resource_group=row[4],
                 cluster_mode=row[5],
                 status=_SESSION_STATUSES[row[7]],
-                created_at=load_time(row[8]),
-                starts_at=load_time(row[9]),
-                requeue_at=load_time(row[10]),
-                requeue_active=load_bool(row[11]),
-                failed_agents=tuple(AgentId(a) for a in load_json(row[12])),
-                kernel_slots=(load_json(row[13]),) * row[6],
+                created_at=load.time(row[8]),
+                starts_at=load.time(row[9]),
+                requeue_at=load.time(row[10]),
+                requeue_active=load.bool(row[11]),
+                failed_agents=tuple(AgentId(a) for a in load.json(row[12])),
+                kernel_slots=(load.json(row[13]),) * row[6],
             )
         )
     if not mixed:
@@ -514,6 +505,24 @@ class _Loaders:
     time: Callable[[Any], Any]
     json: Callable[[Any], Any]
     bool: Callable[[Any], Any]
+
+    @classmethod
+    def of(cls, dialect: sa.Dialect) -> _Loaders:
+        """Fresh converters for one load on `dialect`.
+
+        JSON comes back as text and is decoded once per distinct value: a batch repeats a few
+        request shapes thousands of times. The decoded values are shared: read-only.
+        Timestamps and owners likewise: a session's kernels mostly share theirs, and owners
+        are few.
+        """
+        decode = _decoders(dialect)
+        return cls(
+            uuid=decode.uuid,
+            owner=_memoised(decode.uuid),
+            time=_memoised(decode.time),
+            json=_memoised(json.loads),
+            bool=decode.bool,
+        )
 
 
 def _memoised(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
