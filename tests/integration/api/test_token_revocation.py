@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 
 import httpx
@@ -19,19 +19,8 @@ from corral.store.database import Database
 from corral.store.events import TOKEN_REVOKED, read_events
 from corral.store.users import create_user, issue_token
 from tests.conftest import REDIS_URL
+from tests.integration._polling import eventually
 from tests.integration.store._factories import NOW
-
-DEADLINE_S = 10.0
-POLL_S = 0.02
-
-
-async def _until(condition: Callable[[], Awaitable[bool]]) -> None:
-    """Poll `condition` until it holds (failing past the deadline)."""
-    async with asyncio.timeout(DEADLINE_S):
-        while True:
-            if await condition():
-                return
-            await asyncio.sleep(POLL_S)
 
 
 @pytest.fixture
@@ -66,7 +55,7 @@ async def managers(
             async def subscribed(cache: dict[str, object] = cache) -> bool:
                 return not cache  # the watcher clears the cache once it listens
 
-            await _until(subscribed)
+            await eventually(subscribed, f"manager {name}'s watcher to subscribe")
             transport = httpx.ASGITransport(app=app)
             clients.append(
                 await stack.enter_async_context(
@@ -106,7 +95,7 @@ async def test_a_revoked_token_stops_working_on_every_manager_at_once(
     async def refused() -> bool:
         return (await b.get("/v1/me", headers=carol_headers)).status_code == 401
 
-    await _until(refused)
+    await eventually(refused, "manager B to refuse the revoked token")
 
     logged = [e for e in await read_events(db, after_id=0) if e.kind == TOKEN_REVOKED]
     assert [(e.entity_type, e.entity_id, e.owner_id) for e in logged] == [
