@@ -20,6 +20,7 @@ from corral.domain.session import MilliSlots
 from corral.domain.status import KERNEL_NON_TERMINAL, KernelStatus
 from corral.domain.types import AgentId, KernelId, SessionId
 from corral.store._sql import in_values
+from corral.store.agent_kernels import on_agent, on_agents
 from corral.store.agents import AGENT_ALIVE, NewAgent, apply_slot_deltas, insert_agents
 from corral.store.assignments import bump_revisions
 from corral.store.database import Database
@@ -217,7 +218,7 @@ async def mark_lost_agents(db: Database, cutoff: datetime, now: datetime) -> Los
                     kernels.c.agent_id,
                     kernels.c.status,
                     kernels.c.occupied_slots,
-                ).where(in_values(db.dialect, kernels.c.agent_id, ids), kernels.c.status.in_(live))
+                ).where(on_agents(db.dialect, ids), kernels.c.status.in_(live))
             )
         )
         releases: dict[AgentId, dict[str, int]] = {}
@@ -272,7 +273,7 @@ async def deregister_agent(db: Database, agent_id: AgentId, now: datetime) -> bo
     does not come back its kernels are failed by the lost sweep instead of being forgotten.
     """
     live_kernels = sa.exists().where(
-        kernels.c.agent_id == agent_id,
+        on_agent(agent_id),
         kernels.c.status.in_([s.value for s in KERNEL_NON_TERMINAL]),
     )
     async with db.transaction() as conn:

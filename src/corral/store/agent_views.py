@@ -14,6 +14,7 @@ from corral.domain.events import Event
 from corral.domain.status import KERNEL_NON_TERMINAL
 from corral.domain.types import AgentId
 from corral.store._sql import in_values
+from corral.store.agent_kernels import on_agents
 from corral.store.database import Database
 from corral.store.events import append_events
 from corral.store.tables import agent_slots, agents, kernels
@@ -139,7 +140,7 @@ async def _views(conn: AsyncConnection, db: Database, rows: Sequence[Any]) -> li
         (
             await conn.execute(
                 sa.select(kernels.c.agent_id, sa.func.count())
-                .where(in_values(db.dialect, kernels.c.agent_id, ids), kernels.c.status.in_(live))
+                .where(on_agents(db.dialect, ids), kernels.c.status.in_(live))
                 .group_by(kernels.c.agent_id)
             )
         ).all()

@@ -21,6 +21,7 @@ from corral.domain.session import KernelIntent, MilliSlots
 from corral.domain.status import KERNEL_TERMINAL, KernelStatus
 from corral.domain.types import AgentId, KernelId, SessionId
 from corral.store._sql import IdBatch, in_param, in_values, payload
+from corral.store.agent_kernels import on_agents
 from corral.store.database import Database, Dialect
 from corral.store.tables import agents, kernels, sessions
 
@@ -203,7 +204,7 @@ def _assigned_kernels_query(dialect: Dialect) -> sa.Select[Any]:
         )
         .select_from(kernels.join(sessions, sessions.c.id == kernels.c.session_id))
         .where(
-            in_param(dialect, kernels.c.agent_id, "ids"),
+            on_agents(dialect, "ids"),
             kernels.c.status.not_in([s.value for s in KERNEL_TERMINAL]),
         )
         .order_by(kernels.c.agent_id, kernels.c.session_id, kernels.c.cluster_index)

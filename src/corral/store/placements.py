@@ -16,12 +16,12 @@ from corral.domain.results import SchedulingResult
 from corral.domain.session import MilliSlots
 from corral.domain.status import SESSION_TRANSITIONS, KernelStatus, SessionStatus
 from corral.domain.types import AgentId, SessionId, UserId
-from corral.store._sql import id_batch, in_values
+from corral.store._sql import IdBatch, id_batch, in_values
 from corral.store.agents import AGENT_ALIVE, Claim, apply_slot_deltas, fit_claims, lock_ledger
 from corral.store.database import Database, Dialect
 from corral.store.history import record_kernel_history, record_session_history
 from corral.store.status_changes import lock_sessions
-from corral.store.tables import agents, kernels, sessions
+from corral.store.tables import agent_kernels, agents, kernels, sessions
 
 PHASE = "ScheduleNewSessions"
 
@@ -31,10 +31,18 @@ OnCommitted = Callable[
 ]
 
 
-def _place_kernels(
-    dialect: Dialect, placed: Sequence[SessionPlacement], now: datetime
-) -> sa.Update:
-    """One set-based UPDATE giving every kernel of the placed sessions its agent and slots.
+async def _place_kernels(
+    conn: AsyncConnection,
+    dialect: Dialect,
+    placed: Sequence[SessionPlacement],
+    placed_ids: IdBatch,
+    now: datetime,
+) -> int:
+    """Give every kernel of the placed sessions its agent and slots; the kernels moved.
+
+    Each placed kernel also gets its row in `agent_kernels`: on PostgreSQL from the UPDATE's
+    RETURNING in the same statement, on SQLite by a second one over the placed sessions (all
+    of whose kernels were just placed).
 
     Kernels are found by (session, cluster index) and occupy what they requested. The agents
     travel as one parameter set, not one parameter row per kernel: on PostgreSQL arrays of
@@ -88,7 +96,7 @@ def _place_kernels(
             kernels.c.session_id == each.c.key, index < sa.func.json_array_length(each.c.value)
         )
         agent = sa.func.json_extract(each.c.value, sa.literal("$[").concat(index).concat("]"))
-    return (
+    update = (
         kernels.update()
         .where(where, kernels.c.status == KernelStatus.PENDING.value)
         .values(
@@ -98,6 +106,23 @@ def _place_kernels(
             occupied_slots=kernels.c.requested_slots,
         )
     )
+    columns = [agent_kernels.c.agent_id, agent_kernels.c.kernel_id]
+    if dialect == "postgresql":
+        moved = update.returning(kernels.c.agent_id, kernels.c.id).cte("moved")
+        result = await conn.execute(
+            agent_kernels.insert().from_select(columns, sa.select(moved.c.agent_id, moved.c.id))
+        )
+        return int(result.rowcount)
+    result = await conn.execute(update)
+    await conn.execute(
+        agent_kernels.insert().from_select(
+            columns,
+            sa.select(kernels.c.agent_id, kernels.c.id).where(
+                in_values(dialect, kernels.c.session_id, placed_ids)
+            ),
+        )
+    )
+    return int(result.rowcount)
 
 
 def _by_index(placement: SessionPlacement) -> Sequence[KernelPlacement]:
@@ -234,12 +259,12 @@ async def commit_placements(
             )
         )
         placed_sessions = [p for p in plan if p.session_id in accepted_set]
-        moved = await conn.execute(_place_kernels(dialect, placed_sessions, now))
+        moved = await _place_kernels(conn, dialect, placed_sessions, accepted_batch, now)
         expected = sum(len(p.kernels) for p in placed_sessions)
-        if moved.rowcount != expected:
+        if moved != expected:
             # Every kernel was checked PENDING under lock above; a plan naming too few or
             # too many kernels of a session is a bug, and nothing of it may commit.
-            raise RuntimeError(f"placement moved {moved.rowcount} kernels, expected {expected}")
+            raise RuntimeError(f"placement moved {moved} kernels, expected {expected}")
         await apply_slot_deltas(conn, deltas)
         await record_kernel_history(
             conn,

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 from corral.domain.status import SESSION_TERMINAL
 from corral.domain.types import SessionId, UserId
+from corral.store.agent_kernels import forget_agents
 from corral.store.database import Database
 from corral.store.tables import (
     kernel_history,
@@ -209,6 +210,7 @@ async def delete_session(db: Database, session_id: SessionId) -> None:
                 )
             )
         )
+        await forget_agents(conn, kernels.c.session_id == session_id)
         await conn.execute(kernels.delete().where(kernels.c.session_id == session_id))
         await conn.execute(sessions.delete().where(sessions.c.id == session_id))
 

@@ -30,6 +30,7 @@ from corral.domain.status import (
 )
 from corral.domain.types import AgentId, SessionId, UserId
 from corral.store._sql import IdBatch, id_batch, in_param, in_values, slot_entries
+from corral.store.agent_kernels import forget_agents
 from corral.store.agents import apply_slot_deltas
 from corral.store.assignments import bump_revisions
 from corral.store.database import Database, Dialect
@@ -290,6 +291,8 @@ async def _move_kernels(
     held = await _held_slots(conn, dialect, to, session_ids) if _gives_back(to) else {}
     if to is KernelStatus.PENDING and change.result in _FAILED_RESULTS:
         await _remember_failed_agents(conn, dialect, to, session_ids)
+    if to is KernelStatus.PENDING:
+        await forget_agents(conn, _kernel_scope(dialect, to), ids=session_ids.payload)
     moved = await conn.execute(_kernel_move(dialect, to), {"ids": session_ids.payload, "now": now})
     await apply_slot_deltas(conn, held)
     # Kernels taken away from their agents (re-scheduled, or ended by the manager): the agents

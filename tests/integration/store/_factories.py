@@ -20,8 +20,8 @@ from corral.store.database import Database
 from corral.store.placements import KernelPlacement, SessionPlacement, commit_placements
 from corral.store.sessions import SessionRepository
 from corral.store.status_changes import StatusChange
+from corral.store.tables import agent_kernels, resource_groups, session_history, sessions, users
 from corral.store.tables import agents as agents_table
-from corral.store.tables import resource_groups, session_history, sessions, users
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -161,8 +161,18 @@ async def place_all(db: Database, ids: Sequence[SessionId], agent: AgentId) -> N
 async def assert_slots_consistent(
     db: Database, agents: Mapping[AgentId, MilliSlots], session_ids: Collection[SessionId]
 ) -> list[SessionWithKernels]:
-    """Ledger within [0, capacity], equal to what the kernels hold; placement all or nothing."""
+    """Ledger within [0, capacity], equal to what the kernels hold; placement all or nothing.
+
+    Also: `agent_kernels` lists exactly the kernels that have an agent, on that agent.
+    """
     found = await SessionRepository(db).get(session_ids)
+    kernels = [k for s in found for k in s.kernels]
+    async with db.read() as conn:
+        rows = await conn.execute(sa.select(agent_kernels.c.agent_id, agent_kernels.c.kernel_id))
+        listed = {(a, k) for a, k in rows if k in {kernel.id for kernel in kernels}}
+    assert listed == {(k.agent_id, k.id) for k in kernels if k.agent_id is not None}, (
+        "agent_kernels does not list exactly the kernels that have an agent"
+    )
     held: dict[AgentId, Counter[str]] = defaultdict(Counter)
     for session in found:
         placed = [k.agent_id is not None for k in session.kernels]
