@@ -9,6 +9,8 @@ an owner limit, a permanent failure) never stops the pass.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from corral.domain.resource_group import Ordering
 from corral.domain.session import PendingSession
 from corral.scheduler.requests import Request, RequestCache, format_milli
@@ -22,8 +24,20 @@ NO_CAPACITY = "no_capacity"
 WAITING_BEHIND = "waiting_behind"
 
 
-def place_sessions(snapshot: GroupSnapshot) -> Plan:
-    """Decide, for every candidate of the snapshot, placed (and where) or why not."""
+def place_sessions(
+    snapshot: GroupSnapshot,
+    *,
+    on_batch: Callable[[list[SessionPlacement]], None] | None = None,
+    first_batch: int = 500,
+) -> Plan:
+    """Decide, for every candidate of the snapshot, placed (and where) or why not.
+
+    `on_batch`, if given, is handed the placements as they are made (each batch a new list),
+    so that they can be written while the rest of the plan is being made: `first_batch` of
+    them first, each batch after twice the one before, and what is left at the end.
+    """
+    handed_over = 0
+    batch_size = first_batch
     pool = snapshot.agents
     options = snapshot.options
     ordered = order_sessions(
@@ -87,6 +101,12 @@ def place_sessions(snapshot: GroupSnapshot) -> Plan:
             position,
             message=f"placed on {', '.join(dict.fromkeys(agent_ids))}",
         )
+        if on_batch is not None and len(plan.placements) - handed_over >= batch_size:
+            on_batch(plan.placements[handed_over:])
+            handed_over = len(plan.placements)
+            batch_size *= 2
+    if on_batch is not None and len(plan.placements) > handed_over:
+        on_batch(plan.placements[handed_over:])
     return plan
 
 

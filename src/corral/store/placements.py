@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -17,7 +25,14 @@ from corral.domain.session import MilliSlots
 from corral.domain.status import SESSION_TRANSITIONS, KernelStatus, SessionStatus
 from corral.domain.types import AgentId, SessionId, UserId
 from corral.store._sql import IdBatch, id_batch, in_values
-from corral.store.agents import AGENT_ALIVE, Claim, apply_slot_deltas, fit_claims, lock_ledger
+from corral.store.agents import (
+    AGENT_ALIVE,
+    Claim,
+    Ledger,
+    apply_slot_deltas,
+    fit_claims,
+    lock_ledger,
+)
 from corral.store.database import Database, Dialect
 from corral.store.history import record_kernel_history, record_session_history
 from corral.store.status_changes import lock_sessions
@@ -170,13 +185,47 @@ async def commit_placements(
     plan: Sequence[SessionPlacement],
     now: datetime,
     *,
-    message: str = "",
     on_committed: OnCommitted | None = None,
 ) -> PlacementOutcome:
     """Apply a plan in one transaction; sessions that no longer fit stay PENDING, untouched.
 
     `on_committed` runs last in the same transaction with the sessions placed and their owners
     (e.g. to append the events describing the placement, so they commit together).
+    """
+    if not plan:
+        return PlacementOutcome()
+
+    async def one_batch() -> AsyncIterator[Sequence[SessionPlacement]]:
+        yield plan
+
+    return await commit_placement_batches(
+        db,
+        one_batch(),
+        now,
+        agent_ids={k.agent_id for p in plan for k in p.kernels},
+        session_ids=[p.session_id for p in plan],
+        on_committed=on_committed,
+    )
+
+
+async def commit_placement_batches(
+    db: Database,
+    batches: AsyncIterable[Sequence[SessionPlacement]],
+    now: datetime,
+    *,
+    agent_ids: Collection[AgentId],
+    session_ids: Sequence[SessionId],
+    on_locked: Callable[[], None] | None = None,
+    on_committed: OnCommitted | None = None,
+) -> PlacementOutcome:
+    """`commit_placements` for a plan that arrives in batches, all in one transaction.
+
+    The transaction starts before the first batch, so a plan still being made can be written
+    as it comes: the ledger rows of `agent_ids` (every agent a batch may name) and the
+    sessions of `session_ids` (every session a batch may name) are locked and checked first,
+    then each batch is written when it arrives, and the slots are taken last, for the whole
+    plan at once. `on_locked` is called when those locks are held and checked, before the
+    first batch is read.
 
     Lock order is ledger rows, then sessions, then kernels; every other writer that touches
     the ledger takes sessions and kernels first only for sessions that are not PENDING, so the
@@ -184,101 +233,136 @@ async def commit_placements(
     """
     SESSION_TRANSITIONS.check(SessionStatus.PENDING, SessionStatus.SCHEDULED)
     outcome = PlacementOutcome()
-    if not plan:
-        return outcome
     dialect = db.dialect
-    agent_ids = {k.agent_id for p in plan for k in p.kernels}
     async with db.transaction() as conn:
         ledger = await lock_ledger(conn, dialect, agent_ids)
         usable = await conn.execute(
             sa.select(agents.c.id).where(
-                in_values(dialect, agents.c.id, agent_ids),
+                in_values(dialect, agents.c.id, list(ledger)),
                 agents.c.status == AGENT_ALIVE,
                 agents.c.schedulable.is_(True),
             )
         )
         usable_ids = {AgentId(row[0]) for row in usable}
         ledger = {agent: slots for agent, slots in ledger.items() if agent in usable_ids}
-
-        ids = [p.session_id for p in plan]
-        # The ids are encoded once for every statement that can take them all (the usual case:
-        # every session still PENDING and accepted).
-        batch = id_batch(dialect, ids)
         owners: dict[SessionId, UserId] = {}
-        pending = set(
-            await lock_sessions(conn, dialect, batch, [SessionStatus.PENDING], owners=owners)
-        )
-        # A session is placeable only while every kernel of it is PENDING too: one whose kernel
-        # already ended (requeued after a kernel failed) would be charged slots no kernel holds.
-        if pending:
-            not_ready = await conn.execute(
-                sa.select(kernels.c.session_id)
-                .distinct()
-                .where(
-                    in_values(
-                        dialect,
-                        kernels.c.session_id,
-                        batch if len(pending) == len(ids) else pending,
-                    ),
-                    kernels.c.status != KernelStatus.PENDING.value,
-                )
-            )
-            pending -= {SessionId(row[0]) for row in not_ready}
-        outcome.stale = [sid for sid in ids if sid not in pending]
-        claims = [Claim(p.session_id, p.kernels) for p in plan if p.session_id in pending]
-        accepted, deltas = fit_claims(ledger, claims)
-        accepted_set = set(accepted)
-        outcome.no_longer_fits = [
-            p.session_id
-            for p in plan
-            if p.session_id in pending and p.session_id not in accepted_set
-        ]
-        if not accepted:
+        ready = await _lock_placeable(conn, dialect, session_ids, owners)
+        if on_locked is not None:
+            on_locked()
+        taken: dict[AgentId, dict[str, int]] = {}
+        async for batch in batches:
+            if batch:
+                await _commit_batch(conn, dialect, batch, now, ready, ledger, taken, outcome)
+        if not outcome.placed:
             return outcome
+        await apply_slot_deltas(conn, taken)
+        if on_committed is not None:
+            await on_committed(conn, outcome.placed, owners)
+    return outcome
 
-        accepted_batch = batch if accepted == ids else id_batch(dialect, accepted)
-        await record_session_history(
-            conn,
-            dialect,
-            accepted_batch,
-            phase=PHASE,
-            result=SchedulingResult.SUCCESS.value,
-            to_status=SessionStatus.SCHEDULED.value,
-            now=now,
-            moving=True,
-        )
-        await conn.execute(
-            sessions.update()
-            .where(in_values(dialect, sessions.c.id, accepted_batch))
-            .values(
-                status=SessionStatus.SCHEDULED.value,
-                status_changed_at=now,
-                status_info=None,
-                phase=None,
-                phase_attempts=0,
+
+async def _lock_placeable(
+    conn: AsyncConnection,
+    dialect: Dialect,
+    session_ids: Sequence[SessionId],
+    owners: dict[SessionId, UserId],
+) -> set[SessionId]:
+    """Lock these sessions; those still PENDING with every kernel PENDING (owners filled in).
+
+    A session is placeable only while every kernel of it is PENDING too: one whose kernel
+    already ended (requeued after a kernel failed) would be charged slots no kernel holds.
+    """
+    if not session_ids:
+        return set()
+    ids = id_batch(dialect, session_ids)
+    pending = set(await lock_sessions(conn, dialect, ids, [SessionStatus.PENDING], owners=owners))
+    if pending:
+        not_ready = await conn.execute(
+            sa.select(kernels.c.session_id)
+            .distinct()
+            .where(
+                in_values(
+                    dialect, kernels.c.session_id, ids if len(pending) == len(ids) else pending
+                ),
+                kernels.c.status != KernelStatus.PENDING.value,
             )
         )
-        placed_sessions = [p for p in plan if p.session_id in accepted_set]
-        moved = await _place_kernels(conn, dialect, placed_sessions, accepted_batch, now)
-        expected = sum(len(p.kernels) for p in placed_sessions)
-        if moved != expected:
-            # Every kernel was checked PENDING under lock above; a plan naming too few or
-            # too many kernels of a session is a bug, and nothing of it may commit.
-            raise RuntimeError(f"placement moved {moved} kernels, expected {expected}")
-        await apply_slot_deltas(conn, deltas)
-        await record_kernel_history(
-            conn,
-            dialect,
-            accepted_batch,
-            [KernelStatus.SCHEDULED.value],
-            phase=PHASE,
-            result=SchedulingResult.SUCCESS.value,
-            to_status=KernelStatus.SCHEDULED.value,
-            now=now,
-            message=sa.literal("placed on ") + kernels.c.agent_id,
-            recorded_from=KernelStatus.PENDING.value,
+        pending -= {SessionId(row[0]) for row in not_ready}
+    return pending
+
+
+async def _commit_batch(
+    conn: AsyncConnection,
+    dialect: Dialect,
+    batch: Sequence[SessionPlacement],
+    now: datetime,
+    ready: set[SessionId],
+    ledger: Ledger,
+    taken: dict[AgentId, dict[str, int]],
+    outcome: PlacementOutcome,
+) -> None:
+    """Write one batch: sessions and kernels SCHEDULED, with history; slots into `taken`.
+
+    Only sessions in `ready` (locked, placeable) are written, those whose kernels fit what
+    `ledger` has left; the batch's slots are counted into `ledger` (what later batches fit
+    into) and `taken` (written by the caller once, for all batches).
+    """
+    ids = [p.session_id for p in batch]
+    outcome.stale.extend(sid for sid in ids if sid not in ready)
+    claims = [Claim(p.session_id, p.kernels) for p in batch if p.session_id in ready]
+    accepted, deltas = fit_claims(ledger, claims)
+    for agent_id, slots in deltas.items():
+        total = taken.setdefault(agent_id, {})
+        for slot, amount in slots.items():
+            ledger[agent_id][slot][1] += amount  # what later batches see as occupied
+            total[slot] = total.get(slot, 0) + amount
+    accepted_set = set(accepted)
+    outcome.no_longer_fits.extend(
+        p.session_id for p in batch if p.session_id in ready and p.session_id not in accepted_set
+    )
+    if not accepted:
+        return
+
+    # The ids are encoded once for every statement of the batch.
+    accepted_ids = id_batch(dialect, accepted)
+    await record_session_history(
+        conn,
+        dialect,
+        accepted_ids,
+        phase=PHASE,
+        result=SchedulingResult.SUCCESS.value,
+        to_status=SessionStatus.SCHEDULED.value,
+        now=now,
+        moving=True,
+    )
+    await conn.execute(
+        sessions.update()
+        .where(in_values(dialect, sessions.c.id, accepted_ids))
+        .values(
+            status=SessionStatus.SCHEDULED.value,
+            status_changed_at=now,
+            status_info=None,
+            phase=None,
+            phase_attempts=0,
         )
-        if on_committed is not None:
-            await on_committed(conn, accepted, owners)
-    outcome.placed = accepted
-    return outcome
+    )
+    placed_sessions = [p for p in batch if p.session_id in accepted_set]
+    moved = await _place_kernels(conn, dialect, placed_sessions, accepted_ids, now)
+    expected = sum(len(p.kernels) for p in placed_sessions)
+    if moved != expected:
+        # Every kernel was checked PENDING under lock above; a plan naming too few or
+        # too many kernels of a session is a bug, and nothing of it may commit.
+        raise RuntimeError(f"placement moved {moved} kernels, expected {expected}")
+    await record_kernel_history(
+        conn,
+        dialect,
+        accepted_ids,
+        [KernelStatus.SCHEDULED.value],
+        phase=PHASE,
+        result=SchedulingResult.SUCCESS.value,
+        to_status=KernelStatus.SCHEDULED.value,
+        now=now,
+        message=sa.literal("placed on ") + kernels.c.agent_id,
+        recorded_from=KernelStatus.PENDING.value,
+    )
+    outcome.placed.extend(accepted)

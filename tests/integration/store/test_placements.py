@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 
 import pytest
 import sqlalchemy as sa
@@ -13,7 +13,7 @@ from corral.domain.types import AgentId, SessionId, UserId
 from corral.store import tables
 from corral.store.agents import NewAgent, apply_slot_deltas, insert_agents, read_ledger
 from corral.store.database import Database
-from corral.store.placements import commit_placements
+from corral.store.placements import SessionPlacement, commit_placement_batches, commit_placements
 from corral.store.sessions import SessionRepository
 from corral.store.status_changes import StatusChange
 from tests.integration.store._factories import (
@@ -263,3 +263,40 @@ async def test_a_plan_naming_kernel_indexes_the_session_lacks_writes_nothing(
     assert after.status is SessionStatus.PENDING
     assert all(k.status is KernelStatus.PENDING and k.agent_id is None for k in after.kernels)
     assert (await read_ledger(db))["a1"]["cpu"] == [4000, 0]
+
+
+async def test_a_later_batch_fits_only_what_the_earlier_batches_left(db: Database) -> None:
+    """Batches of one commit share the agents' room: the second cannot take the first's."""
+    repo = SessionRepository(db)
+    first, second, third = await add_session_ids(db, await add_user(db), 3, cpu_milli=2000)
+    await insert_agents(db, [NewAgent(AgentId("a1"), "h1", {"cpu": 5000})], NOW)
+    on_a1 = {s.id: plan_on([s], [AgentId("a1")]) for s in await repo.get([first, second, third])}
+
+    async def batches() -> AsyncIterator[list[SessionPlacement]]:
+        yield [*on_a1[first], *on_a1[second]]
+        yield on_a1[third]
+
+    outcome = await commit_placement_batches(
+        db, batches(), NOW, agent_ids=[AgentId("a1")], session_ids=[first, second, third]
+    )
+    assert (outcome.placed, outcome.no_longer_fits) == ([first, second], [third])
+    assert (await read_ledger(db))["a1"]["cpu"] == [5000, 4000]
+    assert (await repo.get([third]))[0].status is SessionStatus.PENDING
+
+
+async def test_a_batch_naming_a_session_not_locked_first_places_nothing_of_it(
+    db: Database,
+) -> None:
+    """Only sessions locked and checked before the batches may be written: others are stale."""
+    repo = SessionRepository(db)
+    locked, unlocked = await add_session_ids(db, await add_user(db), 2)
+    await insert_agents(db, [NewAgent(AgentId("a1"), "h1", {"cpu": 4000})], NOW)
+
+    async def batches() -> AsyncIterator[list[SessionPlacement]]:
+        yield plan_on(await repo.get([locked, unlocked]), [AgentId("a1")])
+
+    outcome = await commit_placement_batches(
+        db, batches(), NOW, agent_ids=[AgentId("a1")], session_ids=[locked]
+    )
+    assert (outcome.placed, outcome.stale) == ([locked], [unlocked])
+    assert (await repo.get([unlocked]))[0].status is SessionStatus.PENDING

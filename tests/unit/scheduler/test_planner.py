@@ -349,3 +349,19 @@ def test_a_group_without_agents_makes_every_session_wait_without_blocking() -> N
         "s1": (WAITING, v.NO_AGENTS),
         "s2": (WAITING, v.NO_AGENTS),
     }
+
+
+@pytest.mark.parametrize(("first", "sizes"), [(1, [1, 2, 4, 3]), (4, [4, 6]), (20, [10])])
+def test_placements_are_handed_over_in_growing_batches_as_they_are_made(
+    first: int, sizes: list[int]
+) -> None:
+    """Batches of `first`, then twice the last, then the rest: exactly the plan's placements."""
+    pending = [_s(f"s{i}", i) for i in range(10)] + [_s("too-big", 10, cpus=99)]
+    batches: list[list[object]] = []
+    made = place_sessions(
+        snapshot(pending=pending, agents=cpu_pool({"a": 8, "b": 8}, capacity=8)),
+        on_batch=lambda batch: batches.append(list(batch)),
+        first_batch=first,
+    )
+    assert [len(b) for b in batches] == sizes
+    assert [p for b in batches for p in b] == made.placements
