@@ -299,6 +299,8 @@ agent_kernels = sa.Table(
     metadata,
     sa.Column("agent_id", sa.String(NAME_LEN), primary_key=True),
     sa.Column("kernel_id", sa.Uuid(), primary_key=True),
+    # One B-tree on SQLite (the key), not a row table plus the key's index.
+    sqlite_with_rowid=False,
 )
 
 
@@ -335,7 +337,8 @@ kernel_history = sa.Table(
     sa.Column("kernel_id", sa.Uuid(), nullable=False),
     sa.Column("session_id", sa.Uuid(), nullable=False),
     *_history_columns(),
-    sa.Index(None, "kernel_id", "id"),
+    # By session, as it is read and deleted: a session's kernels' history in order.
+    sa.Index(None, "session_id", "id"),
 )
 
 deployments = sa.Table(

@@ -32,6 +32,7 @@ def upgrade() -> None:
         sa.Column("agent_id", sa.String(length=64), nullable=False),
         sa.Column("kernel_id", sa.Uuid(), nullable=False),
         sa.PrimaryKeyConstraint("agent_id", "kernel_id", name=op.f("pk_agent_kernels")),
+        sqlite_with_rowid=False,
     )
     op.execute(
         "INSERT INTO agent_kernels (agent_id, kernel_id) "
