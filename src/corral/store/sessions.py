@@ -157,6 +157,7 @@ def _session_row(s: NewSession, now: datetime) -> dict[str, Any]:
         "cluster_mode": s.cluster_mode,
         "cluster_size": s.cluster_size,
         "spec": dict(s.spec),
+        "kernel_slots": dict(s.kernel_slots),  # every kernel asks the same (`_kernel_rows`)
         "status": SessionStatus.PENDING.value,
         "status_changed_at": now,
         "created_at": now,
@@ -412,17 +413,11 @@ async def load_with_kernels(
 def pending_view(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
     """The sessions matching `where` as placement sees them (`load_pending`): one row each.
 
-    A row carries kernel 0's request and whether any other kernel asks something else; the
-    kernels' own rows are read only for such a session (none today: every kernel of a session
-    is created with the same request).
+    A row carries the request all its kernels make; the kernels' own rows are read only for a
+    session whose kernels ask different amounts (none today: every kernel of a session is
+    created with the same request).
     """
-    first_kernel = kernels.alias("first_kernel")
-    s, first, other = sessions.c, first_kernel.c, kernels.alias("other_kernel").c
-    mixed = sa.exists().where(
-        other.session_id == s.id,
-        other.cluster_index > 0,
-        sa.cast(other.requested_slots, sa.Text) != sa.cast(first.requested_slots, sa.Text),
-    )
+    s = sessions.c
     return (
         sa.select(
             _raw(s.id),
@@ -438,12 +433,9 @@ def pending_view(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
             _raw(s.requeue_at),
             _raw(s.requeue_active),
             sa.cast(s.failed_agents, sa.Text),
-            sa.cast(first.requested_slots, sa.Text),
-            mixed,
+            sa.cast(s.kernel_slots, sa.Text),
         )
-        .select_from(
-            sessions.join(first_kernel, sa.and_(first.session_id == s.id, first.cluster_index == 0))
-        )
+        .select_from(sessions)
         .where(where)
     )
 
@@ -463,7 +455,7 @@ async def load_pending(
     result: list[PendingSession] = []
     for row in rows:
         sid = SessionId(load.uuid(row[0]))
-        if row[14]:
+        if row[13] is None:
             mixed.append(sid)
         result.append(
             PendingSession(
@@ -479,7 +471,7 @@ async def load_pending(
                 requeue_at=load.time(row[10]),
                 requeue_active=load.bool(row[11]),
                 failed_agents=tuple(AgentId(a) for a in load.json(row[12])),
-                kernel_slots=(load.json(row[13]),) * row[6],
+                kernel_slots=() if row[13] is None else (load.json(row[13]),) * row[6],
             )
         )
     if not mixed:

@@ -180,6 +180,9 @@ sessions = sa.Table(
     sa.Column("cluster_size", sa.Integer(), nullable=False),
     # image, command, env, per-kernel resources: what the user asked for, as submitted.
     sa.Column("spec", JSONType, nullable=False),
+    # What each kernel requests (milli-units) when all of them request the same, else NULL
+    # and each kernel's `requested_slots` says. Placement reads the session row alone.
+    sa.Column("kernel_slots", JSONType, nullable=True),
     sa.Column("status", sa.String(STATUS_LEN), nullable=False),
     sa.Column("status_info", sa.String(512), nullable=True),
     sa.Column("status_changed_at", UTCDateTime(), nullable=False),

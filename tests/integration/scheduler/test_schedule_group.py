@@ -6,6 +6,7 @@ from collections.abc import Collection
 from datetime import timedelta
 
 import pytest
+import sqlalchemy as sa
 
 from corral.domain.session import SessionWithKernels
 from corral.domain.status import KernelStatus, SessionStatus
@@ -21,9 +22,10 @@ from corral.scheduler.validators import (
 )
 from corral.store.agents import NewAgent, insert_agents, read_ledger
 from corral.store.database import Database
+from corral.store.migrate import upgrade
 from corral.store.placements import PHASE
 from corral.store.sessions import SessionRepository
-from corral.store.tables import kernels
+from corral.store.tables import kernels, sessions
 from tests.integration.store._factories import (
     NOW,
     add_agents,
@@ -35,6 +37,7 @@ from tests.integration.store._factories import (
     assert_kernels_follow_sessions,
     assert_slots_consistent,
     history_rows,
+    migrate_down,
     set_group_options,
     update_agents,
     update_sessions,
@@ -382,7 +385,8 @@ async def test_kernels_asking_different_amounts_are_each_placed_by_their_own_req
     """A session whose kernels' requests differ is read kernel by kernel, and fits as such.
 
     Sessions are created with one request for all kernels; this one is changed in the store
-    so that kernel 1 asks six times what kernel 0 asks.
+    so that kernel 1 asks six times what kernel 0 asks (and its row no longer names a request
+    for all of its kernels).
     """
     owner = await add_user(db)
     agents = await add_agents(db, [{"cpu": 7000}, {"cpu": 7000}])
@@ -393,7 +397,7 @@ async def test_kernels_asking_different_amounts_are_each_placed_by_their_own_req
             .where(kernels.c.session_id == mixed.id, kernels.c.cluster_index == 1)
             .values(requested_slots={"cpu": 6000})
         )
-    await update_sessions(db, [mixed.id], priority=1)
+    await update_sessions(db, [mixed.id], priority=1, kernel_slots=None)
 
     result = await schedule_group(db, "default", LATER)
 
@@ -404,3 +408,28 @@ async def test_kernels_asking_different_amounts_are_each_placed_by_their_own_req
     assert len({k.agent_id for k in by_id[mixed.id].kernels}) == 2
     ledger = await read_ledger(db)
     assert sum(ledger[a]["cpu"][1] for a in agents) == 9000
+
+
+async def test_upgrading_records_each_sessions_kernel_request_unless_they_differ(
+    db: Database,
+) -> None:
+    """Migration 0009 gives a session the request of its kernels, or NULL where they differ."""
+    owner = await add_user(db)
+    agents = await add_agents(db, [{"cpu": 9000}, {"cpu": 9000}])
+    [mixed, uniform] = await add_sessions(db, owner, [(2, {"cpu": 1000}), (2, {"cpu": 2000})])
+    async with db.transaction() as conn:
+        await conn.execute(
+            kernels.update()
+            .where(kernels.c.session_id == mixed.id, kernels.c.cluster_index == 1)
+            .values(requested_slots={"cpu": 6000})
+        )
+    await migrate_down(db, "0008")
+    await upgrade(db)
+    async with db.read() as conn:
+        rows = dict((await conn.execute(sa.select(sessions.c.id, sessions.c.kernel_slots))).all())
+    assert rows == {mixed.id: None, uniform.id: {"cpu": 2000}}
+
+    result = await schedule_group(db, "default", LATER)
+    found = {s.id: s for s in await assert_slots_consistent(db, agents, [mixed.id, uniform.id])}
+    assert sorted(result.committed.placed) == sorted([mixed.id, uniform.id])
+    assert [k.occupied_slots for k in found[mixed.id].kernels] == [{"cpu": 1000}, {"cpu": 6000}]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sqlalchemy as sa
-from alembic import command
 
 from corral.domain.status import KernelStatus
 from corral.domain.types import AgentId
@@ -11,7 +10,7 @@ from corral.store import tables
 from corral.store.agents import NewAgent, insert_agents
 from corral.store.assignments import read_assignment
 from corral.store.database import Database
-from corral.store.migrate import alembic_config, upgrade
+from corral.store.migrate import upgrade
 from corral.store.session_views import delete_session
 from corral.store.sessions import SessionRepository
 from tests.integration.store._factories import (
@@ -23,6 +22,7 @@ from tests.integration.store._factories import (
     TERMINATE,
     add_session_ids,
     add_user,
+    migrate_down,
     on,
     place_all,
 )
@@ -109,13 +109,6 @@ async def test_the_migration_lists_the_kernels_already_placed(db: Database) -> N
     placed, _pending = await add_session_ids(db, await add_user(db), 2, cpu_milli=1000)
     await place_all(db, [placed], AgentId("a1"))
     [kernel] = (await repo.get([placed]))[0].kernels
-
-    def downgrade(connection: sa.Connection) -> None:
-        config = alembic_config()
-        config.attributes["connection"] = connection
-        command.downgrade(config, "0006")
-
-    async with db.transaction() as conn:
-        await conn.run_sync(downgrade)
+    await migrate_down(db, "0006")
     await upgrade(db)
     assert await _listed(db) == {("a1", kernel.id)}
