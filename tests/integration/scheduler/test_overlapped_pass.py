@@ -34,12 +34,20 @@ DEADLINE_S = 30.0
 @pytest.fixture
 def overlapped(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Every pass overlaps, in batches of 1, 2, 4, ...; returns the sizes handed over."""
+    monkeypatch.setattr(scheduler, "OVERLAP_FROM_KERNELS_PER_SESSION", 0)
+    return _spy_batches(monkeypatch)
+
+
+def _spy_batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Passes of any size may overlap, in batches of 1, 2, 4, ...: the sizes handed over."""
     monkeypatch.setattr(scheduler, "OVERLAP_FROM_SESSIONS", 1)
     monkeypatch.setattr(scheduler, "OVERLAP_FIRST_BATCH", 1)
     sizes: list[int] = []
 
     def spying(snapshot: GroupSnapshot, **kwargs: Any) -> Plan:
-        hand_over: Callable[[list[SessionPlacement]], None] = kwargs.pop("on_batch")
+        hand_over: Callable[[list[SessionPlacement]], None] | None = kwargs.pop("on_batch", None)
+        if hand_over is None:  # not overlapped
+            return place_sessions(snapshot, **kwargs)
 
         def counted(batch: list[SessionPlacement]) -> None:
             sizes.append(len(batch))
@@ -111,3 +119,19 @@ async def test_a_planner_failing_midway_leaves_nothing_written(
     found = await assert_slots_consistent(db, agents, ids)
     assert [s.status for s in found] == [SessionStatus.PENDING] * 4
     assert await history_rows(db, PHASE) == []
+
+
+@pytest.mark.parametrize(("kernels", "overlaps"), [(1, False), (2, True)])
+async def test_only_passes_of_multi_kernel_sessions_overlap(
+    db: Database, monkeypatch: pytest.MonkeyPatch, kernels: int, overlaps: bool
+) -> None:
+    """With a kernel a session the commit is too short to hide the planner: no overlap."""
+    handed_over = _spy_batches(monkeypatch)
+    owner = await add_user(db)
+    await add_agents(db, [{"cpu": 8000}])
+    ids = [s.id for s in await add_sessions(db, owner, [(kernels, {"cpu": 1000})] * 3)]
+
+    result = await schedule_group(db, "default", NOW)
+
+    assert sorted(result.committed.placed) == sorted(ids)
+    assert handed_over == ([1, 2] if overlaps else [])
