@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -31,11 +32,19 @@ def head_revision() -> str:
 
 async def upgrade(db: Database, revision: str = "head") -> None:
     """Bring the schema up to `revision` (idempotent)."""
+    await _run(db, command.upgrade, revision)
 
+
+async def downgrade(db: Database, revision: str) -> None:
+    """Take the schema back down to `revision` (what the migrations' `downgrade` steps undo)."""
+    await _run(db, command.downgrade, revision)
+
+
+async def _run(db: Database, step: Callable[[Config, str], None], revision: str) -> None:
     def run(connection: sa.Connection) -> None:
         config = alembic_config()
         config.attributes["connection"] = connection
-        command.upgrade(config, revision)
+        step(config, revision)
 
     async with db.transaction() as conn:
         await conn.run_sync(run)

@@ -22,7 +22,7 @@ from corral.scheduler.validators import (
 )
 from corral.store.agents import NewAgent, insert_agents, read_ledger
 from corral.store.database import Database
-from corral.store.migrate import upgrade
+from corral.store.migrate import downgrade, upgrade
 from corral.store.placements import PHASE
 from corral.store.sessions import SessionRepository
 from corral.store.tables import kernels, sessions
@@ -37,7 +37,6 @@ from tests.integration.store._factories import (
     assert_kernels_follow_sessions,
     assert_slots_consistent,
     history_rows,
-    migrate_down,
     set_group_options,
     update_agents,
     update_sessions,
@@ -46,6 +45,18 @@ from tests.integration.store._factories import (
 S = SessionStatus
 LATER = NOW + timedelta(minutes=1)
 PLACED_ROW = ("SUCCESS", "SCHEDULED", 1)
+
+
+async def ask_of_kernel(
+    db: Database, session_id: SessionId, index: int, slots: dict[str, int]
+) -> None:
+    """Make kernel `index` of the session request `slots` (sessions are made with one request)."""
+    async with db.transaction() as conn:
+        await conn.execute(
+            kernels.update()
+            .where(kernels.c.session_id == session_id, kernels.c.cluster_index == index)
+            .values(requested_slots=slots)
+        )
 
 
 async def statuses(db: Database, ids: Collection[SessionId]) -> dict[SessionId, SessionStatus]:
@@ -391,12 +402,7 @@ async def test_kernels_asking_different_amounts_are_each_placed_by_their_own_req
     owner = await add_user(db)
     agents = await add_agents(db, [{"cpu": 7000}, {"cpu": 7000}])
     [mixed, uniform] = await add_sessions(db, owner, [(2, {"cpu": 1000}), (2, {"cpu": 1000})])
-    async with db.transaction() as conn:
-        await conn.execute(
-            kernels.update()
-            .where(kernels.c.session_id == mixed.id, kernels.c.cluster_index == 1)
-            .values(requested_slots={"cpu": 6000})
-        )
+    await ask_of_kernel(db, mixed.id, 1, {"cpu": 6000})
     await update_sessions(db, [mixed.id], priority=1, kernel_slots=None)
 
     result = await schedule_group(db, "default", LATER)
@@ -417,13 +423,8 @@ async def test_upgrading_records_each_sessions_kernel_request_unless_they_differ
     owner = await add_user(db)
     agents = await add_agents(db, [{"cpu": 9000}, {"cpu": 9000}])
     [mixed, uniform] = await add_sessions(db, owner, [(2, {"cpu": 1000}), (2, {"cpu": 2000})])
-    async with db.transaction() as conn:
-        await conn.execute(
-            kernels.update()
-            .where(kernels.c.session_id == mixed.id, kernels.c.cluster_index == 1)
-            .values(requested_slots={"cpu": 6000})
-        )
-    await migrate_down(db, "0008")
+    await ask_of_kernel(db, mixed.id, 1, {"cpu": 6000})
+    await downgrade(db, "0008")
     await upgrade(db)
     async with db.read() as conn:
         rows = dict((await conn.execute(sa.select(sessions.c.id, sessions.c.kernel_slots))).all())

@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from alembic import command
 
 from corral.domain.results import SchedulingResult, TransitionStatus
 from corral.domain.session import MilliSlots, NewSession, SessionWithKernels
@@ -18,7 +17,6 @@ from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import AgentId, SessionId, UserId
 from corral.store.agents import NewAgent, insert_agents, read_ledger
 from corral.store.database import Database
-from corral.store.migrate import alembic_config
 from corral.store.placements import KernelPlacement, SessionPlacement, commit_placements
 from corral.store.sessions import SessionRepository
 from corral.store.status_changes import StatusChange
@@ -284,15 +282,3 @@ async def history_rows(db: Database, phase: str) -> list[tuple[SessionId, str, s
             .order_by(session_history.c.id)
         )
         return [(SessionId(sid), result, to, attempts) for sid, result, to, attempts in rows]
-
-
-async def migrate_down(db: Database, revision: str) -> None:
-    """Take the schema back down to `revision` (to test what upgrading from it does)."""
-
-    def run(connection: sa.Connection) -> None:
-        config = alembic_config()
-        config.attributes["connection"] = connection
-        command.downgrade(config, revision)
-
-    async with db.transaction() as conn:
-        await conn.run_sync(run)

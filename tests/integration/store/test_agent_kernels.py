@@ -10,7 +10,7 @@ from corral.store import tables
 from corral.store.agents import NewAgent, insert_agents
 from corral.store.assignments import read_assignment
 from corral.store.database import Database
-from corral.store.migrate import upgrade
+from corral.store.migrate import downgrade, upgrade
 from corral.store.session_views import delete_session
 from corral.store.sessions import SessionRepository
 from tests.integration.store._factories import (
@@ -22,7 +22,6 @@ from tests.integration.store._factories import (
     TERMINATE,
     add_session_ids,
     add_user,
-    migrate_down,
     on,
     place_all,
 )
@@ -109,6 +108,6 @@ async def test_the_migration_lists_the_kernels_already_placed(db: Database) -> N
     placed, _pending = await add_session_ids(db, await add_user(db), 2, cpu_milli=1000)
     await place_all(db, [placed], AgentId("a1"))
     [kernel] = (await repo.get([placed]))[0].kernels
-    await migrate_down(db, "0006")
+    await downgrade(db, "0006")
     await upgrade(db)
     assert await _listed(db) == {("a1", kernel.id)}
