@@ -10,6 +10,7 @@ import pytest
 
 from corral.domain.status import SessionStatus
 from corral.domain.types import SessionId
+from corral.scheduler import scheduler
 from corral.scheduler.scheduler import PassResult, schedule_group
 from corral.store.agents import read_ledger
 from corral.store.database import Database
@@ -40,10 +41,18 @@ def assert_commit_covers_plan(result: PassResult) -> None:
     assert sorted(outcomes) == sorted(planned)
 
 
+@pytest.mark.parametrize("overlapped", [False, True], ids=["sequential", "overlapped"])
 async def test_concurrent_passes_never_overcommit_or_place_twice(
-    two_writers: tuple[Database, Database],
+    two_writers: tuple[Database, Database], monkeypatch: pytest.MonkeyPatch, overlapped: bool
 ) -> None:
-    """Racing passes keep the ledger exact, place each session once, and fill what fits."""
+    """Racing passes keep the ledger exact, place each session once, and fill what fits.
+
+    Overlapped: every pass places in its thread while it commits in batches of 1, 2, 4, ...
+    """
+    if overlapped:
+        monkeypatch.setattr(scheduler, "OVERLAP_FROM_SESSIONS", 1)
+        monkeypatch.setattr(scheduler, "OVERLAP_FROM_KERNELS_PER_SESSION", 0)
+        monkeypatch.setattr(scheduler, "OVERLAP_FIRST_BATCH", 1)
     first, second = two_writers
     agents = await add_agents(first, [{"cpu": 4000}] * 8)
     capacity = sum(cap["cpu"] for cap in agents.values())
