@@ -46,8 +46,10 @@ class PassResult:
     plan: Plan
     committed: PlacementOutcome
     load_ms: float
-    placement_ms: float  # the planner's own time (in an overlapped pass the commit runs meanwhile)
-    commit_ms: float  # from the end of placement to the end of the commit
+    # From the end of the load to the end of placement (in an overlapped pass the commit runs
+    # meanwhile), then from there to the end of the commit.
+    placement_ms: float
+    commit_ms: float
 
     def handler_result(self) -> HandlerResult:
         """The pass in the shape the coordinator judges: successes, failures, skipped, notes."""
