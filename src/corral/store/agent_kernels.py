@@ -8,6 +8,7 @@ removed with its session. Queries by agent select kernels through it, and still 
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import sqlalchemy as sa
@@ -18,7 +19,9 @@ from corral.store.database import Dialect
 from corral.store.tables import agent_kernels, kernels
 
 
-def on_agents(dialect: Dialect, agent_ids: Any) -> sa.ColumnElement[bool]:
+def on_agents(
+    dialect: Dialect, agent_ids: str | IdBatch | Collection[str]
+) -> sa.ColumnElement[bool]:
     """Kernels whose agent is one of `agent_ids`: ids, an `IdBatch`, or a parameter name.
 
     A parameter name (a `str`) makes the condition take the ids at execution, for a statement
