@@ -246,13 +246,18 @@ async def commit_placement_batches(
         usable_ids = {AgentId(row[0]) for row in usable}
         ledger = {agent: slots for agent, slots in ledger.items() if agent in usable_ids}
         owners: dict[SessionId, UserId] = {}
-        ready = await _lock_placeable(conn, dialect, session_ids, owners)
+        # The ids are encoded once: the lock reads all of them, and so do the batch's writes
+        # in the usual case, every session of a one-batch plan still PENDING and accepted.
+        locked = id_batch(dialect, session_ids)
+        ready = await _lock_placeable(conn, dialect, locked, owners)
         if on_locked is not None:
             on_locked()
         taken: dict[AgentId, dict[str, int]] = {}
         async for batch in batches:
             if batch:
-                await _commit_batch(conn, dialect, batch, now, ready, ledger, taken, outcome)
+                await _commit_batch(
+                    conn, dialect, batch, now, locked, ready, ledger, taken, outcome
+                )
         if not outcome.placed:
             return outcome
         await apply_slot_deltas(conn, taken)
@@ -264,7 +269,7 @@ async def commit_placement_batches(
 async def _lock_placeable(
     conn: AsyncConnection,
     dialect: Dialect,
-    session_ids: Sequence[SessionId],
+    ids: IdBatch,
     owners: dict[SessionId, UserId],
 ) -> set[SessionId]:
     """Lock these sessions; those still PENDING with every kernel PENDING (owners filled in).
@@ -272,9 +277,8 @@ async def _lock_placeable(
     A session is placeable only while every kernel of it is PENDING too: one whose kernel
     already ended (requeued after a kernel failed) would be charged slots no kernel holds.
     """
-    if not session_ids:
+    if not ids:
         return set()
-    ids = id_batch(dialect, session_ids)
     pending = set(await lock_sessions(conn, dialect, ids, [SessionStatus.PENDING], owners=owners))
     if pending:
         not_ready = await conn.execute(
@@ -296,6 +300,7 @@ async def _commit_batch(
     dialect: Dialect,
     batch: Sequence[SessionPlacement],
     now: datetime,
+    locked: IdBatch,
     ready: set[SessionId],
     ledger: Ledger,
     taken: dict[AgentId, dict[str, int]],
@@ -303,9 +308,9 @@ async def _commit_batch(
 ) -> None:
     """Write one batch: sessions and kernels SCHEDULED, with history; slots into `taken`.
 
-    Only sessions in `ready` (locked, placeable) are written, those whose kernels fit what
-    `ledger` has left; the batch's slots are counted into `ledger` (what later batches fit
-    into) and `taken` (written by the caller once, for all batches).
+    Only sessions in `ready` (the placeable ones of those `locked`) are written, those whose
+    kernels fit what `ledger` has left; the batch's slots are counted into `ledger` (what later
+    batches fit into) and `taken` (written by the caller once, for all batches).
     """
     ids = [p.session_id for p in batch]
     outcome.stale.extend(sid for sid in ids if sid not in ready)
@@ -323,8 +328,9 @@ async def _commit_batch(
     if not accepted:
         return
 
-    # The ids are encoded once for every statement of the batch.
-    accepted_ids = id_batch(dialect, accepted)
+    # The ids are encoded once for every statement of the batch (reused from the lock when
+    # they are the same sessions in the same order).
+    accepted_ids = locked if tuple(accepted) == locked.values else id_batch(dialect, accepted)
     await record_session_history(
         conn,
         dialect,
