@@ -130,3 +130,16 @@ def slot_entries(dialect: Dialect, column: sa.ColumnElement[Any]) -> Any:
     """
     each_fn = sa.func.jsonb_each_text if dialect == "postgresql" else sa.func.json_each
     return each_fn(column).table_valued("key", "value")
+
+
+def in_constants(column: sa.ColumnElement[Any], values: Collection[str]) -> sa.ColumnElement[bool]:
+    """`column IN ('a', 'b')` with the values written into the SQL (statuses, kinds: constants).
+
+    For statements built once and run directly (`_direct`): a plain `in_` with a list renders
+    its values at execution time. Written as literals, they also let PostgreSQL plan for these
+    very values when it keeps a generic plan for a prepared statement.
+    """
+    if not values:
+        return sa.false()
+    quoted = ("'" + value.replace("'", "''") + "'" for value in sorted(values))
+    return column.in_([sa.literal_column(text, sa.String()) for text in quoted])

@@ -51,13 +51,16 @@ async def forget_agents(
     conn: AsyncConnection, scope: sa.ColumnElement[bool], **params: Any
 ) -> None:
     """Delete the rows of the kernels in `scope` that have an agent (before it is taken away)."""
-    await conn.execute(
-        agent_kernels.delete().where(
-            sa.tuple_(agent_kernels.c.agent_id, agent_kernels.c.kernel_id).in_(
-                sa.select(kernels.c.agent_id, kernels.c.id).where(
-                    scope, kernels.c.agent_id.is_not(None)
-                )
+    await conn.execute(forgetting(scope), params)
+
+
+def forgetting(scope: sa.ColumnElement[bool]) -> sa.Delete:
+    """`forget_agents`' statement, for a caller that builds it once (e.g. a `DirectStatement`
+    over a scope taking its values as parameters)."""
+    return agent_kernels.delete().where(
+        sa.tuple_(agent_kernels.c.agent_id, agent_kernels.c.kernel_id).in_(
+            sa.select(kernels.c.agent_id, kernels.c.id).where(
+                scope, kernels.c.agent_id.is_not(None)
             )
-        ),
-        params,
+        )
     )

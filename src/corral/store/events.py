@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
@@ -14,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from corral.domain.events import Event, jsonable_payload
 from corral.domain.status import SessionStatus
 from corral.domain.types import SessionId, UserId
+from corral.store._direct import DirectStatement
 from corral.store._sql import in_values
 from corral.store.database import Database, Dialect
 from corral.store.tables import events as events_table
@@ -23,12 +25,44 @@ SESSION_STATUS_CHANGED = "session.status_changed"
 TOKEN_REVOKED = "token.revoked"  # an API token was deleted: every manager forgets it
 
 _c = events_table.c
-# One multi-row INSERT per batch (insertmanyvalues) on both backends. PostgreSQL gets the ids
-# back in parameter order from SQLAlchemy. On SQLite SQLAlchemy can only keep that order by
-# inserting row by row, but SQLite numbers the rows of a multi-row INSERT in VALUES order under
-# its single-writer lock, so the sorted ids are in parameter order.
-_INSERT_ORDERED = events_table.insert().returning(_c.id, sort_by_parameter_order=True)
-_INSERT = events_table.insert().returning(_c.id)
+
+
+def _bulk_insert(dialect: Dialect) -> sa.TextualSelect:
+    """One INSERT of a whole batch from one parameter per column, returning the new ids.
+
+    The rows arrive as one JSON array on SQLite and as one array per column on PostgreSQL, so
+    the statement is the same for any batch size: built and compiled once, run directly. Rows
+    are inserted in parameter order (ORDER BY), and ids are numbered in insertion order (one
+    writer at a time on SQLite; one sequence, drawn row by row, on PostgreSQL), so the sorted
+    ids are in parameter order.
+    """
+    now = sa.bindparam("now", type_=_c.created_at.type)
+    if dialect == "postgresql":
+        return (
+            sa.text(
+                "INSERT INTO events (kind, entity_type, entity_id, owner_id, payload, created_at) "
+                "SELECT kind, entity_type, entity_id, owner_id, CAST(payload AS JSONB), :now "
+                "FROM unnest(CAST(:kinds AS VARCHAR[]), CAST(:types AS VARCHAR[]), "
+                "CAST(:entities AS VARCHAR[]), CAST(:owners AS UUID[]), CAST(:payloads AS TEXT[])) "
+                "WITH ORDINALITY AS batch (kind, entity_type, entity_id, owner_id, payload, n) "
+                "ORDER BY n RETURNING id"
+            )
+            .bindparams(now)
+            .columns(id=_c.id.type)
+        )
+    # Stored as SQLAlchemy stores them: owner ids as 32 hex digits, payloads as JSON text.
+    return (
+        sa.text(
+            "INSERT INTO events (kind, entity_type, entity_id, owner_id, payload, created_at) "
+            "SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value -> 4, :now "
+            "FROM json_each(:rows) ORDER BY key RETURNING id"
+        )
+        .bindparams(now)
+        .columns(id=_c.id.type)
+    )
+
+
+_INSERT = DirectStatement(_bulk_insert)
 
 
 async def append_events(
@@ -41,24 +75,33 @@ async def append_events(
     """
     if not events:
         return []
-    rows: list[dict[str, Any]] = [
-        {
-            "kind": event.kind,
-            "entity_type": event.entity_type,
-            "entity_id": event.entity_id,
-            "owner_id": event.owner_id,
-            "payload": jsonable_payload(event.payload),
-            "created_at": now,
-        }
-        for event in events
-    ]
+    payloads = [jsonable_payload(event.payload) for event in events]
+    params: dict[str, Any] = {"now": now}
     if conn.dialect.name == "postgresql":
-        ids = list((await conn.execute(_INSERT_ORDERED, rows)).scalars())
+        params.update(
+            kinds=[event.kind for event in events],
+            types=[event.entity_type for event in events],
+            entities=[event.entity_id for event in events],
+            owners=[event.owner_id for event in events],
+            payloads=[json.dumps(p) for p in payloads],
+        )
     else:
-        ids = sorted((await conn.execute(_INSERT, rows)).scalars())
+        params["rows"] = json.dumps(
+            [
+                [
+                    event.kind,
+                    event.entity_type,
+                    event.entity_id,
+                    event.owner_id.hex if event.owner_id is not None else None,
+                    p,
+                ]
+                for event, p in zip(events, payloads, strict=True)
+            ]
+        )
+    ids = sorted(await _INSERT.scalars(conn, params))
     return [
-        replace(event, id=event_id, payload=row["payload"], created_at=now)
-        for event, event_id, row in zip(events, ids, rows, strict=True)
+        replace(event, id=event_id, payload=p, created_at=now)
+        for event, event_id, p in zip(events, ids, payloads, strict=True)
     ]
 
 

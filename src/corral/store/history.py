@@ -27,7 +27,8 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.domain.results import ResultNote
-from corral.store._sql import IdBatch, in_param, in_values, payload
+from corral.store._direct import DirectStatement
+from corral.store._sql import IdBatch, in_constants, in_param, in_values, payload
 from corral.store.database import Dialect
 from corral.store.tables import kernel_history, kernels, session_history, sessions
 
@@ -50,24 +51,24 @@ async def record_session_history(
     """
     if not session_ids:
         return
-    to_expr = sa.literal(to_status) if to_status is not None else sessions.c.status
     merged: set[uuid.UUID] = set()
     if not moving:
-        merged = await _merge(
-            conn,
-            dialect,
-            session_history,
-            session_history.c.session_id,
-            session_ids,
-            phase=phase,
-            result=result,
-            to_expr=_entity_value(sessions, session_history.c.session_id, to_expr),
-            now=now,
+        merged = set(
+            await _session_merge(stays=to_status is None).scalars(
+                conn,
+                {
+                    "ids": payload(dialect, session_ids),
+                    "phase": phase,
+                    "result": result,
+                    "to": to_status,
+                    "now": now,
+                },
+            )
         )
     fresh = session_ids if not merged else [sid for sid in session_ids if sid not in merged]
     if fresh:
-        await conn.execute(
-            _session_insert(dialect, stays=to_status is None),
+        await _session_insert(stays=to_status is None).run(
+            conn,
             {
                 "ids": payload(dialect, fresh),
                 "phase": phase,
@@ -102,11 +103,10 @@ async def record_kernel_history(
     if not session_ids:
         return
     if isinstance(message, str) and recorded_from is None:  # the usual form, prebuilt
-        await conn.execute(
-            _kernel_insert(dialect),
+        await _kernel_insert(tuple(sorted(from_statuses))).run(
+            conn,
             {
                 "ids": payload(dialect, session_ids),
-                "from": list(from_statuses),
                 "phase": phase,
                 "result": result,
                 "to": to_status,
@@ -142,51 +142,97 @@ async def record_kernel_history(
 
 
 @functools.cache
-def _session_insert(dialect: Dialect, *, stays: bool) -> sa.Insert:
+def _session_insert(*, stays: bool) -> DirectStatement:
     """The INSERT ... SELECT of `record_session_history`, built once per shape.
 
     Parameters: ids, phase, result, to (unless the sessions stay where they are), now.
     """
-    to_expr = sessions.c.status if stays else sa.bindparam("to", type_=sa.String())
-    return session_history.insert().from_select(
-        [*_COLUMNS, "session_id"],
-        sa.select(
-            *_new_row(
-                sa.bindparam("phase", type_=sa.String()),
-                sessions.c.status,
-                to_expr,
-                sa.bindparam("result", type_=sa.String()),
-                sa.bindparam("now", type_=session_history.c.created_at.type),
-            ),
-            sessions.c.id,
-        ).where(in_param(dialect, sessions.c.id, "ids")),
-    )
+
+    def build(dialect: Dialect) -> sa.Insert:
+        to_expr = sessions.c.status if stays else sa.bindparam("to", type_=sa.String())
+        return session_history.insert().from_select(
+            [*_COLUMNS, "session_id"],
+            sa.select(
+                *_new_row(
+                    sa.bindparam("phase", type_=sa.String()),
+                    sessions.c.status,
+                    to_expr,
+                    sa.bindparam("result", type_=sa.String()),
+                    sa.bindparam("now", type_=session_history.c.created_at.type),
+                ),
+                sessions.c.id,
+            ).where(in_param(dialect, sessions.c.id, "ids")),
+        )
+
+    return DirectStatement(build)
 
 
 @functools.cache
-def _kernel_insert(dialect: Dialect) -> sa.Insert:
-    """`record_kernel_history`'s usual INSERT ... SELECT, built once.
+def _session_merge(*, stays: bool) -> DirectStatement:
+    """Fold the entries that repeat each session's newest row; returns the sessions folded.
 
-    Parameters: ids (sessions), from (kernel statuses), phase, result, to, message, now.
+    Parameters: ids, phase, result, to (unless the sessions stay where they are), now.
     """
-    return kernel_history.insert().from_select(
-        [*_COLUMNS, "kernel_id", "session_id"],
-        sa.select(
-            *_new_row(
-                sa.bindparam("phase", type_=sa.String()),
-                kernels.c.status,
-                sa.bindparam("to", type_=sa.String()),
-                sa.bindparam("result", type_=sa.String()),
-                sa.bindparam("now", type_=kernel_history.c.created_at.type),
-                sa.bindparam("message", type_=sa.Text()),
+
+    def build(dialect: Dialect) -> sa.Update:
+        table, key = session_history, session_history.c.session_id
+        newest = (
+            sa.select(sa.func.max(table.c.id))
+            .where(in_param(dialect, key, "ids"))
+            .group_by(key)
+            .scalar_subquery()
+        )
+        to_expr: sa.ColumnElement[Any] = (
+            sa.select(sessions.c.status).where(sessions.c.id == key).scalar_subquery()
+            if stays
+            else sa.bindparam("to", type_=sa.String())
+        )
+        return (
+            table.update()
+            .where(
+                table.c.id.in_(newest),
+                table.c.phase == sa.bindparam("phase", type_=sa.String()),
+                table.c.result == sa.bindparam("result", type_=sa.String()),
+                table.c.to_status == to_expr,
+            )
+            .values(
+                attempts=table.c.attempts + 1,
+                updated_at=sa.bindparam("now", type_=table.c.updated_at.type),
+            )
+            .returning(key)
+        )
+
+    return DirectStatement(build)
+
+
+@functools.cache
+def _kernel_insert(from_statuses: tuple[str, ...]) -> DirectStatement:
+    """`record_kernel_history`'s usual INSERT ... SELECT, built once per set of statuses left.
+
+    Parameters: ids (sessions), phase, result, to, message, now.
+    """
+
+    def build(dialect: Dialect) -> sa.Insert:
+        return kernel_history.insert().from_select(
+            [*_COLUMNS, "kernel_id", "session_id"],
+            sa.select(
+                *_new_row(
+                    sa.bindparam("phase", type_=sa.String()),
+                    kernels.c.status,
+                    sa.bindparam("to", type_=sa.String()),
+                    sa.bindparam("result", type_=sa.String()),
+                    sa.bindparam("now", type_=kernel_history.c.created_at.type),
+                    sa.bindparam("message", type_=sa.Text()),
+                ),
+                kernels.c.id,
+                kernels.c.session_id,
+            ).where(
+                in_param(dialect, kernels.c.session_id, "ids"),
+                in_constants(kernels.c.status, from_statuses),
             ),
-            kernels.c.id,
-            kernels.c.session_id,
-        ).where(
-            in_param(dialect, kernels.c.session_id, "ids"),
-            kernels.c.status.in_(sa.bindparam("from", expanding=True)),
-        ),
-    )
+        )
+
+    return DirectStatement(build)
 
 
 _COLUMNS = [
@@ -220,44 +266,6 @@ def _new_row(
         stamp,
         stamp,
     ]
-
-
-def _entity_value(
-    entity: sa.Table, key: sa.Column[uuid.UUID], expr: sa.ColumnElement[Any]
-) -> sa.ColumnElement[Any]:
-    """`expr` evaluated on the entity row a history row belongs to (a scalar subquery)."""
-    if isinstance(expr, sa.sql.elements.BindParameter):
-        return expr
-    return sa.select(expr).where(entity.c.id == key).scalar_subquery()
-
-
-async def _merge(
-    conn: AsyncConnection,
-    dialect: Dialect,
-    table: sa.Table,
-    key: sa.Column[uuid.UUID],
-    keys: Collection[uuid.UUID] | IdBatch,
-    *,
-    phase: str,
-    result: str,
-    to_expr: sa.ColumnElement[Any],
-    now: datetime,
-) -> set[uuid.UUID]:
-    """Fold the entries that repeat each entity's newest row; return the entities folded."""
-    scope = in_values(dialect, key, keys)
-    newest = sa.select(sa.func.max(table.c.id)).where(scope).group_by(key).scalar_subquery()
-    rows = await conn.execute(
-        table.update()
-        .where(
-            table.c.id.in_(newest),
-            table.c.phase == phase,
-            table.c.result == result,
-            table.c.to_status == to_expr,
-        )
-        .values(attempts=table.c.attempts + 1, updated_at=now)
-        .returning(key)
-    )
-    return {row[0] for row in rows}
 
 
 async def _write_notes(

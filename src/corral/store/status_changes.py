@@ -29,8 +29,9 @@ from corral.domain.status import (
     SessionStatus,
 )
 from corral.domain.types import AgentId, SessionId, UserId
-from corral.store._sql import IdBatch, id_batch, in_param, in_values, slot_entries
-from corral.store.agent_kernels import forget_agents
+from corral.store._direct import DirectStatement
+from corral.store._sql import IdBatch, id_batch, in_constants, in_param, in_values, slot_entries
+from corral.store.agent_kernels import forgetting
 from corral.store.agents import apply_slot_deltas
 from corral.store.assignments import bump_revisions
 from corral.store.database import Database, Dialect
@@ -128,18 +129,18 @@ async def lock_sessions(
     """
     allowed = {s.value: s for s in statuses}
     batch = ids if isinstance(ids, IdBatch) else id_batch(dialect, ids)
-    query = _lock_query(dialect, with_owners=owners is not None)
+    with_owners = owners is not None
     if dialect == "postgresql":
-        params = {"ids": batch.payload, "statuses": list(allowed)}
-        rows = (await conn.execute(query, params)).all()
+        query = _lock_query(with_owners, tuple(sorted(allowed)))
+        rows = await query.rows(conn, {"ids": batch.payload})
         if owners is not None:
             owners.update((SessionId(sid), UserId(owner)) for sid, _, owner in rows)
         return {SessionId(sid): allowed[status] for sid, status, _ in rows}
     by_hex = dict(zip(json.loads(batch.payload), batch.values, strict=True))
-    result = await conn.execute(query, {"ids": batch.payload})
+    found = await _lock_query(with_owners, ()).rows(conn, {"ids": batch.payload})
     current: dict[SessionId, SessionStatus] = {}
     parsed: dict[str, UserId] = {}  # few owners, many sessions: parse each owner id once
-    for hex_id, status, owner in result:
+    for hex_id, status, owner in found:
         if status in allowed:
             sid = by_hex[hex_id]
             current[sid] = allowed[status]
@@ -151,25 +152,29 @@ async def lock_sessions(
 
 
 @functools.cache
-def _lock_query(dialect: Dialect, *, with_owners: bool) -> sa.Select[Any]:
-    """`lock_sessions`' statement (parameters: ids, and on PostgreSQL the statuses)."""
-    owner = sessions.c.owner_id if with_owners else sa.null()
-    if dialect == "postgresql":
-        return (
-            sa.select(sessions.c.id, sessions.c.status, owner)
-            .where(
-                in_param(dialect, sessions.c.id, "ids"),
-                sessions.c.status.in_(sa.bindparam("statuses", expanding=True)),
+def _lock_query(with_owners: bool, statuses: tuple[str, ...]) -> DirectStatement:
+    """`lock_sessions`' statement (parameter: ids); `statuses` are checked in SQL on PostgreSQL."""
+
+    def build(dialect: Dialect) -> sa.Select[Any]:
+        owner = sessions.c.owner_id if with_owners else sa.null()
+        if dialect == "postgresql":
+            return (
+                sa.select(sessions.c.id, sessions.c.status, owner)
+                .where(
+                    in_param(dialect, sessions.c.id, "ids"),
+                    in_constants(sessions.c.status, statuses),
+                )
+                .order_by(sessions.c.id)
+                .with_for_update()
             )
-            .order_by(sessions.c.id)
-            .with_for_update()
-        )
-    # Ids and owners as their stored hex text (see `lock_sessions`).
-    return sa.select(
-        sa.type_coerce(sessions.c.id, sa.String()),
-        sessions.c.status,
-        sa.type_coerce(owner, sa.String()) if with_owners else owner,
-    ).where(in_param(dialect, sessions.c.id, "ids"))
+        # Ids and owners as their stored hex text (see `lock_sessions`).
+        return sa.select(
+            sa.type_coerce(sessions.c.id, sa.String()),
+            sessions.c.status,
+            sa.type_coerce(owner, sa.String()) if with_owners else owner,
+        ).where(in_param(dialect, sessions.c.id, "ids"))
+
+    return DirectStatement(build)
 
 
 async def _apply_one(
@@ -218,19 +223,9 @@ async def _apply_one(
             conn, dialect, passed, target.kernel, change, now
         )
     if to is not None and moving:
-        await conn.execute(_session_move(dialect, to), {"ids": moving.payload, "now": now})
+        await _session_move(to).run(conn, {"ids": moving.payload, "now": now})
     if change.count_attempt and staying:
-        await conn.execute(
-            sessions.update()
-            .where(in_values(dialect, sessions.c.id, staying))
-            .values(
-                phase=change.phase,
-                phase_attempts=sa.case(
-                    (sessions.c.phase == change.phase, sessions.c.phase_attempts + 1),
-                    else_=1,
-                ),
-            )
-        )
+        await _COUNT_ATTEMPT.run(conn, {"ids": staying.payload, "phase": change.phase})
     await _write_notes(conn, change, current, target)
     applied.sessions.update({sid: (status, to or status) for sid, status in current.items()})
 
@@ -244,14 +239,8 @@ async def _write_notes(
     noted = [sid for sid in current if sid in change.notes]
     if not noted:
         return
-    records_cause = target.session in SESSION_TERMINAL
-    await conn.execute(
-        sessions.update()
-        .where(sessions.c.id == sa.bindparam("sid"))
-        .values(
-            status_info=sa.bindparam("info"),
-            failure_cause=sa.bindparam("cause") if records_cause else sessions.c.failure_cause,
-        ),
+    await _notes_update(target.session in SESSION_TERMINAL).run_many(
+        conn,
         [
             {
                 "sid": sid,
@@ -288,24 +277,24 @@ async def _move_kernels(
         to_status=to.value,
         now=now,
     )
-    held = await _held_slots(conn, dialect, to, session_ids) if _gives_back(to) else {}
+    held = await _held_slots(conn, to, session_ids) if _gives_back(to) else {}
     if to is KernelStatus.PENDING and change.result in _FAILED_RESULTS:
         await _remember_failed_agents(conn, dialect, to, session_ids)
     if to is KernelStatus.PENDING:
-        await forget_agents(conn, _kernel_scope(dialect, to), ids=session_ids.payload)
-    moved = await conn.execute(_kernel_move(dialect, to), {"ids": session_ids.payload, "now": now})
+        await _forget_agents(to).run(conn, {"ids": session_ids.payload})
+    moved = await _kernel_move(to).run(conn, {"ids": session_ids.payload, "now": now})
     await apply_slot_deltas(conn, held)
     # Kernels taken away from their agents (re-scheduled, or ended by the manager): the agents
     # learn it from their assignments and stop what they still run.
     await bump_revisions(conn, dialect, set(held))
-    return int(moved.rowcount)
+    return moved
 
 
 async def _held_slots(
-    conn: AsyncConnection, dialect: Dialect, to: KernelStatus, session_ids: IdBatch
+    conn: AsyncConnection, to: KernelStatus, session_ids: IdBatch
 ) -> dict[AgentId, dict[str, int]]:
     """Negative deltas giving back what the sessions' kernels moving to `to` occupy (in SQL)."""
-    rows = await conn.execute(_held_query(dialect, to), {"ids": session_ids.payload})
+    rows = await _held_query(to).rows(conn, {"ids": session_ids.payload})
     deltas: dict[AgentId, dict[str, int]] = {}
     for agent_id, slot, amount in rows:
         deltas.setdefault(AgentId(agent_id), {})[slot] = -int(amount)
@@ -348,19 +337,60 @@ async def _remember_failed_agents(
 
 
 @functools.cache
-def _session_move(dialect: Dialect, to: SessionStatus) -> sa.Update:
-    now = sa.bindparam("now", type_=sessions.c.status_changed_at.type)
-    values: dict[str, Any] = {
-        "status": to.value,
-        "status_changed_at": now,
-        "phase": None,
-        "phase_attempts": 0,
-    }
-    if to is SessionStatus.RUNNING:
-        values["started_at"] = now
-    if to in SESSION_TERMINAL:
-        values["terminated_at"] = now
-    return sessions.update().where(in_param(dialect, sessions.c.id, "ids")).values(**values)
+def _session_move(to: SessionStatus) -> DirectStatement:
+    def build(dialect: Dialect) -> sa.Update:
+        now = sa.bindparam("now", type_=sessions.c.status_changed_at.type)
+        values: dict[str, Any] = {
+            "status": to.value,
+            "status_changed_at": now,
+            "phase": None,
+            "phase_attempts": 0,
+        }
+        if to is SessionStatus.RUNNING:
+            values["started_at"] = now
+        if to in SESSION_TERMINAL:
+            values["terminated_at"] = now
+        return sessions.update().where(in_param(dialect, sessions.c.id, "ids")).values(**values)
+
+    return DirectStatement(build)
+
+
+# A failed attempt that keeps its status (parameters: ids, phase).
+_COUNT_ATTEMPT = DirectStatement(
+    lambda dialect: (
+        sessions.update()
+        .where(in_param(dialect, sessions.c.id, "ids"))
+        .values(
+            phase=sa.bindparam("phase", type_=sa.String()),
+            phase_attempts=sa.case(
+                (
+                    sessions.c.phase == sa.bindparam("phase", type_=sa.String()),
+                    sessions.c.phase_attempts + 1,
+                ),
+                else_=1,
+            ),
+        )
+    )
+)
+
+
+@functools.cache
+def _notes_update(records_cause: bool) -> DirectStatement:
+    """The sessions' notes (parameters per row: sid, info, cause); the cause only if they end."""
+    return DirectStatement(
+        lambda _dialect: (
+            sessions.update()
+            .where(sessions.c.id == sa.bindparam("sid", type_=sessions.c.id.type))
+            .values(
+                status_info=sa.bindparam("info", type_=sa.String()),
+                failure_cause=(
+                    sa.bindparam("cause", type_=sa.String())
+                    if records_cause
+                    else sessions.c.failure_cause
+                ),
+            )
+        )
+    )
 
 
 def _gives_back(to: KernelStatus) -> bool:
@@ -370,34 +400,49 @@ def _gives_back(to: KernelStatus) -> bool:
 
 def _kernel_scope(dialect: Dialect, to: KernelStatus) -> sa.ColumnElement[bool]:
     """The kernels of the sessions in `ids` that may legally move to `to`."""
-    sources = sorted(s.value for s in KERNEL_TRANSITIONS.sources(to))
-    return sa.and_(in_param(dialect, kernels.c.session_id, "ids"), kernels.c.status.in_(sources))
-
-
-@functools.cache
-def _kernel_move(dialect: Dialect, to: KernelStatus) -> sa.Update:
-    values: dict[str, Any] = {
-        "status": to.value,
-        "status_changed_at": sa.bindparam("now", type_=kernels.c.status_changed_at.type),
-    }
-    if _gives_back(to):
-        values["occupied_slots"] = sa.null()
-    if to is KernelStatus.PENDING:
-        # The kernel starts over: no agent, nothing asked of anyone.
-        values.update(agent_id=None, desired_state=None, stage_failure=None)
-    return kernels.update().where(_kernel_scope(dialect, to)).values(**values)
-
-
-@functools.cache
-def _held_query(dialect: Dialect, to: KernelStatus) -> sa.Select[Any]:
-    each = slot_entries(dialect, kernels.c.occupied_slots)
-    return (
-        sa.select(kernels.c.agent_id, each.c.key, sa.func.sum(sa.cast(each.c.value, sa.BigInteger)))
-        .select_from(kernels.join(each, sa.true()))
-        .where(
-            _kernel_scope(dialect, to),
-            kernels.c.agent_id.is_not(None),
-            kernels.c.occupied_slots.is_not(None),
-        )
-        .group_by(kernels.c.agent_id, each.c.key)
+    sources = [s.value for s in KERNEL_TRANSITIONS.sources(to)]
+    return sa.and_(
+        in_param(dialect, kernels.c.session_id, "ids"), in_constants(kernels.c.status, sources)
     )
+
+
+@functools.cache
+def _kernel_move(to: KernelStatus) -> DirectStatement:
+    def build(dialect: Dialect) -> sa.Update:
+        values: dict[str, Any] = {
+            "status": to.value,
+            "status_changed_at": sa.bindparam("now", type_=kernels.c.status_changed_at.type),
+        }
+        if _gives_back(to):
+            values["occupied_slots"] = sa.null()
+        if to is KernelStatus.PENDING:
+            # The kernel starts over: no agent, nothing asked of anyone.
+            values.update(agent_id=None, desired_state=None, stage_failure=None)
+        return kernels.update().where(_kernel_scope(dialect, to)).values(**values)
+
+    return DirectStatement(build)
+
+
+@functools.cache
+def _forget_agents(to: KernelStatus) -> DirectStatement:
+    """`agent_kernels.forget_agents` for the kernels moving to `to` (parameter: ids)."""
+    return DirectStatement(lambda dialect: forgetting(_kernel_scope(dialect, to)))
+
+
+@functools.cache
+def _held_query(to: KernelStatus) -> DirectStatement:
+    def build(dialect: Dialect) -> sa.Select[Any]:
+        each = slot_entries(dialect, kernels.c.occupied_slots)
+        amount = sa.func.sum(sa.cast(each.c.value, sa.BigInteger))
+        return (
+            sa.select(kernels.c.agent_id, each.c.key, amount)
+            .select_from(kernels.join(each, sa.true()))
+            .where(
+                _kernel_scope(dialect, to),
+                kernels.c.agent_id.is_not(None),
+                kernels.c.occupied_slots.is_not(None),
+            )
+            .group_by(kernels.c.agent_id, each.c.key)
+        )
+
+    return DirectStatement(build)
