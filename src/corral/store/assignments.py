@@ -20,7 +20,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from corral.domain.session import KernelIntent, MilliSlots
 from corral.domain.status import KERNEL_TERMINAL, KernelStatus
 from corral.domain.types import AgentId, KernelId, SessionId
-from corral.store._sql import IdBatch, in_param, in_values, payload
+from corral.store._direct import DirectStatement
+from corral.store._sql import IdBatch, in_constants, in_param, payload
 from corral.store.agent_kernels import on_agents
 from corral.store.database import Database, Dialect
 from corral.store.tables import agents, kernels, sessions
@@ -42,27 +43,40 @@ async def request_kernels(
     """
     if not session_ids:
         return set()
-    changed = kernels.c.desired_state.is_distinct_from(intent.value)
-    if again:
-        changed = sa.or_(changed, kernels.c.stage_failure.is_not(None))
-    rows = await conn.execute(
-        kernels.update()
-        .where(
-            in_values(dialect, kernels.c.session_id, session_ids),
-            kernels.c.status.in_([s.value for s in statuses]),
-            kernels.c.agent_id.is_not(None),
-            changed,
-        )
-        .values(
-            desired_state=intent.value,
-            desired_generation=kernels.c.desired_generation + 1,
-            stage_failure=None,
-        )
-        .returning(kernels.c.agent_id)
-    )
-    bumped = {AgentId(agent_id) for (agent_id,) in rows}
+    statement = _request_statement(intent, frozenset(statuses), again)
+    agent_ids = await statement.scalars(conn, {"ids": payload(dialect, session_ids)})
+    bumped = {AgentId(agent_id) for agent_id in agent_ids}
     await bump_revisions(conn, dialect, bumped)
     return bumped
+
+
+@functools.cache
+def _request_statement(
+    intent: KernelIntent, statuses: frozenset[KernelStatus], again: bool
+) -> DirectStatement:
+    """The request for `intent` (one per intent, statuses and `again`: a handful in all)."""
+
+    def build(dialect: Dialect) -> sa.Update:
+        changed = kernels.c.desired_state.is_distinct_from(intent.value)
+        if again:
+            changed = sa.or_(changed, kernels.c.stage_failure.is_not(None))
+        return (
+            kernels.update()
+            .where(
+                in_param(dialect, kernels.c.session_id, "ids"),
+                in_constants(kernels.c.status, [s.value for s in statuses]),
+                kernels.c.agent_id.is_not(None),
+                changed,
+            )
+            .values(
+                desired_state=intent.value,
+                desired_generation=kernels.c.desired_generation + 1,
+                stage_failure=None,
+            )
+            .returning(kernels.c.agent_id)
+        )
+
+    return DirectStatement(build)
 
 
 async def bump_revisions(
@@ -71,11 +85,16 @@ async def bump_revisions(
     """Tell these agents their assignments changed (their long-polls answer at once)."""
     if not agent_ids:
         return
-    await conn.execute(
+    await _BUMP_REVISIONS.run(conn, {"ids": payload(dialect, sorted(agent_ids))})
+
+
+_BUMP_REVISIONS = DirectStatement(
+    lambda dialect: (
         agents.update()
-        .where(in_values(dialect, agents.c.id, sorted(agent_ids)))
+        .where(in_param(dialect, agents.c.id, "ids"))
         .values(assignment_revision=agents.c.assignment_revision + 1)
     )
+)
 
 
 async def agent_statuses(
@@ -84,10 +103,15 @@ async def agent_statuses(
     """Each agent's status (ALIVE, LOST, TERMINATED); unknown agents are left out."""
     if not agent_ids:
         return {}
-    rows = await conn.execute(
-        sa.select(agents.c.id, agents.c.status).where(in_values(dialect, agents.c.id, agent_ids))
-    )
+    rows = await _AGENT_STATUSES.rows(conn, {"ids": payload(dialect, agent_ids)})
     return {AgentId(agent_id): status for agent_id, status in rows}
+
+
+_AGENT_STATUSES = DirectStatement(
+    lambda dialect: sa.select(agents.c.id, agents.c.status).where(
+        in_param(dialect, agents.c.id, "ids")
+    )
+)
 
 
 async def read_revisions(db: Database, agent_ids: Collection[AgentId]) -> dict[AgentId, int]:
@@ -95,17 +119,15 @@ async def read_revisions(db: Database, agent_ids: Collection[AgentId]) -> dict[A
     if not agent_ids:
         return {}
     async with db.read() as conn:
-        rows = await conn.execute(
-            _revisions_query(db.dialect), {"ids": payload(db.dialect, agent_ids)}
-        )
+        rows = await _REVISIONS.rows(conn, {"ids": payload(db.dialect, agent_ids)})
         return {AgentId(agent_id): int(revision) for agent_id, revision in rows}
 
 
-@functools.cache
-def _revisions_query(dialect: Dialect) -> sa.Select[Any]:
-    return sa.select(agents.c.id, agents.c.assignment_revision).where(
+_REVISIONS = DirectStatement(
+    lambda dialect: sa.select(agents.c.id, agents.c.assignment_revision).where(
         in_param(dialect, agents.c.id, "ids")
     )
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,11 +177,11 @@ async def read_assignments(
         ids = payload(db.dialect, sorted(set(agent_ids)))
         revisions = {
             AgentId(agent_id): int(revision)
-            for agent_id, revision in await conn.execute(_revisions_query(db.dialect), {"ids": ids})
+            for agent_id, revision in await _REVISIONS.rows(conn, {"ids": ids})
         }
         if not revisions:
             return {}
-        rows = list(await conn.execute(_assigned_kernels_query(db.dialect), {"ids": ids}))
+        rows = await _ASSIGNED_KERNELS.rows(conn, {"ids": ids})
         hosts = await _cluster_hosts(conn, db.dialect, {SessionId(row[1]) for row in rows})
     held: dict[AgentId, list[AssignedKernel]] = {agent_id: [] for agent_id in revisions}
     for row in rows:
@@ -185,7 +207,6 @@ async def read_assignments(
     }
 
 
-@functools.cache
 def _assigned_kernels_query(dialect: Dialect) -> sa.Select[Any]:
     return (
         sa.select(
@@ -205,10 +226,13 @@ def _assigned_kernels_query(dialect: Dialect) -> sa.Select[Any]:
         .select_from(kernels.join(sessions, sessions.c.id == kernels.c.session_id))
         .where(
             on_agents(dialect, "ids"),
-            kernels.c.status.not_in([s.value for s in KERNEL_TERMINAL]),
+            sa.not_(in_constants(kernels.c.status, [s.value for s in KERNEL_TERMINAL])),
         )
         .order_by(kernels.c.agent_id, kernels.c.session_id, kernels.c.cluster_index)
     )
+
+
+_ASSIGNED_KERNELS = DirectStatement(_assigned_kernels_query)
 
 
 async def _cluster_hosts(
@@ -217,18 +241,18 @@ async def _cluster_hosts(
     """Per session, the address of each kernel's agent in cluster-index order (one query)."""
     if not session_ids:
         return {}
-    rows = await conn.execute(_hosts_query(dialect), {"ids": payload(dialect, session_ids)})
+    rows = await _HOSTS.rows(conn, {"ids": payload(dialect, session_ids)})
     hosts: dict[SessionId, list[str]] = {}
     for session_id, _, address in rows:
         hosts.setdefault(SessionId(session_id), []).append(address or "")
     return {sid: tuple(h) for sid, h in hosts.items()}
 
 
-@functools.cache
-def _hosts_query(dialect: Dialect) -> sa.Select[Any]:
-    return (
+_HOSTS = DirectStatement(
+    lambda dialect: (
         sa.select(kernels.c.session_id, kernels.c.cluster_index, agents.c.address)
         .select_from(kernels.outerjoin(agents, agents.c.id == kernels.c.agent_id))
         .where(in_param(dialect, kernels.c.session_id, "ids"))
         .order_by(kernels.c.session_id, kernels.c.cluster_index)
     )
+)

@@ -9,19 +9,22 @@ Reports are idempotent: a status the kernel already has changes nothing but runt
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.domain.results import SchedulingResult
 from corral.domain.status import KERNEL_TERMINAL, KERNEL_TRANSITIONS, KernelStatus
 from corral.domain.types import AgentId, KernelId, SessionId
-from corral.store._sql import in_values
+from corral.store._direct import DirectStatement
+from corral.store._sql import in_param, payload
 from corral.store.agents import apply_slot_deltas
-from corral.store.database import Database
+from corral.store.database import Database, Dialect
 from corral.store.tables import kernel_history, kernels
 
 PHASE_AGENT = "agent"
@@ -96,19 +99,8 @@ async def apply_report_batches(
     if not ids:
         return [ReportOutcome() for _ in batches]
     async with db.transaction() as conn:
-        query = sa.select(
-            kernels.c.id,
-            kernels.c.session_id,
-            kernels.c.agent_id,
-            kernels.c.status,
-            kernels.c.occupied_slots,
-            kernels.c.stage_failure,
-        ).where(in_values(db.dialect, kernels.c.id, ids))
-        if db.dialect == "postgresql":
-            query = query.order_by(kernels.c.id).with_for_update()
-        current: dict[KernelId, tuple[Any, ...]] = {
-            KernelId(row[0]): tuple(row) for row in await conn.execute(query)
-        }
+        rows = await _LOCK_KERNELS.rows(conn, {"ids": payload(db.dialect, ids)})
+        current: dict[KernelId, tuple[Any, ...]] = {KernelId(row[0]): tuple(row) for row in rows}
         # One update per kernel, folding its reports in order (a later value wins).
         updates: dict[KernelId, dict[str, Any]] = {}
         history: list[dict[str, Any]] = []
@@ -120,10 +112,53 @@ async def apply_report_batches(
                 continue
             results.append(_fold(agent_id, reports, current, updates, history, releases, now))
         await _write(conn, list(updates.values()))
-        if history:
-            await conn.execute(kernel_history.insert(), history)
+        await _ADD_HISTORY.run_many(conn, history)
         await apply_slot_deltas(conn, releases)
     return results
+
+
+def _lock_kernels(dialect: Dialect) -> sa.Select[Any]:
+    query = sa.select(
+        kernels.c.id,
+        kernels.c.session_id,
+        kernels.c.agent_id,
+        kernels.c.status,
+        kernels.c.occupied_slots,
+        kernels.c.stage_failure,
+    ).where(in_param(dialect, kernels.c.id, "ids"))
+    if dialect == "postgresql":
+        query = query.order_by(kernels.c.id).with_for_update()
+    return query
+
+
+_LOCK_KERNELS = DirectStatement(_lock_kernels)
+_HISTORY_COLUMNS = (
+    "kernel_id",
+    "session_id",
+    "phase",
+    "from_status",
+    "to_status",
+    "result",
+    "error_code",
+    "message",
+    "attempts",
+    "created_at",
+    "updated_at",
+)
+# The keys of `_history_row`, every one of them in every row. `inline`: compiled as a single
+# insert, it would otherwise return the new ids on PostgreSQL, which nothing reads.
+_ADD_HISTORY = DirectStatement(
+    lambda _dialect: (
+        kernel_history.insert()
+        .values(
+            {
+                name: sa.bindparam(name, type_=kernel_history.c[name].type)
+                for name in _HISTORY_COLUMNS
+            }
+        )
+        .inline()
+    )
+)
 
 
 def _conflicts(
@@ -224,7 +259,7 @@ def _report_values(
     return values or None
 
 
-async def _write(conn: Any, updates: list[dict[str, Any]]) -> None:
+async def _write(conn: AsyncConnection, updates: list[dict[str, Any]]) -> None:
     """One executemany per set of columns written; at most one update per kernel, so the
     grouping cannot reorder two writes of the same row."""
     by_columns: dict[tuple[str, ...], list[dict[str, Any]]] = {}
@@ -233,12 +268,19 @@ async def _write(conn: Any, updates: list[dict[str, Any]]) -> None:
         # Bound names must differ from column names (SQLAlchemy reserves those for VALUES).
         by_columns.setdefault(columns, []).append({f"v_{k}": v for k, v in update.items()})
     for columns, params in by_columns.items():
-        await conn.execute(
+        await _update_statement(columns).run_many(conn, params)
+
+
+@functools.cache
+def _update_statement(columns: tuple[str, ...]) -> DirectStatement:
+    """The update of these columns (a few sets of them: what the kinds of report write)."""
+    return DirectStatement(
+        lambda _dialect: (
             kernels.update()
-            .where(kernels.c.id == sa.bindparam("v_kid"))
-            .values({c: sa.bindparam(f"v_{c}", type_=kernels.c[c].type) for c in columns}),
-            params,
+            .where(kernels.c.id == sa.bindparam("v_kid", type_=kernels.c.id.type))
+            .values({c: sa.bindparam(f"v_{c}", type_=kernels.c[c].type) for c in columns})
         )
+    )
 
 
 def _history_row(
