@@ -27,7 +27,8 @@ from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import Clock, SessionId, UserId, utcnow
 from corral.infra.events import EventBus
 from corral.infra.hints import HintBus
-from corral.store._sql import in_values
+from corral.store._direct import DirectStatement
+from corral.store._sql import in_param, payload
 from corral.store.database import Database
 from corral.store.events import append_events, append_session_moves
 from corral.store.sessions import insert_sessions
@@ -45,6 +46,25 @@ _STARTED = frozenset(
         SessionStatus.CREATING,
         SessionStatus.RUNNING,
     }
+)
+
+# Run for every submission: built once, run directly (`store._direct`).
+_OWNER = sa.bindparam("owner", type_=sessions.c.owner_id.type)
+_BY_CREATION_IDS = DirectStatement(
+    lambda dialect: sa.select(sessions.c.creation_id, sessions.c.id).where(
+        sessions.c.owner_id == _OWNER,
+        in_param(dialect, sessions.c.creation_id, "creation_ids"),
+    )
+)
+_KNOWN_GROUPS = DirectStatement(
+    lambda dialect: sa.select(resource_groups.c.name).where(
+        in_param(dialect, resource_groups.c.name, "names")
+    )
+)
+_OWN_SESSIONS = DirectStatement(
+    lambda dialect: sa.select(sessions.c.id).where(
+        in_param(dialect, sessions.c.id, "ids"), sessions.c.owner_id == _OWNER
+    )
 )
 
 
@@ -232,40 +252,24 @@ class SessionController:
     ) -> dict[str, SessionId]:
         if not creation_ids:
             return {}
+        params = {"owner": owner, "creation_ids": payload(self.db.dialect, list(creation_ids))}
         async with self.db.read() as conn:
-            rows = await conn.execute(
-                sa.select(sessions.c.creation_id, sessions.c.id).where(
-                    sessions.c.owner_id == owner,
-                    in_values(self.db.dialect, sessions.c.creation_id, list(creation_ids)),
-                )
-            )
+            rows = await _BY_CREATION_IDS.rows(conn, params)
             return {creation_id: SessionId(sid) for creation_id, sid in rows}
 
     async def _check_references(
         self, conn: AsyncConnection, specs: Sequence[SessionSpec], owner: UserId
     ) -> None:
+        dialect = self.db.dialect
         groups = {spec.resource_group for spec in specs}
-        known = set(
-            (
-                await conn.execute(
-                    sa.select(resource_groups.c.name).where(resource_groups.c.name.in_(groups))
-                )
-            ).scalars()
-        )
+        known = set(await _KNOWN_GROUPS.scalars(conn, {"names": payload(dialect, groups)}))
         for group in sorted(groups - known):
             raise SubmissionError("resource_group", f"resource group {group!r} does not exist")
         wanted = {dep for spec in specs for dep in spec.dependencies}
         if not wanted:
             return
         found = set(
-            (
-                await conn.execute(
-                    sa.select(sessions.c.id).where(
-                        in_values(self.db.dialect, sessions.c.id, wanted),
-                        sessions.c.owner_id == owner,
-                    )
-                )
-            ).scalars()
+            await _OWN_SESSIONS.scalars(conn, {"ids": payload(dialect, wanted), "owner": owner})
         )
         missing = sorted(str(dep) for dep in wanted - found)
         if missing:

@@ -36,6 +36,7 @@ from corral.handlers.sessions.start import StartSessions
 from corral.handlers.sessions.terminate import TerminateSessions
 from corral.infra.events import EventBus
 from corral.infra.hints import HintBus
+from corral.store._direct import DirectStatement
 from corral.store.database import Database
 from corral.store.events import append_session_moves
 from corral.store.sessions import SessionRepository
@@ -69,7 +70,9 @@ _HINTS: Mapping[str, Hint] = {
 _ASKS_AGENTS = frozenset({PrepareSessions.name(), StartSessions.name(), TerminateSessions.name()})
 
 
-_GROUP_OPTIONS = sa.select(resource_groups.c.name, resource_groups.c.options)
+_GROUP_OPTIONS = DirectStatement(
+    lambda _dialect: sa.select(resource_groups.c.name, resource_groups.c.options)
+)
 
 _PLACED_EVENTS: ContextVar[list[Event] | None] = ContextVar("placed_events", default=None)
 
@@ -276,7 +279,7 @@ class SessionCoordinator:
         """Limits per resource group for `phase`, where a group overrides the default; and
         the default."""
         default = self.limits.get(phase, PhaseLimits())
-        stored = {name: options for name, options in await conn.execute(_GROUP_OPTIONS)}
+        stored = {name: options for name, options in await _GROUP_OPTIONS.rows(conn)}
         limits: dict[str, PhaseLimits] = {}
         for group, options in stored.items():
             override = ResourceGroupOptions.model_validate(options).phase_limits.get(phase)

@@ -19,7 +19,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.domain.session import MilliSlots
 from corral.domain.types import AgentId
-from corral.store._sql import in_values
+from corral.store._direct import DirectStatement
+from corral.store._sql import in_param, payload
 from corral.store.database import Database, Dialect
 from corral.store.tables import agent_slots, agents
 
@@ -104,11 +105,7 @@ async def lock_ledger(
     ids = sorted(set(agent_ids))
     if not ids:
         return {}
-    rows = await conn.execute(
-        _LEDGER_ROWS.where(in_values(dialect, agent_slots.c.agent_id, ids))
-        .order_by(agent_slots.c.agent_id, agent_slots.c.slot_name)
-        .with_for_update()
-    )
+    rows = await _LOCK_LEDGER.rows(conn, {"ids": payload(dialect, ids)})
     return _ledger(rows, {AgentId(agent_id): {} for agent_id in ids})
 
 
@@ -168,17 +165,19 @@ async def apply_slot_deltas(
         for slot, amount in sorted(deltas[agent_id].items())
         if amount
     ]
-    if not params:
-        return
-    await conn.execute(
+    await _ADD_OCCUPIED.run_many(conn, params)
+
+
+_ADD_OCCUPIED = DirectStatement(
+    lambda _dialect: (
         agent_slots.update()
         .where(
-            agent_slots.c.agent_id == sa.bindparam("a"),
-            agent_slots.c.slot_name == sa.bindparam("s"),
+            agent_slots.c.agent_id == sa.bindparam("a", type_=agent_slots.c.agent_id.type),
+            agent_slots.c.slot_name == sa.bindparam("s", type_=agent_slots.c.slot_name.type),
         )
-        .values(occupied=agent_slots.c.occupied + sa.bindparam("d", type_=sa.BigInteger())),
-        params,
+        .values(occupied=agent_slots.c.occupied + sa.bindparam("d", type_=sa.BigInteger()))
     )
+)
 
 
 async def read_ledger(db: Database) -> Ledger:
@@ -189,6 +188,13 @@ async def read_ledger(db: Database) -> Ledger:
 
 _LEDGER_ROWS = sa.select(
     agent_slots.c.agent_id, agent_slots.c.slot_name, agent_slots.c.capacity, agent_slots.c.occupied
+)
+_LOCK_LEDGER = DirectStatement(
+    lambda dialect: (
+        _LEDGER_ROWS.where(in_param(dialect, agent_slots.c.agent_id, "ids"))
+        .order_by(agent_slots.c.agent_id, agent_slots.c.slot_name)
+        .with_for_update()
+    )
 )
 
 

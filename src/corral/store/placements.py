@@ -24,7 +24,8 @@ from corral.domain.results import SchedulingResult
 from corral.domain.session import MilliSlots
 from corral.domain.status import SESSION_TRANSITIONS, KernelStatus, SessionStatus
 from corral.domain.types import AgentId, SessionId, UserId
-from corral.store._sql import IdBatch, id_batch, in_values
+from corral.store._direct import DirectStatement
+from corral.store._sql import IdBatch, id_batch, in_param, payload
 from corral.store.agents import (
     AGENT_ALIVE,
     Claim,
@@ -66,9 +67,6 @@ async def _place_kernels(
     planner names every kernel of a session (a property test checks it), and the caller's row
     count catches a plan naming a kernel the session lacks.
     """
-    index = kernels.c.cluster_index
-    where: sa.ColumnElement[bool]
-    agent: sa.ColumnElement[Any]
     if dialect == "postgresql":
         sids: list[SessionId] = []
         indexes: list[int] = []
@@ -78,11 +76,43 @@ async def _place_kernels(
                 sids.append(p.session_id)
                 indexes.append(k.cluster_index)
                 agent_ids.append(k.agent_id)
+        return await _PLACE_KERNELS.run(
+            conn, {"sids": sids, "indexes": indexes, "agents": agent_ids, "now": now}
+        )
+    agent_json: dict[str, str] = {}
+    for p in placed:
+        for k in p.kernels:
+            if k.agent_id not in agent_json:
+                agent_json[k.agent_id] = json.dumps(k.agent_id)
+    # {session id hex: [agent of kernel 0, agent of kernel 1, ...]}
+    agents_of = (
+        "{"
+        + ",".join(
+            f'"{p.session_id.hex}":[{",".join(agent_json[k.agent_id] for k in _by_index(p))}]'
+            for p in placed
+        )
+        + "}"
+    )
+    moved = await _PLACE_KERNELS.run(conn, {"placed": agents_of, "now": now})
+    await _RECORD_AGENTS.run(conn, {"ids": placed_ids.payload})
+    return moved
+
+
+def _place_kernels_statement(dialect: Dialect) -> sa.Executable:
+    """`_place_kernels`' UPDATE (on PostgreSQL inside the INSERT of the `agent_kernels` rows).
+
+    Parameters: `now`, and on PostgreSQL the arrays `sids`, `indexes` and `agents`, on SQLite
+    the JSON object `placed`.
+    """
+    index = kernels.c.cluster_index
+    where: sa.ColumnElement[bool]
+    agent: sa.ColumnElement[Any]
+    if dialect == "postgresql":
         rows = (
             sa.func.unnest(
-                sa.bindparam(None, sids, type_=postgresql.ARRAY(sa.Uuid())),
-                sa.bindparam(None, indexes, type_=postgresql.ARRAY(sa.Integer())),
-                sa.bindparam(None, agent_ids, type_=postgresql.ARRAY(sa.String())),
+                sa.bindparam("sids", type_=postgresql.ARRAY(sa.Uuid())),
+                sa.bindparam("indexes", type_=postgresql.ARRAY(sa.Integer())),
+                sa.bindparam("agents", type_=postgresql.ARRAY(sa.String())),
             )
             .table_valued("sid", "index", "agent")
             .render_derived(name="placed")
@@ -90,21 +120,7 @@ async def _place_kernels(
         where = sa.and_(kernels.c.session_id == rows.c.sid, index == rows.c.index)
         agent = rows.c.agent
     else:
-        agent_json: dict[str, str] = {}
-        for p in placed:
-            for k in p.kernels:
-                if k.agent_id not in agent_json:
-                    agent_json[k.agent_id] = json.dumps(k.agent_id)
-        # {session id hex: [agent of kernel 0, agent of kernel 1, ...]}
-        payload = (
-            "{"
-            + ",".join(
-                f'"{p.session_id.hex}":[{",".join(agent_json[k.agent_id] for k in _by_index(p))}]'
-                for p in placed
-            )
-            + "}"
-        )
-        each = sa.func.json_each(sa.bindparam(None, payload, type_=sa.String())).table_valued(
+        each = sa.func.json_each(sa.bindparam("placed", type_=sa.String())).table_valued(
             "key", "value"
         )
         where = sa.and_(
@@ -116,28 +132,30 @@ async def _place_kernels(
         .where(where, kernels.c.status == KernelStatus.PENDING.value)
         .values(
             status=KernelStatus.SCHEDULED.value,
-            status_changed_at=now,
+            status_changed_at=sa.bindparam("now", type_=kernels.c.status_changed_at.type),
             agent_id=agent,
             occupied_slots=kernels.c.requested_slots,
         )
     )
-    columns = [agent_kernels.c.agent_id, agent_kernels.c.kernel_id]
-    if dialect == "postgresql":
-        moved = update.returning(kernels.c.agent_id, kernels.c.id).cte("moved")
-        result = await conn.execute(
-            agent_kernels.insert().from_select(columns, sa.select(moved.c.agent_id, moved.c.id))
-        )
-        return int(result.rowcount)
-    result = await conn.execute(update)
-    await conn.execute(
-        agent_kernels.insert().from_select(
-            columns,
-            sa.select(kernels.c.agent_id, kernels.c.id).where(
-                in_values(dialect, kernels.c.session_id, placed_ids)
-            ),
-        )
+    if dialect != "postgresql":
+        return update
+    moved = update.returning(kernels.c.agent_id, kernels.c.id).cte("moved")
+    return agent_kernels.insert().from_select(
+        [agent_kernels.c.agent_id, agent_kernels.c.kernel_id],
+        sa.select(moved.c.agent_id, moved.c.id),
     )
-    return int(result.rowcount)
+
+
+_PLACE_KERNELS = DirectStatement(_place_kernels_statement)
+# SQLite: the `agent_kernels` rows of the placed sessions' kernels, after `_PLACE_KERNELS`.
+_RECORD_AGENTS = DirectStatement(
+    lambda dialect: agent_kernels.insert().from_select(
+        [agent_kernels.c.agent_id, agent_kernels.c.kernel_id],
+        sa.select(kernels.c.agent_id, kernels.c.id).where(
+            in_param(dialect, kernels.c.session_id, "ids")
+        ),
+    )
+)
 
 
 def _by_index(placement: SessionPlacement) -> Sequence[KernelPlacement]:
@@ -236,14 +254,8 @@ async def commit_placement_batches(
     dialect = db.dialect
     async with db.transaction() as conn:
         ledger = await lock_ledger(conn, dialect, agent_ids)
-        usable = await conn.execute(
-            sa.select(agents.c.id).where(
-                in_values(dialect, agents.c.id, list(ledger)),
-                agents.c.status == AGENT_ALIVE,
-                agents.c.schedulable.is_(True),
-            )
-        )
-        usable_ids = {AgentId(row[0]) for row in usable}
+        usable = await _USABLE_AGENTS.scalars(conn, {"ids": payload(dialect, list(ledger))})
+        usable_ids = {AgentId(agent_id) for agent_id in usable}
         ledger = {agent: slots for agent, slots in ledger.items() if agent in usable_ids}
         owners: dict[SessionId, UserId] = {}
         # The ids are encoded once: the lock reads all of them, and so do the batch's writes
@@ -281,17 +293,9 @@ async def _lock_placeable(
         return set()
     pending = set(await lock_sessions(conn, dialect, ids, [SessionStatus.PENDING], owners=owners))
     if pending:
-        not_ready = await conn.execute(
-            sa.select(kernels.c.session_id)
-            .distinct()
-            .where(
-                in_values(
-                    dialect, kernels.c.session_id, ids if len(pending) == len(ids) else pending
-                ),
-                kernels.c.status != KernelStatus.PENDING.value,
-            )
-        )
-        pending -= {SessionId(row[0]) for row in not_ready}
+        checked = ids.payload if len(pending) == len(ids) else payload(dialect, pending)
+        not_ready = await _NOT_READY.scalars(conn, {"ids": checked})
+        pending -= {SessionId(sid) for sid in not_ready}
     return pending
 
 
@@ -341,17 +345,7 @@ async def _commit_batch(
         now=now,
         moving=True,
     )
-    await conn.execute(
-        sessions.update()
-        .where(in_values(dialect, sessions.c.id, accepted_ids))
-        .values(
-            status=SessionStatus.SCHEDULED.value,
-            status_changed_at=now,
-            status_info=None,
-            phase=None,
-            phase_attempts=0,
-        )
-    )
+    await _SCHEDULE_SESSIONS.run(conn, {"ids": accepted_ids.payload, "now": now})
     placed_sessions = [p for p in batch if p.session_id in accepted_set]
     moved = await _place_kernels(conn, dialect, placed_sessions, accepted_ids, now)
     expected = sum(len(p.kernels) for p in placed_sessions)
@@ -372,3 +366,36 @@ async def _commit_batch(
         recorded_from=KernelStatus.PENDING.value,
     )
     outcome.placed.extend(accepted)
+
+
+# The commit's other statements, built once (parameters: ids, now).
+_USABLE_AGENTS = DirectStatement(
+    lambda dialect: sa.select(agents.c.id).where(
+        in_param(dialect, agents.c.id, "ids"),
+        agents.c.status == AGENT_ALIVE,
+        agents.c.schedulable.is_(True),
+    )
+)
+_NOT_READY = DirectStatement(
+    lambda dialect: (
+        sa.select(kernels.c.session_id)
+        .distinct()
+        .where(
+            in_param(dialect, kernels.c.session_id, "ids"),
+            kernels.c.status != KernelStatus.PENDING.value,
+        )
+    )
+)
+_SCHEDULE_SESSIONS = DirectStatement(
+    lambda dialect: (
+        sessions.update()
+        .where(in_param(dialect, sessions.c.id, "ids"))
+        .values(
+            status=SessionStatus.SCHEDULED.value,
+            status_changed_at=sa.bindparam("now", type_=sessions.c.status_changed_at.type),
+            status_info=None,
+            phase=None,
+            phase_attempts=0,
+        )
+    )
+)

@@ -15,7 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from corral.domain.session import PendingSession
 from corral.domain.status import SESSION_OCCUPYING, SessionStatus
 from corral.domain.types import AgentId, SessionId, UserId
-from corral.store._sql import in_param, payload, slot_entries
+from corral.store._direct import DirectStatement
+from corral.store._sql import in_constants, in_param, payload, slot_entries
 from corral.store.agents import AGENT_ALIVE
 from corral.store.database import Dialect
 from corral.store.sessions import load_pending, pending_view
@@ -28,9 +29,12 @@ from corral.store.tables import (
     sessions,
 )
 
-# The statements of a pass are built once (see `_sql.in_param`); the values are parameters.
-_GROUP_OPTIONS = sa.select(resource_groups.c.options).where(
-    resource_groups.c.name == sa.bindparam("group")
+# The statements of a pass are built once and run directly (see `_direct`); the values,
+# id lists included (`_sql.in_param`), are parameters.
+_GROUP_OPTIONS = DirectStatement(
+    lambda _dialect: sa.select(resource_groups.c.options).where(
+        resource_groups.c.name == sa.bindparam("group", type_=resource_groups.c.name.type)
+    )
 )
 
 
@@ -51,7 +55,8 @@ class AgentSlotRow:
 
 async def read_group_options(conn: AsyncConnection, group: str) -> dict[str, Any]:
     """The group's stored options (raises UnknownResourceGroupError if there is no such group)."""
-    options = await conn.scalar(_GROUP_OPTIONS, {"group": group})
+    found = await _GROUP_OPTIONS.scalars(conn, {"group": group})
+    options = found[0] if found else None
     if options is None:
         raise UnknownResourceGroupError(f"resource group {group!r} does not exist")
     return dict(options)
@@ -79,42 +84,53 @@ async def read_candidates(
 
 
 @functools.cache
-def _candidates_query(*, limited: bool, newest_first: bool) -> sa.Select[Any]:
-    now = sa.bindparam("now", type_=sessions.c.created_at.type)
-    query = pending_view(
-        sa.and_(
-            sessions.c.status == SessionStatus.PENDING.value,
-            sessions.c.resource_group == sa.bindparam("group"),
-            sessions.c.requeue_active.is_(True),
-            sa.or_(sessions.c.requeue_at.is_(None), sessions.c.requeue_at <= now),
-            sa.or_(sessions.c.starts_at.is_(None), sessions.c.starts_at <= now),
+def _candidates_query(*, limited: bool, newest_first: bool) -> DirectStatement:
+    """`read_candidates`' statement, built once per shape (parameters: group, now, limit)."""
+
+    def build(_dialect: Dialect) -> sa.Select[Any]:
+        now = sa.bindparam("now", type_=sessions.c.created_at.type)
+        query = pending_view(
+            sa.and_(
+                sessions.c.status == SessionStatus.PENDING.value,
+                sessions.c.resource_group
+                == sa.bindparam("group", type_=sessions.c.resource_group.type),
+                sessions.c.requeue_active.is_(True),
+                sa.or_(sessions.c.requeue_at.is_(None), sessions.c.requeue_at <= now),
+                sa.or_(sessions.c.starts_at.is_(None), sessions.c.starts_at <= now),
+            )
         )
-    )
-    if not limited:
-        return query.order_by(sessions.c.created_at, sessions.c.id)
-    age = sessions.c.created_at.desc() if newest_first else sessions.c.created_at.asc()
-    return query.order_by(sessions.c.priority.desc(), age, sessions.c.id).limit(
-        sa.bindparam("limit", type_=sa.Integer())
-    )
+        if not limited:
+            return query.order_by(sessions.c.created_at, sessions.c.id)
+        age = sessions.c.created_at.desc() if newest_first else sessions.c.created_at.asc()
+        return query.order_by(sessions.c.priority.desc(), age, sessions.c.id).limit(
+            sa.bindparam("limit", type_=sa.Integer())
+        )
+
+    return DirectStatement(build)
 
 
-_AGENT_SLOTS = (
-    sa.select(
-        agents.c.id,
-        sa.and_(agents.c.status == AGENT_ALIVE, agents.c.schedulable.is_(True)),
-        agent_slots.c.slot_name,
-        agent_slots.c.capacity,
-        agent_slots.c.occupied,
+_AGENT_SLOTS = DirectStatement(
+    lambda _dialect: (
+        sa.select(
+            agents.c.id,
+            sa.and_(agents.c.status == AGENT_ALIVE, agents.c.schedulable.is_(True)).label("usable"),
+            agent_slots.c.slot_name,
+            agent_slots.c.capacity,
+            agent_slots.c.occupied,
+        )
+        .select_from(agents.outerjoin(agent_slots, agent_slots.c.agent_id == agents.c.id))
+        .where(
+            agents.c.resource_group == sa.bindparam("group", type_=agents.c.resource_group.type),
+            agents.c.status != "TERMINATED",
+        )
+        .order_by(agents.c.id, agent_slots.c.slot_name)
     )
-    .select_from(agents.outerjoin(agent_slots, agent_slots.c.agent_id == agents.c.id))
-    .where(agents.c.resource_group == sa.bindparam("group"), agents.c.status != "TERMINATED")
-    .order_by(agents.c.id, agent_slots.c.slot_name)
 )
 
 
 async def read_agent_slots(conn: AsyncConnection, group: str) -> list[AgentSlotRow]:
     """Every registered agent of the group (all but TERMINATED) with its slot ledger rows."""
-    rows = await conn.execute(_AGENT_SLOTS, {"group": group})
+    rows = await _AGENT_SLOTS.rows(conn, {"group": group})
     return [
         AgentSlotRow(AgentId(a), bool(usable), slot, capacity or 0, occupied or 0)
         for a, usable, slot, capacity, occupied in rows
@@ -125,36 +141,50 @@ async def read_owner_usage(
     conn: AsyncConnection, dialect: Dialect, group: str
 ) -> tuple[dict[UserId, int], dict[UserId, dict[str, int]]]:
     """Per owner: sessions holding resources in the group, and the slots their kernels occupy."""
-    holding = [s.value for s in SESSION_OCCUPYING]
-    counts = await conn.execute(
-        sa.select(sessions.c.owner_id, sa.func.count())
-        .where(sessions.c.resource_group == group, sessions.c.status.in_(holding))
-        .group_by(sessions.c.owner_id)
-    )
+    counts = await _OWNER_SESSIONS.rows(conn, {"group": group})
     session_counts = {UserId(owner): int(n) for owner, n in counts}
-    each = slot_entries(dialect, kernels.c.occupied_slots)
-    rows = await conn.execute(
-        sa.select(
-            sessions.c.owner_id, each.c.key, sa.func.sum(sa.cast(each.c.value, sa.BigInteger))
-        )
-        .select_from(
-            sessions.join(kernels, kernels.c.session_id == sessions.c.id).join(each, sa.true())
-        )
-        .where(
-            sessions.c.resource_group == group,
-            sessions.c.status.in_(holding),
-            kernels.c.occupied_slots.is_not(None),
-        )
-        .group_by(sessions.c.owner_id, each.c.key)
-    )
+    rows = await _OWNER_SLOTS.rows(conn, {"group": group})
     slots: dict[UserId, dict[str, int]] = {}
     for owner, slot, amount in rows:
         slots.setdefault(UserId(owner), {})[slot] = int(amount)
     return session_counts, slots
 
 
-@functools.cache
-def _dependencies_query(dialect: Dialect) -> sa.Select[Any]:
+def _holding() -> sa.ColumnElement[bool]:
+    return in_constants(sessions.c.status, [s.value for s in SESSION_OCCUPYING])
+
+
+def _in_group() -> sa.ColumnElement[bool]:
+    return sessions.c.resource_group == sa.bindparam("group", type_=sessions.c.resource_group.type)
+
+
+_OWNER_SESSIONS = DirectStatement(
+    lambda _dialect: (
+        sa.select(sessions.c.owner_id, sa.func.count())
+        .where(_in_group(), _holding())
+        .group_by(sessions.c.owner_id)
+    )
+)
+
+
+def _owner_slots(dialect: Dialect) -> sa.Select[Any]:
+    each = slot_entries(dialect, kernels.c.occupied_slots)
+    return (
+        sa.select(
+            sessions.c.owner_id, each.c.key, sa.func.sum(sa.cast(each.c.value, sa.BigInteger))
+        )
+        .select_from(
+            sessions.join(kernels, kernels.c.session_id == sessions.c.id).join(each, sa.true())
+        )
+        .where(_in_group(), _holding(), kernels.c.occupied_slots.is_not(None))
+        .group_by(sessions.c.owner_id, each.c.key)
+    )
+
+
+_OWNER_SLOTS = DirectStatement(_owner_slots)
+
+
+def _dependencies(dialect: Dialect) -> sa.Select[Any]:
     dep = sessions.alias("dependency")
     return (
         sa.select(
@@ -170,13 +200,16 @@ def _dependencies_query(dialect: Dialect) -> sa.Select[Any]:
     )
 
 
+_DEPENDENCIES = DirectStatement(_dependencies)
+
+
 async def read_dependencies(
     conn: AsyncConnection, dialect: Dialect, session_ids: Collection[SessionId]
 ) -> dict[SessionId, list[tuple[uuid.UUID, str | None, str | None]]]:
     """For each session that has dependencies: (dependency id, its status, its result)."""
     if not session_ids:
         return {}
-    rows = await conn.execute(_dependencies_query(dialect), {"ids": payload(dialect, session_ids)})
+    rows = await _DEPENDENCIES.rows(conn, {"ids": payload(dialect, session_ids)})
     found: dict[SessionId, list[tuple[uuid.UUID, str | None, str | None]]] = {}
     for sid, depends_on, status, result in rows:
         found.setdefault(SessionId(sid), []).append((depends_on, status, result))

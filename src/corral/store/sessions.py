@@ -29,7 +29,8 @@ from corral.domain.session import (
 )
 from corral.domain.status import KERNEL_TERMINAL, KernelStatus, SessionStatus
 from corral.domain.types import AgentId, KernelId, SessionId, UserId
-from corral.store._sql import in_param, in_values, payload
+from corral.store._direct import DirectStatement
+from corral.store._sql import in_constants, in_param, in_values, payload
 from corral.store.agents import AGENT_ALIVE
 from corral.store.database import Database, Dialect
 from corral.store.status_changes import AppliedChanges, StatusChange, apply_changes
@@ -67,7 +68,7 @@ class SessionRepository:
         With `kernel_statuses`, only sessions that have at least one kernel in one of them.
         With `conn`, read in the caller's transaction.
         """
-        query = _load_query(
+        statement = _load_query(
             tuple(sorted(s.value for s in statuses)),
             None if kernel_statuses is None else tuple(sorted(k.value for k in kernel_statuses)),
             by_group=resource_group is not None,
@@ -78,7 +79,7 @@ class SessionRepository:
             params["group"] = resource_group
         if limit is not None:
             params["limit"] = limit
-        return await self._load(conn, query, params)
+        return await self._load(conn, statement, params)
 
     async def load_needing_attention(
         self,
@@ -96,20 +97,23 @@ class SessionRepository:
         `conn`, read in the caller's transaction.
         """
         acted = tuple(sorted(s.value for s in statuses if s not in watched))
-        query = _attention_query(
+        statement = _attention_query(
             acted, tuple(sorted(s.value for s in watched)), timed=expiring_before is not None
         )
         params = {} if expiring_before is None else {"expiring_before": expiring_before}
-        return await self._load(conn, query, params)
+        return await self._load(conn, statement, params)
 
     async def _load(
-        self, conn: AsyncConnection | None, query: sa.Select[Any], params: Mapping[str, Any]
+        self,
+        conn: AsyncConnection | None,
+        statement: DirectStatement,
+        params: Mapping[str, Any],
     ) -> list[SessionWithKernels]:
         """`load_with_kernels` in the caller's transaction, or in a read of its own."""
         if conn is not None:
-            return await load_with_kernels(conn, query, params)
+            return await load_with_kernels(conn, statement, params)
         async with self.db.read() as own:
-            return await load_with_kernels(own, query, params)
+            return await load_with_kernels(own, statement, params)
 
     async def get(self, session_ids: Collection[SessionId]) -> list[SessionWithKernels]:
         """The given sessions with their kernels (missing ids are left out)."""
@@ -117,7 +121,7 @@ class SessionRepository:
             return []
         async with self.db.read() as conn:
             return await load_with_kernels(
-                conn, _by_ids_query(self.dialect), {"ids": payload(self.dialect, session_ids)}
+                conn, _BY_IDS, {"ids": payload(self.dialect, session_ids)}
             )
 
     async def promotable(
@@ -132,13 +136,13 @@ class SessionRepository:
         inside it", NOT_ANY "no kernel inside it" (a session without kernels meets ALL and
         NOT_ANY).
         """
-        query = _promotable_query(
+        statement = _promotable_query(
             tuple(sorted(s.value for s in statuses)),
             tuple(sorted(k.value for k in kernel_statuses)),
             match,
         )
         async with self.db.read() as conn:
-            return {SessionId(sid) for sid in (await conn.execute(query)).scalars()}
+            return {SessionId(sid) for sid in await statement.scalars(conn)}
 
     async def apply(self, changes: Sequence[StatusChange], now: datetime) -> AppliedChanges:
         """Apply judged changes in one transaction: guarded moves, slot release, history."""
@@ -201,19 +205,70 @@ async def insert_sessions(
         return []
     session_rows = [_session_row(s, now) for s in new_sessions]
     kernel_rows = [_kernel_rows(s, now) for s in new_sessions]
-    await conn.execute(sessions.insert(), session_rows)
-    await conn.execute(kernels.insert(), [row for rows in kernel_rows for row in rows])
+    await _INSERT_SESSION.run_many(conn, session_rows)
+    await _INSERT_KERNEL.run_many(conn, [row for rows in kernel_rows for row in rows])
     deps = [{"session_id": s.id, "depends_on": d} for s in new_sessions for d in s.dependencies]
-    if deps:
-        await conn.execute(session_dependencies.insert(), deps)
+    await _INSERT_DEPENDENCY.run_many(conn, deps)  # nothing sent when there are none
     return [row | {"kernels": rows} for row, rows in zip(session_rows, kernel_rows, strict=True)]
+
+
+def _insert(table: sa.Table, columns: Sequence[str]) -> DirectStatement:
+    """An INSERT of `columns` of `table`, each from the parameter of the column's name."""
+    values = {name: sa.bindparam(name, type_=table.c[name].type) for name in columns}
+    return DirectStatement(lambda _dialect: table.insert().values(values))
+
+
+# Run once per row (executemany), with the rows of `_session_row` and `_kernel_rows`: their
+# keys are the columns written.
+_INSERT_SESSION = _insert(
+    sessions,
+    (
+        "id",
+        "name",
+        "owner_id",
+        "project",
+        "type",
+        "priority",
+        "resource_group",
+        "cluster_mode",
+        "cluster_size",
+        "spec",
+        "kernel_slots",
+        "status",
+        "status_changed_at",
+        "created_at",
+        "creation_id",
+        "starts_at",
+        "phase_attempts",
+        "failed_agents",
+        "requeue_count",
+        "requeue_active",
+        "retry_count",
+        "max_retries",
+    ),
+)
+_INSERT_KERNEL = _insert(
+    kernels,
+    (
+        "id",
+        "session_id",
+        "cluster_role",
+        "cluster_index",
+        "status",
+        "status_changed_at",
+        "created_at",
+        "requested_slots",
+        "runtime_info",
+    ),
+)
+_INSERT_DEPENDENCY = _insert(session_dependencies, ("session_id", "depends_on"))
 
 
 @functools.cache
 def _promotable_query(
     statuses: tuple[str, ...], kernel_statuses: tuple[str, ...], match: KernelMatchType
-) -> sa.Select[Any]:
-    in_set = kernels.c.status.in_(kernel_statuses)
+) -> DirectStatement:
+    in_set = in_constants(kernels.c.status, kernel_statuses)
     kernel_of_session = kernels.c.session_id == sessions.c.id
     if match is KernelMatchType.ALL:
         condition = ~sa.exists().where(kernel_of_session, sa.not_(in_set))
@@ -221,7 +276,11 @@ def _promotable_query(
         condition = sa.exists().where(kernel_of_session, in_set)
     else:
         condition = ~sa.exists().where(kernel_of_session, in_set)
-    return sa.select(sessions.c.id).where(sessions.c.status.in_(statuses), condition)
+    return DirectStatement(
+        lambda _dialect: sa.select(sessions.c.id).where(
+            in_constants(sessions.c.status, statuses), condition
+        )
+    )
 
 
 @functools.cache
@@ -231,28 +290,32 @@ def _load_query(
     *,
     by_group: bool,
     limited: bool,
-) -> sa.Select[Any]:
+) -> DirectStatement:
     """`SessionRepository.load`'s statement, built once per shape (parameters: group, limit)."""
-    query = sa.select(sessions.c.id).where(sessions.c.status.in_(statuses))
+    query = sa.select(sessions.c.id).where(in_constants(sessions.c.status, statuses))
     if by_group:
-        query = query.where(sessions.c.resource_group == sa.bindparam("group"))
+        query = query.where(
+            sessions.c.resource_group == sa.bindparam("group", type_=sessions.c.resource_group.type)
+        )
     if kernel_statuses is not None:
         query = query.where(
             sa.exists().where(
-                kernels.c.session_id == sessions.c.id, kernels.c.status.in_(kernel_statuses)
+                kernels.c.session_id == sessions.c.id,
+                in_constants(kernels.c.status, kernel_statuses),
             )
         )
     if limited:
         query = query.order_by(sessions.c.created_at, sessions.c.id).limit(
             sa.bindparam("limit", type_=sa.Integer())
         )
-    return with_kernels(sessions.c.id.in_(query.scalar_subquery()))
+    where = sessions.c.id.in_(query.scalar_subquery())
+    return DirectStatement(lambda _dialect: with_kernels(where))
 
 
 @functools.cache
 def _attention_query(
     acted: tuple[str, ...], watched: tuple[str, ...], *, timed: bool
-) -> sa.Select[Any]:
+) -> DirectStatement:
     """`load_needing_attention`'s statement, built once per shape (parameter: expiring_before)."""
     s, k = sessions.c, kernels.alias("watched_kernel").c  # the outer query joins `kernels`
     on_lost_agent = sa.and_(
@@ -261,7 +324,7 @@ def _attention_query(
     )
     troubled: sa.ColumnElement[bool] = sa.exists().where(
         k.session_id == s.id,
-        k.status.not_in([status.value for status in KERNEL_TERMINAL]),
+        sa.not_(in_constants(k.status, [status.value for status in KERNEL_TERMINAL])),
         sa.or_(k.stage_failure.is_not(None), on_lost_agent),
     )
     if timed:
@@ -269,12 +332,13 @@ def _attention_query(
             "expiring_before", type_=s.status_changed_at.type
         )
         troubled = sa.or_(troubled, expiring)
-    return with_kernels(sa.or_(s.status.in_(acted), sa.and_(s.status.in_(watched), troubled)))
+    where = sa.or_(
+        in_constants(s.status, acted), sa.and_(in_constants(s.status, watched), troubled)
+    )
+    return DirectStatement(lambda _dialect: with_kernels(where))
 
 
-@functools.cache
-def _by_ids_query(dialect: Dialect) -> sa.Select[Any]:
-    return with_kernels(in_param(dialect, sessions.c.id, "ids"))
+_BY_IDS = DirectStatement(lambda dialect: with_kernels(in_param(dialect, sessions.c.id, "ids")))
 
 
 def with_kernels(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
@@ -370,11 +434,10 @@ def _decoders(dialect: sa.Dialect) -> _Decoders:
 
 
 async def load_with_kernels(
-    conn: AsyncConnection, statement: sa.Select[Any], params: Mapping[str, Any]
+    conn: AsyncConnection, statement: DirectStatement, params: Mapping[str, Any]
 ) -> list[SessionWithKernels]:
     """Sessions with their kernels: the rows of a `with_kernels` statement, run with `params`."""
-    # All rows at once: iterating the result would fetch them one call at a time.
-    rows = (await conn.execute(statement, dict(params))).all()
+    rows = await statement.rows(conn, params)
     loaders = _Loaders.of(conn.dialect)
     to_uuid, load_time, load_json = loaders.uuid, loaders.time, loaders.json
     result: list[SessionWithKernels] = []
@@ -446,10 +509,13 @@ _KERNEL_REQUESTS = sa.select(
 
 
 async def load_pending(
-    conn: AsyncConnection, dialect: Dialect, statement: sa.Select[Any], params: Mapping[str, Any]
+    conn: AsyncConnection,
+    dialect: Dialect,
+    statement: DirectStatement,
+    params: Mapping[str, Any],
 ) -> list[PendingSession]:
     """Sessions for placement: the rows of a `pending_view` statement, run with `params`."""
-    rows = (await conn.execute(statement, dict(params))).all()
+    rows = await statement.rows(conn, params)
     load = _Loaders.of(conn.dialect)
     mixed: list[SessionId] = []
     result: list[PendingSession] = []
