@@ -20,25 +20,31 @@ _ADD_USER = DirectStatement(
     )
 )
 _USERS = DirectStatement(
-    lambda dialect: sa.select(users.c.id, users.c.name, users.c.created_at)
-    .where(in_param(dialect, users.c.id, "ids"))
-    .order_by(users.c.name)
+    lambda dialect: (
+        sa.select(users.c.id, users.c.name, users.c.created_at)
+        .where(in_param(dialect, users.c.id, "ids"))
+        .order_by(users.c.name)
+    )
 )
 _RENAME = DirectStatement(
-    lambda dialect: users.update()
-    .where(in_param(dialect, users.c.id, "ids"))
-    .values(name=users.c.name + "-renamed")
+    lambda dialect: (
+        users.update()
+        .where(in_param(dialect, users.c.id, "ids"))
+        .values(name=users.c.name + "-renamed")
+    )
 )
 _ADD_EVENT = DirectStatement(
-    lambda _dialect: events.insert()
-    .values(
-        kind="test.kind",
-        entity_type="test",
-        entity_id=sa.bindparam("entity"),
-        payload=sa.bindparam("payload"),
-        created_at=sa.bindparam("at"),
+    lambda _dialect: (
+        events.insert()
+        .values(
+            kind="test.kind",
+            entity_type="test",
+            entity_id=sa.bindparam("entity"),
+            payload=sa.bindparam("payload"),
+            created_at=sa.bindparam("at"),
+        )
+        .returning(events.c.id, events.c.payload, events.c.created_at)
     )
-    .returning(events.c.id, events.c.payload, events.c.created_at)
 )
 
 
@@ -106,9 +112,7 @@ async def test_run_many_writes_every_row(db: Database) -> None:
     """`run_many` executes once per parameter set."""
     ids = [uuid.uuid4() for _ in range(5)]
     async with db.transaction() as conn:
-        await _ADD_USER.run_many(
-            conn, [{"id": i, "name": f"many-{i.hex}", "at": NOW} for i in ids]
-        )
+        await _ADD_USER.run_many(conn, [{"id": i, "name": f"many-{i.hex}", "at": NOW} for i in ids])
     async with db.read() as conn:
         assert sorted(await _USERS.scalars(conn, {"ids": payload(db.dialect, ids)})) == sorted(ids)
 
