@@ -22,9 +22,11 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import aiosqlite
+import sqlalchemy as sa
+from sqlalchemy.util import await_
 
 _BUSY = object()  # another connection holds the write lock
 
@@ -67,6 +69,27 @@ class InlineConnection(aiosqlite.Connection):
             return _BUSY
         finally:
             conn.execute(f"PRAGMA busy_timeout={self._busy_timeout_ms}")
+
+
+def begin(connection: aiosqlite.Connection, statement: str) -> None:
+    """Run `statement` (BEGIN or BEGIN IMMEDIATE) for SQLAlchemy's `begin` event.
+
+    Called inside SQLAlchemy's greenlet, straight on the sqlite3 connection: going through
+    `exec_driver_sql` cost 35 µs a transaction, a tenth of a busy manager's statement time.
+    A BEGIN IMMEDIATE that finds another process's write lock still waits in the worker thread.
+    """
+    conn = cast(sqlite3.Connection, connection._connection)
+    try:
+        if not _may_wait_for_lock((statement,)):
+            conn.execute(statement)
+            return
+        if not isinstance(connection, InlineConnection):
+            await_(connection._execute(conn.execute, statement))  # type: ignore[no-untyped-call]
+            return
+        if connection._try_without_waiting(conn, conn.execute, (statement,), {}) is _BUSY:
+            await_(super(InlineConnection, connection)._execute(conn.execute, statement))  # type: ignore[no-untyped-call]
+    except sqlite3.Error as error:
+        raise sa.exc.DBAPIError.instance(statement, (), error, sqlite3.Error) from error
 
 
 def _may_wait_for_lock(args: tuple[Any, ...]) -> bool:

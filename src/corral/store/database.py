@@ -7,8 +7,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
+import aiosqlite
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -178,7 +179,6 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
 
     @event.listens_for(sync_engine, "begin")
     def _on_begin(conn: sa.Connection) -> None:
-        if conn.get_execution_options().get(_WRITE_OPTION):
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-        else:
-            conn.exec_driver_sql("BEGIN")
+        write = conn.get_execution_options().get(_WRITE_OPTION)
+        driver = cast(aiosqlite.Connection, conn.connection.driver_connection)
+        inline_sqlite.begin(driver, "BEGIN IMMEDIATE" if write else "BEGIN")
