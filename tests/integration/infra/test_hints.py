@@ -8,13 +8,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 import sqlalchemy as sa
 from redis.asyncio import Redis
 
 from corral.infra.hints import HintBus, HintBusError, HintBusKind, open_hint_bus
 from corral.infra.hints.memory import MemoryHintBus, MemoryHintHub
-from corral.infra.hints.postgres import APPLICATION_NAME
+from corral.infra.hints.postgres import (
+    APPLICATION_NAME,
+    PostgresHintBus,
+    channel_name,
+    listener_dsn,
+)
 from corral.store.database import Database
 from corral.store.tables import hints
 
@@ -222,6 +228,59 @@ async def test_postgres_consume_and_wait_make_no_query_without_a_notification(
     await other.set("schedule")
     assert await bus.wait(["schedule"], DEADLINE_S)
     assert await bus.consume("schedule")
+
+
+@pytest.mark.parametrize("backend", [POSTGRES], indirect=True)
+async def test_postgres_bus_does_not_query_for_its_own_notifications(
+    bus_factory: BusFactory,
+) -> None:
+    """A bus that set and consumed a hint knows it is gone: its own notification, arriving after
+    the consume (as it does under load), does not make the next wait query; another bus's
+    notification still wakes it."""
+    assert bus_factory.db is not None
+    bus, other = await bus_factory(), await bus_factory()
+    assert isinstance(bus, PostgresHintBus)
+    assert not await bus.consume("schedule")  # the first check after connecting queries
+    await bus.set("schedule")
+    assert await bus.consume("schedule")
+    # Its own notification, replayed late, exactly as the listener hands it over.
+    [payload] = await _notifications_of(bus, bus_factory.db, "schedule")
+    bus._on_notification(None, 0, "", payload)
+    statements: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement)
+
+    engine = bus_factory.db.engine.sync_engine
+    sa.event.listen(engine, "before_cursor_execute", record)
+    try:
+        assert not await bus.wait(["schedule"], SHORT_S)
+        assert statements == []
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", record)
+    await other.set("schedule")
+    assert await bus.wait(["schedule"], DEADLINE_S)
+    assert await bus.consume("schedule")
+
+
+async def _notifications_of(bus: PostgresHintBus, db: Database, name: str) -> list[str]:
+    """The payloads `bus` sends when it sets `name`, as a listener of its channel hears them."""
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    listener = await asyncpg.connect(listener_dsn(db))
+    try:
+        channel = channel_name(bus_prefix(bus))
+        await listener.add_listener(channel, lambda *args: heard.put_nowait(args[-1]))
+        await bus.set(name)
+        payload = await asyncio.wait_for(heard.get(), DEADLINE_S)
+    finally:
+        await listener.close()
+    assert await bus.consume(name)
+    return [payload]
+
+
+def bus_prefix(bus: PostgresHintBus) -> str:
+    """The prefix `bus` was opened with."""
+    return bus._prefix
 
 
 @pytest.mark.parametrize("backend", [POSTGRES], indirect=True)
