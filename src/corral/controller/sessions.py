@@ -253,7 +253,7 @@ class SessionController:
         if not creation_ids:
             return {}
         params = {"owner": owner, "creation_ids": payload(self.db.dialect, list(creation_ids))}
-        async with self.db.read() as conn:
+        async with self.db.read_statements() as conn:
             rows = await _BY_CREATION_IDS.rows(conn, params)
             return {creation_id: SessionId(sid) for creation_id, sid in rows}
 

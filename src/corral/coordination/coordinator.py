@@ -122,9 +122,10 @@ class SessionCoordinator:
         """One run of a lifecycle handler over all its current targets."""
         started = time.perf_counter()
         name = handler.name()
-        # One read: every group's limits (for a watching handler they say which sessions may
-        # have expired; for the judge, each session's) and the handler's targets.
-        async with self.db.read() as conn:
+        # Every group's limits (for a watching handler they say which sessions may have expired;
+        # for the judge, each session's) and the handler's targets: neither depends on the
+        # other, so they need not come from one snapshot.
+        async with self.db.read_statements() as conn:
             group_limits = await self._group_limits(conn, name)
             if handler.watched_session_statuses:
                 targets = await self._needing_attention(conn, handler, group_limits)

@@ -118,7 +118,7 @@ async def read_revisions(db: Database, agent_ids: Collection[AgentId]) -> dict[A
     """The agents' assignment revisions, in one query (unknown agents are left out)."""
     if not agent_ids:
         return {}
-    async with db.read() as conn:
+    async with db.read_statements() as conn:
         rows = await _REVISIONS.rows(conn, {"ids": payload(db.dialect, agent_ids)})
         return {AgentId(agent_id): int(revision) for agent_id, revision in rows}
 
@@ -169,11 +169,14 @@ async def read_assignments(
 ) -> dict[AgentId, Assignment]:
     """Each agent's revision and non-terminal kernels, in three queries for all of them.
 
-    Unknown agents are left out.
+    Unknown agents are left out. The queries need not share a snapshot, as long as the revisions
+    are read first: a change committed in between is then in the kernels read but not in the
+    revision, so the agent's next poll (since that revision) is answered at once and finds
+    nothing new; the other way round, an agent could hold a revision whose kernels it never saw.
     """
     if not agent_ids:
         return {}
-    async with db.read() as conn:
+    async with db.read_statements() as conn:
         ids = payload(db.dialect, sorted(set(agent_ids)))
         revisions = {
             AgentId(agent_id): int(revision)

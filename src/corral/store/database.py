@@ -143,6 +143,23 @@ class Database:
                 yield conn
 
     @asynccontextmanager
+    async def read_statements(self) -> AsyncIterator[AsyncConnection]:
+        """A read connection whose statements are each consistent alone, not with each other.
+
+        For reads of one statement, or of statements that need not see one state (each reads
+        data the others do not depend on). On PostgreSQL every statement runs in autocommit,
+        its own snapshot, with no BEGIN and COMMIT round trips: a one-statement read cost
+        640 µs of wall time and 460 µs of the manager's CPU in a transaction, 290 and 240
+        without. On SQLite, where a transaction costs no round trip, it is `read()`.
+        """
+        if self.dialect == "postgresql":
+            async with self.autocommit() as conn:
+                yield conn
+        else:
+            async with self.read() as conn:
+                yield conn
+
+    @asynccontextmanager
     async def autocommit(self) -> AsyncIterator[AsyncConnection]:
         """A connection whose every statement is its own transaction (PostgreSQL only).
 

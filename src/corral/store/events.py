@@ -133,7 +133,7 @@ async def read_events_by_id(db: Database, ids: Collection[int]) -> dict[int, Eve
     if not ids:
         return {}
     query = sa.select(events_table).where(in_values(db.dialect, _c.id, list(ids)))
-    async with db.read() as conn:
+    async with db.read_statements() as conn:
         rows = (await conn.execute(query)).mappings().all()
     return {row["id"]: _event(row) for row in rows}
 

@@ -112,14 +112,14 @@ class SessionRepository:
         """`load_with_kernels` in the caller's transaction, or in a read of its own."""
         if conn is not None:
             return await load_with_kernels(conn, statement, params)
-        async with self.db.read() as own:
+        async with self.db.read_statements() as own:  # one statement
             return await load_with_kernels(own, statement, params)
 
     async def get(self, session_ids: Collection[SessionId]) -> list[SessionWithKernels]:
         """The given sessions with their kernels (missing ids are left out)."""
         if not session_ids:
             return []
-        async with self.db.read() as conn:
+        async with self.db.read_statements() as conn:  # one statement
             return await load_with_kernels(
                 conn, _BY_IDS, {"ids": payload(self.dialect, session_ids)}
             )
@@ -141,7 +141,7 @@ class SessionRepository:
             tuple(sorted(k.value for k in kernel_statuses)),
             match,
         )
-        async with self.db.read() as conn:
+        async with self.db.read_statements() as conn:
             return {SessionId(sid) for sid in await statement.scalars(conn)}
 
     async def apply(self, changes: Sequence[StatusChange], now: datetime) -> AppliedChanges:

@@ -120,3 +120,15 @@ async def test_an_id_list_stays_a_join_in_a_generic_plan(db: Database) -> None:
             await raw.execute("RESET plan_cache_mode")
     assert "unnest" in plan
     assert "= ANY" not in plan
+
+
+async def test_read_statements_take_a_snapshot_each_on_postgresql(db: Database) -> None:
+    """On PostgreSQL each statement of `read_statements` sees what committed before it (no
+    transaction around them, so no BEGIN/COMMIT round trips); on SQLite it is a read transaction,
+    one snapshot for all."""
+    count = sa.text("SELECT count(*) FROM users")
+    async with db.read_statements() as conn:
+        before = await conn.scalar(count)
+        await add_user(db)
+        after = await conn.scalar(count)
+    assert after == (before + 1 if db.dialect == "postgresql" else before)

@@ -30,7 +30,7 @@ async def unavailable_agents(
     }
     if not wanted:
         return {}
-    async with db.read() as conn:
+    async with db.read_statements() as conn:
         statuses = await agent_statuses(conn, db.dialect, wanted)
     notes: dict[SessionId, ResultNote] = {}
     for session in targets:
