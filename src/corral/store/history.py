@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.domain.results import ResultNote
 from corral.store._direct import DirectStatement
-from corral.store._sql import IdBatch, in_constants, in_param, in_values, payload
+from corral.store._sql import IdBatch, in_constants, in_param, payload
 from corral.store.database import Dialect
 from corral.store.tables import kernel_history, kernels, session_history, sessions
 
@@ -91,53 +91,35 @@ async def record_kernel_history(
     result: str,
     to_status: str,
     now: datetime,
-    message: sa.ColumnElement[str] | str = "",
+    message: str = "",
+    message_names_agent: bool = False,
     recorded_from: str | None = None,
 ) -> None:
     """Record a move to `to_status` for these sessions' kernels that are in `from_statuses`.
 
     Call it before the kernels move; or after, passing the status they left as `recorded_from`
-    (and the status they are in now as `from_statuses`). Kernels only get history when they
-    move, so these entries never merge (see the module docstring).
+    (and the status they are in now as `from_statuses`). With `message_names_agent`, each
+    kernel's agent id follows `message` ("placed on " + agent). Kernels only get history when
+    they move, so these entries never merge (see the module docstring).
     """
     if not session_ids:
         return
-    if isinstance(message, str) and recorded_from is None:  # the usual form, prebuilt
-        await _kernel_insert(tuple(sorted(from_statuses))).run(
-            conn,
-            {
-                "ids": payload(dialect, session_ids),
-                "phase": phase,
-                "result": result,
-                "to": to_status,
-                "message": message,
-                "now": now,
-            },
-        )
-        return
-    # The placement's form (a message from the row, recorded after the move), built per call.
-    selected = sa.and_(
-        in_values(dialect, kernels.c.session_id, session_ids),
-        kernels.c.status.in_(list(from_statuses)),
+    statement = _kernel_insert(
+        tuple(sorted(from_statuses)),
+        recorded_from=recorded_from is not None,
+        message_names_agent=message_names_agent,
     )
-    message_expr = sa.literal(message) if isinstance(message, str) else message
-    from_expr = kernels.c.status if recorded_from is None else sa.literal(recorded_from)
-    await conn.execute(
-        kernel_history.insert().from_select(
-            [*_COLUMNS, "kernel_id", "session_id"],
-            sa.select(
-                *_new_row(
-                    sa.literal(phase),
-                    from_expr,
-                    sa.literal(to_status),
-                    sa.literal(result),
-                    sa.bindparam(None, now, type_=kernel_history.c.created_at.type),
-                    message_expr,
-                ),
-                kernels.c.id,
-                kernels.c.session_id,
-            ).where(selected),
-        )
+    await statement.run(
+        conn,
+        {
+            "ids": payload(dialect, session_ids),
+            "phase": phase,
+            "result": result,
+            "to": to_status,
+            "message": message,
+            "now": now,
+            "left": recorded_from,
+        },
     )
 
 
@@ -206,23 +188,30 @@ def _session_merge(*, stays: bool) -> DirectStatement:
 
 
 @functools.cache
-def _kernel_insert(from_statuses: tuple[str, ...]) -> DirectStatement:
-    """`record_kernel_history`'s usual INSERT ... SELECT, built once per set of statuses left.
+def _kernel_insert(
+    from_statuses: tuple[str, ...], *, recorded_from: bool, message_names_agent: bool
+) -> DirectStatement:
+    """`record_kernel_history`'s INSERT ... SELECT, built once per shape.
 
-    Parameters: ids (sessions), phase, result, to, message, now.
+    Parameters: ids (sessions), phase, result, to, message, now, and `left` (the status left)
+    when the kernels have moved already.
     """
 
     def build(dialect: Dialect) -> sa.Insert:
+        message: sa.ColumnElement[str] = sa.bindparam("message", type_=sa.Text())
+        if message_names_agent:
+            message = message + kernels.c.agent_id
+        left = sa.bindparam("left", type_=sa.String()) if recorded_from else kernels.c.status
         return kernel_history.insert().from_select(
             [*_COLUMNS, "kernel_id", "session_id"],
             sa.select(
                 *_new_row(
                     sa.bindparam("phase", type_=sa.String()),
-                    kernels.c.status,
+                    left,
                     sa.bindparam("to", type_=sa.String()),
                     sa.bindparam("result", type_=sa.String()),
                     sa.bindparam("now", type_=kernel_history.c.created_at.type),
-                    sa.bindparam("message", type_=sa.Text()),
+                    message,
                 ),
                 kernels.c.id,
                 kernels.c.session_id,

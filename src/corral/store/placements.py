@@ -362,7 +362,8 @@ async def _commit_batch(
         result=SchedulingResult.SUCCESS.value,
         to_status=KernelStatus.SCHEDULED.value,
         now=now,
-        message=sa.literal("placed on ") + kernels.c.agent_id,
+        message="placed on ",
+        message_names_agent=True,
         recorded_from=KernelStatus.PENDING.value,
     )
     outcome.placed.extend(accepted)
