@@ -243,6 +243,17 @@ async def test_each_kernel_gets_the_agent_of_its_cluster_index(db: Database) -> 
         (2, "a2"),
     ]
     assert all(k.occupied_slots == k.requested_slots for k in after.kernels)
+    history = tables.kernel_history.c
+    async with db.read() as conn:
+        rows = await conn.execute(
+            sa.select(history.kernel_id, history.from_status, history.to_status, history.message)
+            .where(history.session_id == sid)
+            .order_by(history.id)
+        )
+        recorded = {kernel_id: tuple(rest) for kernel_id, *rest in rows}
+    assert recorded == {
+        k.id: ("PENDING", "SCHEDULED", f"placed on {k.agent_id}") for k in after.kernels
+    }
 
 
 async def test_a_plan_naming_kernel_indexes_the_session_lacks_writes_nothing(
