@@ -10,17 +10,22 @@ RUNNING went from 130 ms to 1 to 2 s at 5 sessions per second.
 On a local file almost every SQLite call returns within microseconds, so it runs inline here.
 The one call that can wait is `BEGIN IMMEDIATE` when *another process* holds the write lock
 (this process's writers take turns on an asyncio lock first, see `Database`): SQLite's busy
-handler would then block the event loop. So that call is first tried inline with no busy wait,
-and only when the lock is taken does it go through the worker thread, where the busy handler
-may wait. (Sending every `BEGIN IMMEDIATE` to the thread cost a loaded manager 11 ms per write
-transaction, the thread waiting for the GIL, while this process's other writers queued behind
-it: 6 of the 16 s of a 2,000-session `corral bench api` run.)
+handler would then block the event loop. So that call is tried inline with no busy wait, and
+while the lock is taken it is tried again after growing sleeps on the event loop, the steps of
+SQLite's own busy handler, up to the connection's busy timeout. (Sending every `BEGIN
+IMMEDIATE` to the worker thread cost a loaded manager 11 ms per write transaction, the thread
+waiting for the GIL, while this process's other writers queued behind it: 6 of the 16 s of a
+2,000-session `corral bench api` run. Waiting there only when the lock was taken left a
+cancelled writer's BEGIN running in the thread, which took the lock later on a connection
+already back in the pool.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, cast
 
@@ -35,7 +40,7 @@ _ITER_CHUNK_SIZE = 64
 
 
 class InlineConnection(aiosqlite.Connection):
-    """An aiosqlite connection whose calls run inline, except those that may wait for a lock."""
+    """An aiosqlite connection whose calls run inline; a BEGIN IMMEDIATE retries while locked."""
 
     _busy_timeout_ms: int | None = None  # the connection's own, read before the first try
 
@@ -43,11 +48,33 @@ class InlineConnection(aiosqlite.Connection):
         if not self._running or not self._connection:
             raise ValueError("Connection closed")
         if _may_wait_for_lock(args):
-            result = self._try_without_waiting(self._connection, fn, args, kwargs)
+            return await self._until_not_busy(self._connection, fn, args, kwargs)
+        return fn(*args, **kwargs)
+
+    async def _until_not_busy(
+        self,
+        conn: sqlite3.Connection,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """Run `fn` inline, sleeping between tries while another process holds the lock.
+
+        Nothing runs while it sleeps, so a cancelled caller leaves nothing behind.
+        """
+        result = self._try_without_waiting(conn, fn, args, kwargs)
+        if result is not _BUSY:
+            return result
+        assert self._busy_timeout_ms is not None
+        deadline = time.monotonic() + self._busy_timeout_ms / 1000
+        for delay_s in _busy_delays():
+            await asyncio.sleep(min(delay_s, max(0.0, deadline - time.monotonic())))
+            result = self._try_without_waiting(conn, fn, args, kwargs)
             if result is not _BUSY:
                 return result
-            return await super()._execute(fn, *args, **kwargs)  # type: ignore[no-untyped-call]
-        return fn(*args, **kwargs)
+            if time.monotonic() >= deadline:
+                raise sqlite3.OperationalError("database is locked")
+        raise AssertionError("unreachable: _busy_delays() never ends")
 
     def _try_without_waiting(
         self,
@@ -76,20 +103,25 @@ def begin(connection: aiosqlite.Connection, statement: str) -> None:
 
     Called inside SQLAlchemy's greenlet, straight on the sqlite3 connection: going through
     `exec_driver_sql` cost 35 µs a transaction, a tenth of a busy manager's statement time.
-    A BEGIN IMMEDIATE that finds another process's write lock still waits in the worker thread.
+    A BEGIN IMMEDIATE that finds another process's write lock waits on the event loop.
     """
     conn = cast(sqlite3.Connection, connection._connection)
     try:
         if not _may_wait_for_lock((statement,)):
             conn.execute(statement)
-            return
-        if not isinstance(connection, InlineConnection):
+        elif isinstance(connection, InlineConnection):
+            await_(connection._until_not_busy(conn, conn.execute, (statement,), {}))
+        else:
             await_(connection._execute(conn.execute, statement))  # type: ignore[no-untyped-call]
-            return
-        if connection._try_without_waiting(conn, conn.execute, (statement,), {}) is _BUSY:
-            await_(super(InlineConnection, connection)._execute(conn.execute, statement))  # type: ignore[no-untyped-call]
     except sqlite3.Error as error:
         raise sa.exc.DBAPIError.instance(statement, (), error, sqlite3.Error) from error
+
+
+def _busy_delays() -> Iterator[float]:
+    """SQLite's own busy handler's sleeps (sqlite3.c, sqliteDefaultBusyCallback), then 100 ms."""
+    yield from (0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.025, 0.025, 0.05, 0.05)
+    while True:
+        yield 0.1
 
 
 def _may_wait_for_lock(args: tuple[Any, ...]) -> bool:
@@ -97,6 +129,6 @@ def _may_wait_for_lock(args: tuple[Any, ...]) -> bool:
 
 
 async def connect(path: str) -> aiosqlite.Connection:
-    """Open `path` (its own worker thread still starts, for lock waits and closing)."""
+    """Open `path` (aiosqlite's worker thread still starts; it opens and closes the file)."""
     connector = partial(sqlite3.connect, path, check_same_thread=False)
     return await InlineConnection(connector, _ITER_CHUNK_SIZE)

@@ -13,6 +13,7 @@ import aiosqlite
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.util import greenlet_spawn
 
 from corral.store import _inline_sqlite as inline_sqlite
 
@@ -111,13 +112,32 @@ class Database:
     async def transaction(self) -> AsyncIterator[AsyncConnection]:
         """A write transaction: committed when the block exits, rolled back on error."""
         if self.dialect == "sqlite":
-            async with self._writer_lock(), self.engine.connect() as conn:
-                await conn.execution_options(**{_WRITE_OPTION: True})
-                async with conn.begin():
-                    yield conn
+            async with self._writer_lock(), self._sqlite_transaction(write=True) as conn:
+                yield conn
             return
         async with self.engine.connect() as conn, conn.begin():
             yield conn
+
+    @asynccontextmanager
+    async def _sqlite_transaction(self, *, write: bool) -> AsyncIterator[AsyncConnection]:
+        """A SQLite transaction opened and ended in one step each.
+
+        `engine.connect()` and `begin()` as context managers cross into SQLAlchemy's greenlet
+        four times and close the connection in a task of its own (so a cancelled caller cannot
+        abandon the close): 93 µs for an empty read, 135 µs for a write. Here connect and
+        BEGIN are one crossing, COMMIT (or ROLLBACK) and the return to the pool another. On a
+        local file neither waits on anything (see _inline_sqlite), so there is no point at
+        which a cancellation could interrupt them; a BEGIN IMMEDIATE that meets another
+        process's lock does wait, and then a cancellation closes the connection it opened.
+        """
+        sync_conn = await greenlet_spawn(_sqlite_begin, self.engine.sync_engine, write)
+        conn = AsyncConnection(self.engine, sync_conn)
+        try:
+            yield conn
+        except BaseException:
+            await greenlet_spawn(_sqlite_end, sync_conn, False)
+            raise
+        await greenlet_spawn(_sqlite_end, sync_conn, True)
 
     def _writer_lock(self) -> asyncio.Lock:
         """This event loop's SQLite writer lock (an asyncio lock belongs to one loop)."""
@@ -136,9 +156,12 @@ class Database:
         mix two states; reads run REPEATABLE READ, READ ONLY (the same single BEGIN; the pool
         restores the connection's defaults when it is returned).
         """
+        if self.dialect == "sqlite":
+            async with self._sqlite_transaction(write=False) as conn:
+                yield conn
+            return
         async with self.engine.connect() as conn:
-            if self.dialect == "postgresql":
-                await conn.execution_options(**_PG_READ_OPTIONS)
+            await conn.execution_options(**_PG_READ_OPTIONS)
             async with conn.begin():
                 yield conn
 
@@ -174,6 +197,30 @@ class Database:
     async def close(self) -> None:
         """Dispose of the engine's pool; idempotent."""
         await self.engine.dispose()
+
+
+def _sqlite_begin(sync_engine: sa.Engine, write: bool) -> sa.Connection:
+    conn = sync_engine.connect()
+    try:
+        if write:
+            conn.execution_options(**{_WRITE_OPTION: True})
+        conn.begin()
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _sqlite_end(conn: sa.Connection, commit: bool) -> None:
+    try:
+        transaction = conn.get_transaction()
+        if transaction is not None:
+            if commit:
+                transaction.commit()
+            else:
+                transaction.rollback()
+    finally:
+        conn.close()
 
 
 def _configure_sqlite(engine: AsyncEngine) -> None:

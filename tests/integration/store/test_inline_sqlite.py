@@ -62,60 +62,91 @@ async def test_waiting_for_another_writer_does_not_block_the_event_loop(tmp_path
         await db.close()
 
 
-async def test_an_uncontended_writer_begins_on_the_loop_thread_and_a_contended_one_does_not(
+async def test_a_contended_writer_retries_on_the_loop_thread_until_the_lock_frees(
     tmp_path: Path,
 ) -> None:
+    """Every BEGIN IMMEDIATE runs on the loop's thread; one that finds another process's lock
+    is tried again (the writer waits, it does not fail) and goes through once the lock frees."""
     path = tmp_path / "begin.db"
     db = Database.open(f"sqlite:///{path}", pool_size=1)
     await upgrade(db)
-    began_on: list[int] = []  # the thread of each BEGIN IMMEDIATE, from any thread
-    loop = asyncio.get_running_loop()
-    counted = asyncio.Condition()
-
-    async def notify() -> None:
-        async with counted:
-            counted.notify_all()
-
-    def trace(statement: str) -> None:
-        if statement.startswith("BEGIN IMMEDIATE"):
-            began_on.append(threading.get_ident())
-            loop.call_soon_threadsafe(lambda: loop.create_task(notify()))
-
-    async def began(times: int) -> None:
-        async with asyncio.timeout(10), counted:
-            await counted.wait_for(lambda: len(began_on) >= times)
-
     other = sqlite3.connect(path, isolation_level=None)
     try:
-        async with db.read() as conn:
-            raw = await conn.get_raw_connection()
-            raw.driver_connection._connection.set_trace_callback(trace)  # type: ignore[union-attr]
-        async with db.transaction() as conn:
-            await conn.execute(sa.delete(users))
-        assert began_on == [threading.get_ident()]
+        tries = await _BeginTries.watch(db)
+        await _delete_users(db)
+        assert tries.threads == [threading.get_ident()]
 
         other.execute("BEGIN IMMEDIATE")
         writer = asyncio.create_task(_delete_users(db))
-        await began(2)  # the refused inline try, then the wait in the worker
-        other.execute("COMMIT")
-        async with asyncio.timeout(10):
-            await writer
-        assert began_on[1] == threading.get_ident()  # the try that found the lock taken
-        assert began_on[2:] and all(t != threading.get_ident() for t in began_on[2:])
-
-        # The busy handler is back after both paths: a contended writer waits, it does not fail.
-        other.execute("BEGIN IMMEDIATE")
-        writer = asyncio.create_task(_delete_users(db))
-        await began(5)  # the worker's try is under way
+        await tries.reached(3)  # the refused first try and at least one retry
         assert not writer.done()
         other.execute("COMMIT")
         async with asyncio.timeout(10):
             await writer
+        assert set(tries.threads) == {threading.get_ident()}
     finally:
         other.close()
         await db.close()
 
 
+class _BeginTries:
+    """Counts the BEGIN IMMEDIATE tries on the pool's one connection, and their threads."""
+
+    def __init__(self) -> None:
+        self.threads: list[int] = []
+        self._changed = asyncio.Event()
+
+    @classmethod
+    async def watch(cls, db: Database) -> _BeginTries:
+        tries = cls()
+        async with db.read() as conn:
+            raw = await conn.get_raw_connection()
+            raw.driver_connection._connection.set_trace_callback(tries._trace)  # type: ignore[union-attr]
+        return tries
+
+    def _trace(self, statement: str) -> None:
+        if statement.startswith("BEGIN IMMEDIATE"):
+            self.threads.append(threading.get_ident())
+            self._changed.set()  # called on the loop's thread (the test checks it)
+
+    async def reached(self, count: int) -> None:
+        async with asyncio.timeout(10):
+            while len(self.threads) < count:
+                self._changed.clear()
+                await self._changed.wait()
+
+
 async def _delete_users(db: Database) -> None:
     async with db.transaction() as conn:
         await conn.execute(sa.delete(users))
+
+
+async def test_a_writer_cancelled_while_waiting_for_the_lock_leaves_its_connection_clean(
+    tmp_path: Path,
+) -> None:
+    """Cancelling a transaction that waits for another process's lock returns its connection to
+    the pool outside any transaction: the next writer on it works and commits."""
+    path = tmp_path / "cancel.db"
+    db = Database.open(f"sqlite:///{path}", pool_size=1)
+    await upgrade(db)
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        tries = await _BeginTries.watch(db)
+        other.execute("BEGIN IMMEDIATE")
+        writer = asyncio.create_task(_delete_users(db))
+        await tries.reached(2)  # refused, and waiting to try again
+        assert not writer.done()
+        writer.cancel()
+        async with asyncio.timeout(10):
+            await asyncio.wait({writer})
+        assert writer.cancelled()
+        other.execute("COMMIT")
+        async with asyncio.timeout(10):
+            await _delete_users(db)
+        async with db.read() as conn:
+            assert await conn.scalar(sa.select(sa.func.count()).select_from(users)) == 0
+        other.execute("BEGIN IMMEDIATE")  # nobody holds the lock: taken at once
+        other.execute("COMMIT")
+    finally:
+        other.close()
+        await db.close()
