@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,22 @@ async def bus_factory(
         await factory.close()
         if db is not None:
             await db.close()
+
+
+@contextmanager
+def recorded_statements(db: Database) -> Iterator[list[str]]:
+    """The SQL statements sent through `db` inside the block."""
+    statements: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement)
+
+    engine = db.engine.sync_engine
+    sa.event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield statements
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", record)
 
 
 async def still_waiting(task: asyncio.Task[bool]) -> bool:
@@ -211,20 +228,11 @@ async def test_postgres_consume_and_wait_make_no_query_without_a_notification(
     # Right after connecting every hint may be set: the first check of each name queries.
     assert not await bus.consume("schedule")
     assert not await bus.wait(["terminate"], SHORT_S)
-    statements: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        statements.append(statement)
-
-    engine = bus_factory.db.engine.sync_engine
-    sa.event.listen(engine, "before_cursor_execute", record)
-    try:
+    with recorded_statements(bus_factory.db) as statements:
         for _ in range(3):
             assert not await bus.consume("schedule")
             assert not await bus.wait(["schedule", "terminate"], SHORT_S)
-        assert statements == []
-    finally:
-        sa.event.remove(engine, "before_cursor_execute", record)
+    assert statements == []
     await other.set("schedule")
     assert await bus.wait(["schedule"], DEADLINE_S)
     assert await bus.consume("schedule")
@@ -246,18 +254,9 @@ async def test_postgres_bus_does_not_query_for_its_own_notifications(
     # Its own notification, replayed late, exactly as the listener hands it over.
     [payload] = await _notifications_of(bus, bus_factory.db, "schedule")
     bus._on_notification(None, 0, "", payload)
-    statements: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        statements.append(statement)
-
-    engine = bus_factory.db.engine.sync_engine
-    sa.event.listen(engine, "before_cursor_execute", record)
-    try:
+    with recorded_statements(bus_factory.db) as statements:
         assert not await bus.wait(["schedule"], SHORT_S)
-        assert statements == []
-    finally:
-        sa.event.remove(engine, "before_cursor_execute", record)
+    assert statements == []
     await other.set("schedule")
     assert await bus.wait(["schedule"], DEADLINE_S)
     assert await bus.consume("schedule")
