@@ -248,23 +248,15 @@ class KernelWorker:
         return running
 
     async def _supervise(self, running: RunningKernel) -> None:
-        exited = asyncio.create_task(running.wait(), name=f"kernel-{self.kernel_id}-wait")
         pump = asyncio.create_task(self._pump_logs(), name=f"kernel-{self.kernel_id}-logs")
         try:
-            while not exited.done():
-                if self._desired is KernelIntent.STOP:
-                    raise _StopRequested
-                changed = asyncio.create_task(self._changed.wait())
-                await asyncio.wait({exited, changed}, return_when=asyncio.FIRST_COMPLETED)
-                changed.cancel()
-                self._changed.clear()
+            # Stopped or cancelled, the wait is cancelled: terminate() reports how it ended.
+            ended = await self._interruptible(running.wait())
         finally:
             pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await pump
-            if not exited.done():
-                exited.cancel()  # stopped or cancelled: terminate() reports how it ended
-        await self._after_exit(exited.result())
+        await self._after_exit(ended)
 
     async def _after_exit(self, exit: KernelExit) -> None:
         self._exit_code = exit.exit_code
