@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
@@ -147,6 +148,7 @@ class KernelWorker:
         self._desired = kernel.desired_state
         self._changed = asyncio.Event()
         self._stage: asyncio.Future[Any] | None = None  # the stage `_interruptible` awaits
+        self._stage_stopped = False  # `update()` cancelled that stage for a STOP
         self._reported: KernelStatus = kernel.status
         self._running: RunningKernel | None = None
         self._adopt = adopt  # set: the kernel runs already, started by an earlier agent
@@ -176,6 +178,7 @@ class KernelWorker:
             self._desired = kernel.desired_state
             self._changed.set()
             if self._desired is KernelIntent.STOP and self._stage is not None:
+                self._stage_stopped = True
                 self._stage.cancel()
 
     async def run(self) -> None:
@@ -251,7 +254,7 @@ class KernelWorker:
         pump = asyncio.create_task(self._pump_logs(), name=f"kernel-{self.kernel_id}-logs")
         try:
             # Stopped or cancelled, the wait is cancelled: terminate() reports how it ended.
-            ended = await self._interruptible(running.wait())
+            ended = await self._interruptible(running.wait)
         finally:
             pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -375,7 +378,7 @@ class KernelWorker:
         """Do a stage's work; on failure retry within the state's error limit, else fail."""
         while True:
             try:
-                return await self._interruptible(work())
+                return await self._interruptible(work)
             except StageFailure as failure:
                 cause, message, retryable = failure.cause, failure.message, failure.retryable
             except ManagerUnavailableError as exc:
@@ -395,7 +398,8 @@ class KernelWorker:
                 self._fail(cause, message, exit_code=self._exit_code)
             failures = self.progress.errors.get(stage, 1)
             delay = self._settings.retry_delay_s * 2 ** min(failures - 1, 16)
-            await self._interruptible(self._sleep(min(delay, self._settings.retry_delay_cap_s)))
+            delay = min(delay, self._settings.retry_delay_cap_s)
+            await self._interruptible(functools.partial(self._sleep, delay))
             self.progress.retry()
 
     async def _salvage_logs(self) -> None:
@@ -403,32 +407,33 @@ class KernelWorker:
         with contextlib.suppress(ManagerUnavailableError, ManagerRejectedError, OSError):
             await self._ship_new_logs()
 
-    async def _interruptible(self, work: Awaitable[_T]) -> _T:
-        """Await `work`, unless the manager asks the kernel to stop first (it is cancelled).
+    async def _interruptible(self, work: Callable[[], Awaitable[_T]]) -> _T:
+        """Await `work()`, unless the manager asks the kernel to stop first (it is cancelled).
 
         The stage runs as a task of its own, which `update()` cancels when STOP arrives: one
         task a stage, not two and an `asyncio.wait` (a tenth of `corral simulate`'s agents).
+        If the manager takes the STOP back before this worker runs again, the latest desired
+        state wins, as before: the stage starts over.
         """
-        if self._desired is KernelIntent.STOP:
-            if asyncio.iscoroutine(work):
-                work.close()
-            raise _StopRequested
-        task = asyncio.ensure_future(work)
-        self._stage = task
-        try:
-            return await task
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if self._stop_asked() and not (current and current.cancelling()):
-                raise _StopRequested from None  # the stage was cancelled, not this worker
-            raise
-        except Exception:
+        while True:
             if self._stop_asked():
-                raise _StopRequested from None  # it failed while being stopped
-            raise
-        finally:
-            self._stage = None
-            task.cancel()  # nothing when it is done
+                raise _StopRequested
+            task = asyncio.ensure_future(work())
+            self._stage, self._stage_stopped = task, False
+            try:
+                return await task
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if not self._stage_stopped or (current is not None and current.cancelling()):
+                    raise  # this worker itself is being cancelled
+                # update() cancelled the stage for a STOP: stop, or start over if taken back.
+            except Exception:
+                if self._stop_asked():
+                    raise _StopRequested from None  # it failed while being stopped
+                raise
+            finally:
+                self._stage = None
+                task.cancel()  # nothing when it is done
 
     def _stop_asked(self) -> bool:
         # A method, not an inline test: `update()` changes `_desired` while a stage is awaited.

@@ -345,6 +345,24 @@ async def test_stop_during_a_stalled_preload_cancels_it(make: Callable[..., Harn
     assert h.shipper.statuses == [K.PULLING, K.TERMINATING, K.TERMINATED]
 
 
+async def test_a_stop_taken_back_before_the_worker_runs_starts_the_stage_over(
+    make: Callable[..., Harness],
+) -> None:
+    """STOP cancels the stage in progress, but the latest desired state wins: a PREPARE that
+    follows before the worker runs again starts the preload over, and the kernel gets PREPARED."""
+    gate = asyncio.Event()
+    h = make(FakeRuntime(preload_gate=gate))
+    await h.watch.until(lambda: len(h.runtime.preload_calls) == 1)
+    h.desire(KernelIntent.STOP)
+    h.desire(KernelIntent.PREPARE)
+    await h.watch.until(lambda: len(h.runtime.preload_calls) == 2)
+    gate.set()
+    await h.reported(K.PREPARED)
+
+    assert h.runtime.preloads_cancelled == 1
+    assert not h.worker.progress.terminal
+
+
 async def test_stop_during_a_retry_backoff_ends_terminated(make: Callable[..., Harness]) -> None:
     """STOP while a failed preload waits out its retry delay still ends the kernel TERMINATED."""
     h = make(FakeRuntime(preload_failures=[PULL_FAILURE]), park=(LOG_INTERVAL_S, RETRY_DELAY_S))
