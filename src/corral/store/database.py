@@ -96,8 +96,12 @@ class Database:
             kwargs["pool_size"] = pool_size
             kwargs["max_overflow"] = pool_size
             # A manager runs a few hundred distinct statements (coordinator, API, agents); past
-            # asyncpg's default of 100 each would be prepared again on every other use.
-            kwargs["connect_args"] = {"prepared_statement_cache_size": PREPARED_STATEMENTS}
+            # a cache of 100 each would be prepared again on every other use. SQLAlchemy's own
+            # statements use its adapter's cache, direct statements (`_direct`) asyncpg's.
+            kwargs["connect_args"] = {
+                "prepared_statement_cache_size": PREPARED_STATEMENTS,
+                "statement_cache_size": PREPARED_STATEMENTS,
+            }
         engine = create_async_engine(target, **kwargs)
         if engine.dialect.name == "sqlite":
             _configure_sqlite(engine)
