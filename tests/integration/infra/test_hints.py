@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 import pytest
@@ -24,6 +22,7 @@ from corral.infra.hints.postgres import (
 )
 from corral.store.database import Database
 from corral.store.tables import hints
+from tests.integration._statements import recorded_statements
 
 DEADLINE_S = 5.0  # generous: a prompt wake-up takes milliseconds
 SHORT_S = 0.05  # a timeout under test, not a pause to wait for something
@@ -93,22 +92,6 @@ async def bus_factory(
         await factory.close()
         if db is not None:
             await db.close()
-
-
-@contextmanager
-def recorded_statements(db: Database) -> Iterator[list[str]]:
-    """The SQL statements sent through `db` inside the block."""
-    statements: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        statements.append(statement)
-
-    engine = db.engine.sync_engine
-    sa.event.listen(engine, "before_cursor_execute", record)
-    try:
-        yield statements
-    finally:
-        sa.event.remove(engine, "before_cursor_execute", record)
 
 
 async def still_waiting(task: asyncio.Task[bool]) -> bool:

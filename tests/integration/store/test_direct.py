@@ -12,6 +12,7 @@ from corral.store._direct import DirectStatement
 from corral.store._sql import in_param, payload
 from corral.store.database import Database
 from corral.store.tables import events, users
+from tests.integration._statements import recorded_statements
 from tests.integration.store._factories import NOW, add_user
 
 _ADD_USER = DirectStatement(
@@ -138,18 +139,9 @@ async def test_a_missing_parameter_is_named(db: Database) -> None:
 
 async def test_statement_listeners_see_direct_statements(db: Database) -> None:
     """`before_cursor_execute` listeners (statement counters) see every direct statement."""
-    seen: list[str] = []
-
-    def record(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
-        seen.append(statement)
-
-    engine = db.engine.sync_engine
-    sa.event.listen(engine, "before_cursor_execute", record)
-    try:
+    with recorded_statements(db) as seen:
         async with db.read() as conn:
             await _USERS.rows(conn, {"ids": payload(db.dialect, [uuid.uuid4()])})
-    finally:
-        sa.event.remove(engine, "before_cursor_execute", record)
     assert [s for s in seen if "FROM users" in s]
 
 

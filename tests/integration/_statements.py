@@ -1,0 +1,28 @@
+"""Recording the SQL statements a block of test code sends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import sqlalchemy as sa
+
+from corral.store.database import Database
+
+
+@contextmanager
+def recorded_statements(db: Database) -> Iterator[list[str]]:
+    """The SQL statements sent through `db` inside the block (as `before_cursor_execute` sees
+    them: SQLAlchemy's own and direct statements alike)."""
+    statements: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement)
+
+    engine = db.engine.sync_engine
+    sa.event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield statements
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", record)
