@@ -85,7 +85,7 @@ class DirectStatement:
         if not rows:
             return
         compiled = self._compile(conn)
-        await _run_many(conn, compiled, [_args(compiled, params) for params in rows])
+        await _run_many(conn, compiled, _args_many(compiled, rows))
 
     def _compile(self, conn: AsyncConnection) -> _Compiled:
         dialect = conn.dialect
@@ -146,6 +146,34 @@ def _args(compiled: _Compiled, params: Mapping[str, Any] | None) -> list[Any]:
         if value is not None:
             args[position] = convert(value)
     return args
+
+
+def _args_many(compiled: _Compiled, rows: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
+    """`_args` of every row, converting a value the rows share (a batch's timestamp) once."""
+    converted: dict[tuple[int, int], Any] = {}  # (position, id of the value) → converted
+    out = []
+    for params in rows:
+        values = {**compiled.defaults, **params}
+        try:
+            args = [values[name] for name in compiled.names]
+        except KeyError as missing:
+            raise sa.exc.ArgumentError(
+                f"no value for the statement's parameter {missing}"
+            ) from None
+        for position, convert in compiled.binds:
+            value = args[position]
+            if value is None:
+                continue
+            key = (position, id(value))  # the rows hold every value, so ids stay unique
+            found = converted.get(key, _MISSING)
+            if found is _MISSING:
+                found = converted[key] = convert(value)
+            args[position] = found
+        out.append(args)
+    return out
+
+
+_MISSING = object()
 
 
 def _rows(compiled: _Compiled, raw: list[Sequence[Any]]) -> list[Any]:

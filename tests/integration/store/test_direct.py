@@ -151,3 +151,38 @@ async def test_sql_that_changes_per_execution_is_refused(db: Database) -> None:
     async with db.read() as conn:
         with pytest.raises(ValueError, match="in_param"):
             await statement.rows(conn)
+
+
+class _CountingText(sa.TypeDecorator[str]):
+    """Text whose parameter conversion counts its calls."""
+
+    impl = sa.String()
+    cache_ok = True
+    calls = 0
+
+    def process_bind_param(self, value: str | None, dialect: sa.Dialect) -> str | None:
+        type(self).calls += 1
+        return value
+
+
+async def test_run_many_converts_a_value_the_rows_share_once(db: Database) -> None:
+    """A value every row shares (here the role; in a batch of history, its timestamp) is
+    converted once per batch, not once per row; distinct values each once; all rows written."""
+    statement = DirectStatement(
+        lambda _dialect: users.insert().values(
+            id=sa.bindparam("id"),
+            name=sa.bindparam("name", type_=_CountingText()),
+            role=sa.bindparam("role", type_=_CountingText()),
+            created_at=sa.bindparam("at"),
+        )
+    )
+    ids = [uuid.uuid4() for _ in range(4)]
+    _CountingText.calls = 0
+    async with db.transaction() as conn:
+        await statement.run_many(
+            conn,
+            [{"id": i, "name": f"direct-{i.hex}", "role": "user", "at": NOW} for i in ids],
+        )
+    assert _CountingText.calls == len(ids) + 1  # four names, one role
+    async with db.read() as conn:
+        assert sorted(await _USERS.scalars(conn, {"ids": payload(db.dialect, ids)})) == sorted(ids)
