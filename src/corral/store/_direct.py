@@ -210,7 +210,14 @@ async def _run(
                     result = int(found.group(1)) if found else -1
         else:
             cursor = _sqlite(fairy).execute(compiled.sql, args)
-            result = cursor.fetchall() if fetch else cursor.rowcount
+            if fetch:
+                result = cursor.fetchall()
+            else:
+                if cursor.description is not None:
+                    # RETURNING rows: sqlite3 steps such a statement as they are fetched, so
+                    # its writes are only all done once every row has been.
+                    cursor.fetchall()
+                result = cursor.rowcount
     except Exception as error:
         raise await _translated(conn, compiled.sql, args, error) from error
     _after(sync_conn, compiled.sql, args, many=False)

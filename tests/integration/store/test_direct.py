@@ -186,3 +186,19 @@ async def test_run_many_converts_a_value_the_rows_share_once(db: Database) -> No
     assert _CountingText.calls == len(ids) + 1  # four names, one role
     async with db.read() as conn:
         assert sorted(await _USERS.scalars(conn, {"ids": payload(db.dialect, ids)})) == sorted(ids)
+
+
+async def test_run_counts_the_rows_a_returning_statement_changed(db: Database) -> None:
+    """`run` on a statement with RETURNING completes it and counts its rows (sqlite3 reports
+    such a statement's count only once its rows are read)."""
+    renamed = DirectStatement(
+        lambda dialect: (
+            users.update()
+            .where(in_param(dialect, users.c.id, "ids"))
+            .values(name=users.c.name + "-r")
+            .returning(users.c.id)
+        )
+    )
+    ids = [await add_user(db) for _ in range(3)]
+    async with db.transaction() as conn:
+        assert await renamed.run(conn, {"ids": payload(db.dialect, ids)}) == 3
