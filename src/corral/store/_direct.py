@@ -96,6 +96,16 @@ class DirectStatement:
         return found
 
 
+def insert_columns(table: sa.Table, columns: Sequence[str]) -> DirectStatement:
+    """An INSERT of `columns` of `table`, each from the parameter of the column's name.
+
+    For `run_many` with rows whose keys are those columns. `inline`: compiled as a single-row
+    insert it would otherwise return the new ids on PostgreSQL, which `run_many` never reads.
+    """
+    values = {name: sa.bindparam(name, type_=table.c[name].type) for name in columns}
+    return DirectStatement(lambda _dialect: table.insert().values(values).inline())
+
+
 def _compile(statement: sa.Executable, dialect: sa.Dialect) -> _Compiled:
     compiled = cast(Any, statement).compile(dialect=dialect)
     if compiled.literal_execute_params or compiled.post_compile_params:
@@ -136,11 +146,7 @@ def _compile(statement: sa.Executable, dialect: sa.Dialect) -> _Compiled:
 
 
 def _args(compiled: _Compiled, params: Mapping[str, Any] | None) -> list[Any]:
-    values = {**compiled.defaults, **params} if params else compiled.defaults
-    try:
-        args = [values[name] for name in compiled.names]
-    except KeyError as missing:
-        raise sa.exc.ArgumentError(f"no value for the statement's parameter {missing}") from None
+    args = _positional(compiled, params)
     for position, convert in compiled.binds:
         value = args[position]
         if value is not None:
@@ -153,13 +159,7 @@ def _args_many(compiled: _Compiled, rows: Sequence[Mapping[str, Any]]) -> list[l
     converted: dict[tuple[int, int], Any] = {}  # (position, id of the value) → converted
     out = []
     for params in rows:
-        values = {**compiled.defaults, **params}
-        try:
-            args = [values[name] for name in compiled.names]
-        except KeyError as missing:
-            raise sa.exc.ArgumentError(
-                f"no value for the statement's parameter {missing}"
-            ) from None
+        args = _positional(compiled, params)
         for position, convert in compiled.binds:
             value = args[position]
             if value is None:
@@ -171,6 +171,15 @@ def _args_many(compiled: _Compiled, rows: Sequence[Mapping[str, Any]]) -> list[l
             args[position] = found
         out.append(args)
     return out
+
+
+def _positional(compiled: _Compiled, params: Mapping[str, Any] | None) -> list[Any]:
+    """The statement's parameter values in SQL order, unconverted; a missing one is named."""
+    values = {**compiled.defaults, **params} if params else compiled.defaults
+    try:
+        return [values[name] for name in compiled.names]
+    except KeyError as missing:
+        raise sa.exc.ArgumentError(f"no value for the statement's parameter {missing}") from None
 
 
 _MISSING = object()

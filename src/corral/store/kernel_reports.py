@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from corral.domain.results import SchedulingResult
 from corral.domain.status import KERNEL_TERMINAL, KERNEL_TRANSITIONS, KernelStatus
 from corral.domain.types import AgentId, KernelId, SessionId
-from corral.store._direct import DirectStatement
+from corral.store._direct import DirectStatement, insert_columns
 from corral.store._sql import in_param, payload
 from corral.store.agents import apply_slot_deltas
 from corral.store.database import Database, Dialect
@@ -145,20 +145,8 @@ _HISTORY_COLUMNS = (
     "created_at",
     "updated_at",
 )
-# The keys of `_history_row`, every one of them in every row. `inline`: compiled as a single
-# insert, it would otherwise return the new ids on PostgreSQL, which nothing reads.
-_ADD_HISTORY = DirectStatement(
-    lambda _dialect: (
-        kernel_history.insert()
-        .values(
-            {
-                name: sa.bindparam(name, type_=kernel_history.c[name].type)
-                for name in _HISTORY_COLUMNS
-            }
-        )
-        .inline()
-    )
-)
+# The keys of `_history_row`, every one of them in every row.
+_ADD_HISTORY = insert_columns(kernel_history, _HISTORY_COLUMNS)
 
 
 def _conflicts(

@@ -29,7 +29,7 @@ from corral.domain.session import (
 )
 from corral.domain.status import KERNEL_TERMINAL, KernelStatus, SessionStatus
 from corral.domain.types import AgentId, KernelId, SessionId, UserId
-from corral.store._direct import DirectStatement
+from corral.store._direct import DirectStatement, insert_columns
 from corral.store._sql import in_constants, in_param, in_values, payload
 from corral.store.agents import AGENT_ALIVE
 from corral.store.database import Database, Dialect
@@ -212,15 +212,9 @@ async def insert_sessions(
     return [row | {"kernels": rows} for row, rows in zip(session_rows, kernel_rows, strict=True)]
 
 
-def _insert(table: sa.Table, columns: Sequence[str]) -> DirectStatement:
-    """An INSERT of `columns` of `table`, each from the parameter of the column's name."""
-    values = {name: sa.bindparam(name, type_=table.c[name].type) for name in columns}
-    return DirectStatement(lambda _dialect: table.insert().values(values))
-
-
 # Run once per row (executemany), with the rows of `_session_row` and `_kernel_rows`: their
 # keys are the columns written.
-_INSERT_SESSION = _insert(
+_INSERT_SESSION = insert_columns(
     sessions,
     (
         "id",
@@ -247,7 +241,7 @@ _INSERT_SESSION = _insert(
         "max_retries",
     ),
 )
-_INSERT_KERNEL = _insert(
+_INSERT_KERNEL = insert_columns(
     kernels,
     (
         "id",
@@ -261,7 +255,7 @@ _INSERT_KERNEL = _insert(
         "runtime_info",
     ),
 )
-_INSERT_DEPENDENCY = _insert(session_dependencies, ("session_id", "depends_on"))
+_INSERT_DEPENDENCY = insert_columns(session_dependencies, ("session_id", "depends_on"))
 
 
 @functools.cache
