@@ -48,47 +48,36 @@ class InlineConnection(aiosqlite.Connection):
         if not self._running or not self._connection:
             raise ValueError("Connection closed")
         if _may_wait_for_lock(args):
-            return await self._until_not_busy(self._connection, fn, args, kwargs)
+            return await self._until_not_busy(partial(fn, *args, **kwargs))
         return fn(*args, **kwargs)
 
-    async def _until_not_busy(
-        self,
-        conn: sqlite3.Connection,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> Any:
-        """Run `fn` inline, sleeping between tries while another process holds the lock.
+    async def _until_not_busy(self, attempt: Callable[[], Any]) -> Any:
+        """Run `attempt` inline, sleeping between tries while another process holds the lock.
 
         Nothing runs while it sleeps, so a cancelled caller leaves nothing behind.
         """
-        result = self._try_without_waiting(conn, fn, args, kwargs)
+        result = self._try_without_waiting(attempt)
         if result is not _BUSY:
             return result
         assert self._busy_timeout_ms is not None
         deadline = time.monotonic() + self._busy_timeout_ms / 1000
         for delay_s in _busy_delays():
             await asyncio.sleep(min(delay_s, max(0.0, deadline - time.monotonic())))
-            result = self._try_without_waiting(conn, fn, args, kwargs)
+            result = self._try_without_waiting(attempt)
             if result is not _BUSY:
                 return result
             if time.monotonic() >= deadline:
                 raise sqlite3.OperationalError("database is locked")
         raise AssertionError("unreachable: _busy_delays() never ends")
 
-    def _try_without_waiting(
-        self,
-        conn: sqlite3.Connection,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> Any:
-        """Run `fn` inline with SQLite's busy handler off; `_BUSY` if the lock was taken."""
+    def _try_without_waiting(self, attempt: Callable[[], Any]) -> Any:
+        """Run `attempt` inline with SQLite's busy handler off; `_BUSY` if the lock was taken."""
+        conn = cast(sqlite3.Connection, self._connection)
         if self._busy_timeout_ms is None:
             self._busy_timeout_ms = int(conn.execute("PRAGMA busy_timeout").fetchone()[0])
         conn.execute("PRAGMA busy_timeout=0")
         try:
-            return fn(*args, **kwargs)
+            return attempt()
         except sqlite3.OperationalError as error:
             # The extended code (SQLITE_BUSY_RECOVERY, ...) carries the primary one in its low byte.
             if error.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:
@@ -98,7 +87,7 @@ class InlineConnection(aiosqlite.Connection):
             conn.execute(f"PRAGMA busy_timeout={self._busy_timeout_ms}")
 
 
-def begin(connection: aiosqlite.Connection, statement: str) -> None:
+def begin(connection: InlineConnection, statement: str) -> None:
     """Run `statement` (BEGIN or BEGIN IMMEDIATE) for SQLAlchemy's `begin` event.
 
     Called inside SQLAlchemy's greenlet, straight on the sqlite3 connection: going through
@@ -107,12 +96,10 @@ def begin(connection: aiosqlite.Connection, statement: str) -> None:
     """
     conn = cast(sqlite3.Connection, connection._connection)
     try:
-        if not _may_wait_for_lock((statement,)):
-            conn.execute(statement)
-        elif isinstance(connection, InlineConnection):
-            await_(connection._until_not_busy(conn, conn.execute, (statement,), {}))
+        if _may_wait_for_lock((statement,)):
+            await_(connection._until_not_busy(partial(conn.execute, statement)))
         else:
-            await_(connection._execute(conn.execute, statement))  # type: ignore[no-untyped-call]
+            conn.execute(statement)
     except sqlite3.Error as error:
         raise sa.exc.DBAPIError.instance(statement, (), error, sqlite3.Error) from error
 

@@ -9,7 +9,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal, cast
 
-import aiosqlite
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -248,5 +247,5 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
     @event.listens_for(sync_engine, "begin")
     def _on_begin(conn: sa.Connection) -> None:
         write = conn.get_execution_options().get(_WRITE_OPTION)
-        driver = cast(aiosqlite.Connection, conn.connection.driver_connection)
+        driver = cast(inline_sqlite.InlineConnection, conn.connection.driver_connection)
         inline_sqlite.begin(driver, "BEGIN IMMEDIATE" if write else "BEGIN")
