@@ -411,12 +411,14 @@ events = sa.Table(
 
 
 # Hints for the PostgreSQL hint bus: a set hint is a row; consuming it deletes the row. NOTIFY
-# wakes waiting managers at once; the row keeps a hint set for whoever looks next.
+# wakes waiting managers at once; the row keeps a hint set for whoever looks next. UNLOGGED on
+# PostgreSQL (migration 0011): a hint is not truth, so its writes need not wait for the WAL.
 hints = sa.Table(
     "hints",
     metadata,
     sa.Column("name", sa.String(128), primary_key=True),
     sa.Column("set_at", UTCDateTime(), nullable=False),
+    info={"unlogged": True},
 )
 
 

@@ -76,3 +76,27 @@ async def test_table_storage_options_follow_the_models(empty_db: Database) -> No
                 sa.text("SELECT reloptions FROM pg_class WHERE relname = :name"), {"name": name}
             )
             assert {f"{k}={v}" for k, v in options.items()} <= set(reloptions or []), name
+
+
+@pytest.mark.parametrize(
+    "empty_db", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
+)
+async def test_only_the_tables_the_models_mark_are_unlogged(empty_db: Database) -> None:
+    """Hints skip the WAL (they are not truth); every table holding truth is logged."""
+    await upgrade(empty_db)
+    async with empty_db.read() as conn:
+        persistence = dict(
+            (
+                await conn.execute(
+                    sa.text(
+                        "SELECT relname, relpersistence::text FROM pg_class"
+                        " WHERE relkind = 'r' AND relnamespace = 'public'::regnamespace"
+                    )
+                )
+            ).all()
+        )
+    expected = {
+        table.name: "u" if table.info.get("unlogged") else "p" for table in metadata.sorted_tables
+    }
+    assert expected["hints"] == "u"
+    assert {name: persistence[name] for name in expected} == expected
