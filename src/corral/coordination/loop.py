@@ -7,6 +7,12 @@ hint after a quiet spell, or after a run that found nothing to do (a promotion w
 agents answered), runs at once, so a lone submission pays no debounce at any phase. Long loop: every
 `long_interval_s`, run the task whatever the hints say. A lost hint or a dead hint bus costs
 latency, never correctness (DESIGN.md, "Coordination").
+
+The task's lock is taken before a run and kept while hints keep coming: a hint within
+`lock_linger_s` of the last run is served under the same hold, so a busy task does not pay a
+take and a release (two round trips to the lock's server) per run. A manager that finds the
+lock held leaves the hint to the holder, which is waiting for it; the hold ends after
+`lock_linger_s` without a hint, on stop, or when the long loop comes due.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ class DualLoop:
         short_interval_s: float = 2.0,
         long_interval_s: float = 60.0,
         debounce_s: float = 0.005,
+        lock_linger_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not short_interval_s > 0:
@@ -64,12 +71,18 @@ class DualLoop:
             )
         if not debounce_s >= 0:
             raise ValueError(f"debounce_s must be >= 0 seconds (0 disables it), got {debounce_s!r}")
+        if not lock_linger_s >= 0:
+            raise ValueError(
+                f"lock_linger_s must be >= 0 seconds (0 releases after every run), "
+                f"got {lock_linger_s!r}"
+            )
         self.task = task
         self._hints = hints
         self._locks = locks
         self._short_interval_s = short_interval_s
         self._long_interval_s = long_interval_s
         self._debounce_s = debounce_s
+        self._lock_linger_s = lock_linger_s
         self._clock = clock
         # Counters for metrics and tests. `runs` counts completed runs, forced ones included.
         self.runs = 0
@@ -78,50 +91,57 @@ class DualLoop:
         self.attempts = 0  # times the loop decided whether to run (a hint check or a forced run)
         self.wakes = 0  # times a set hint woke the short loop
         self.lock_busy = 0  # attempts that found the task's lock held elsewhere
+        self.lock_holds = 0  # times the task's lock was taken (a hold may serve several runs)
         self.last_run: TaskRun | None = None
         self._running = False
         self._stopping = False
         self._idle_task: asyncio.Task[Any] | None = None
         self._hints_down = False
         self._last_worked_at: float | None = None  # clock() when a run that moved sessions ended
+        self._next_forced_at = 0.0  # clock() when the long loop is next due
 
     async def run(self) -> None:
         """Drive the task until stop(); a run raising an Exception is logged and retried."""
         if self._running:
             raise RuntimeError(f"the loop of task {self.task.name!r} is already running")
         self._running = True
-        next_forced_at = self._clock() + self._long_interval_s
+        self._next_forced_at = self._clock() + self._long_interval_s
         pause = False  # after a failure or a busy lock: wait, don't answer a set hint at once
         retry = False  # a failed run's work is still owed, hint or not
         try:
             while not self._stopping:
-                timeout_s = max(0.0, min(self._short_interval_s, next_forced_at - self._clock()))
+                timeout_s = max(
+                    0.0, min(self._short_interval_s, self._next_forced_at - self._clock())
+                )
                 hinted = True  # unknown after a plain sleep: look (under the lock)
                 if pause or self._hints_down:
                     # A hint still set would make wait() return at once: sleep, don't spin.
                     await self._idle(asyncio.sleep(timeout_s), None)
                 else:
-                    hinted = await self._wait_for_hint(timeout_s)
-                    if hinted and not self._stopping:
-                        self.wakes += 1
-                        if self._busy():
-                            await self._idle(asyncio.sleep(self._debounce_s), None)
+                    hinted = await self._woken(timeout_s)
+                    if self._hints_down:  # the bus just failed: wait out the tick instead
+                        await self._idle(asyncio.sleep(timeout_s), None)
                 if self._stopping:
                     break
-                forced = self._clock() >= next_forced_at
+                forced = self._forced_due()
                 if not (hinted or forced or retry):
                     # wait() counts a hint already set, so none is: an idle tick takes no lock
                     # and sends nothing to any server.
                     self.attempts += 1
                     continue
                 outcome = await self._attempt(forced=forced, retry=retry)
-                if forced:
-                    # Ran, failed, or left to the lock's holder: the long loop did its part.
-                    next_forced_at = self._clock() + self._long_interval_s
                 retry = outcome is _Outcome.FAILED or (retry and outcome is _Outcome.BUSY)
                 pause = outcome in (_Outcome.FAILED, _Outcome.BUSY)
         finally:
             self._running = False
+
+    def _forced_due(self) -> bool:
+        """Whether the long loop is due; if so, its next time is counted from now."""
+        if self._clock() < self._next_forced_at:
+            return False
+        # Ran, failed, or left to the lock's holder: the long loop does its part now.
+        self._next_forced_at = self._clock() + self._long_interval_s
+        return True
 
     def _busy(self) -> bool:
         """Whether the task did work moments ago: hints are coming in a burst, worth batching."""
@@ -151,7 +171,12 @@ class DualLoop:
                 if not held:
                     self.lock_busy += 1
                     return _Outcome.BUSY
-                return await self._consume_and_run(forced=forced, retry=retry)
+                self.lock_holds += 1
+                outcome = await self._consume_and_run(forced=forced, retry=retry)
+                # Linger: the next hints of a burst are served under this hold.
+                while outcome is not _Outcome.FAILED and await self._woken_while_held():
+                    outcome = await self._consume_and_run(forced=self._forced_due(), retry=False)
+                return outcome
         except LockManagerClosedError:
             raise  # closed under a running loop: a shutdown-order bug, not a transient failure
         except Exception as exc:
@@ -190,16 +215,40 @@ class DualLoop:
         )
         return _Outcome.RAN
 
-    async def _wait_for_hint(self, timeout_s: float) -> bool:
-        """Whether the hint is set (or was pushed) within `timeout_s`; False when hints are down."""
+    async def _woken(self, timeout_s: float) -> bool:
+        """Whether the hint is set (or was pushed) within `timeout_s`, debounced when busy.
+
+        False when the hint bus fails (then `_hints_down` is set) or the loop is stopping.
+        """
         try:
             woken = await self._idle(self._hints.wait([self.task.hint], timeout_s), False)
         except HintBusError as exc:
             self._hints_failed(exc)
-            await self._idle(asyncio.sleep(timeout_s), None)
             return False
         self._hints_working()
-        return woken
+        if not woken or self._stopping:
+            return False
+        self.wakes += 1
+        if self._busy():
+            await self._idle(asyncio.sleep(self._debounce_s), None)
+        return not self._stopping
+
+    async def _woken_while_held(self) -> bool:
+        """Whether a hint came within the linger, so the run goes on under the same hold.
+
+        Not once the long loop is due (its forced run takes the lock afresh), the hint bus is
+        down, or the loop is stopping.
+        """
+        until = min(self._clock() + self._lock_linger_s, self._next_forced_at)
+        while not (self._stopping or self._hints_down):
+            # In short ticks, like the loop itself, so the clock is looked at as often.
+            remaining_s = until - self._clock()
+            if remaining_s <= 0:
+                break
+            self.attempts += 1
+            if await self._woken(min(remaining_s, self._short_interval_s)):
+                return True
+        return False
 
     async def _consume(self) -> bool:
         try:

@@ -15,11 +15,13 @@ from corral.infra.locks import LockManager
 
 @dataclass(frozen=True, slots=True)
 class LoopIntervals:
-    """How often the loops run: hinted (short), always (long), and the burst debounce."""
+    """How often the loops run: hinted (short), always (long), the burst debounce, and how long
+    a task's lock is kept for the next hint after a run."""
 
     short_interval_s: float = 2.0
     long_interval_s: float = 60.0
     debounce_s: float = 0.005
+    lock_linger_s: float = 1.0
 
 
 def task_loops(
@@ -37,6 +39,7 @@ def task_loops(
             short_interval_s=intervals.short_interval_s,
             long_interval_s=intervals.long_interval_s,
             debounce_s=intervals.debounce_s,
+            lock_linger_s=intervals.lock_linger_s,
         )
         for task in tasks
     ]

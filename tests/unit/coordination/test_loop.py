@@ -221,6 +221,96 @@ async def test_a_busy_lock_leaves_the_hint_set_until_the_lock_is_free() -> None:
         assert not await is_set(hints)
 
 
+async def lock_is_free(locks: MemoryLockManager, name: str = LOCK) -> bool:
+    """Whether `name` could be taken right now (taken and given back at once if so)."""
+    async with locks.hold(name) as held:
+        return held
+
+
+async def test_hints_within_the_linger_run_under_the_same_hold() -> None:
+    """A burst is served under one hold of the lock, kept between its runs."""
+    hints, locks, recorder = MemoryHintBus(), MemoryLockManager(), Recorder()
+    loop = make_loop(
+        recorder,
+        hints,
+        locks,
+        short_interval_s=NEVER_S,
+        long_interval_s=NEVER_S,
+        lock_linger_s=NEVER_S,
+    )
+    async with running(loop):
+        for expected_runs in (1, 2, 3):
+            await hints.set(HINT)
+            await eventually(lambda: loop.runs == expected_runs)  # noqa: B023
+            assert not await lock_is_free(locks)  # kept for the next hint
+        assert loop.lock_holds == 1
+    assert await lock_is_free(locks)  # stopping the loop ended the hold
+
+
+async def test_the_lock_is_given_back_after_the_linger_without_a_hint() -> None:
+    """No hint within the linger ends the hold; the next hint takes the lock afresh."""
+    hints, locks, recorder = MemoryHintBus(), MemoryLockManager(), Recorder()
+    loop = make_loop(
+        recorder,
+        hints,
+        locks,
+        short_interval_s=NEVER_S,
+        long_interval_s=NEVER_S,
+        lock_linger_s=0.05,
+    )
+    async with running(loop):
+        await hints.set(HINT)
+        await eventually(lambda: loop.runs == 1)
+        # Polled with a deadline: the linger is the loop's own timeout, not a wait in the test.
+        deadline = asyncio.get_running_loop().time() + 5
+        while not await lock_is_free(locks):
+            assert asyncio.get_running_loop().time() < deadline, "the hold never ended"
+            await asyncio.sleep(0.001)
+        assert loop.lock_holds == 1
+        await hints.set(HINT)
+        await eventually(lambda: loop.runs == 2)
+        assert loop.lock_holds == 2
+
+
+async def test_without_a_linger_every_run_takes_the_lock_afresh() -> None:
+    """lock_linger_s=0 gives the lock back after each run."""
+    hints, locks, recorder = MemoryHintBus(), MemoryLockManager(), Recorder()
+    loop = make_loop(
+        recorder,
+        hints,
+        locks,
+        short_interval_s=NEVER_S,
+        long_interval_s=NEVER_S,
+        lock_linger_s=0,
+    )
+    async with running(loop):
+        for expected_runs in (1, 2, 3):
+            await hints.set(HINT)
+            await eventually(lambda: loop.runs == expected_runs)  # noqa: B023
+            await eventually(lambda: loop.lock_holds == expected_runs)  # noqa: B023
+        assert await lock_is_free(locks)
+
+
+async def test_a_lingering_hold_ends_when_the_long_loop_comes_due() -> None:
+    """The long loop's forced run is not swallowed by a hold: it comes, and takes the lock."""
+    hints, locks, recorder, clock = MemoryHintBus(), MemoryLockManager(), Recorder(), FakeClock()
+    loop = make_loop(
+        recorder,
+        hints,
+        locks,
+        short_interval_s=0.01,
+        long_interval_s=60,
+        lock_linger_s=NEVER_S,
+        clock=clock,
+    )
+    async with running(loop):
+        await hints.set(HINT)
+        await eventually(lambda: loop.runs == 1)
+        clock.now = 60
+        await eventually(lambda: loop.forced_runs == 1)
+        assert (loop.runs, loop.lock_holds) == (2, 2)
+
+
 async def test_a_forced_run_that_finds_the_lock_busy_is_left_to_the_holder() -> None:
     """The lock's holder is running the task, so the long deadline moves on without a run."""
     hints, locks, recorder, clock = MemoryHintBus(), MemoryLockManager(), Recorder(), FakeClock()
@@ -332,6 +422,7 @@ async def test_run_twice_at_once_is_an_error() -> None:
         ({"long_interval_s": -1}, "long_interval_s must be > 0"),
         ({"short_interval_s": 5, "long_interval_s": 1}, "must not exceed long_interval_s"),
         ({"debounce_s": -0.1}, "debounce_s must be >= 0"),
+        ({"lock_linger_s": -1}, "lock_linger_s must be >= 0"),
         ({"short_interval_s": float("nan")}, "short_interval_s must be > 0"),
     ],
 )
