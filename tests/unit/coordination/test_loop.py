@@ -151,6 +151,29 @@ async def test_a_hint_after_a_quiet_spell_runs_without_debounce() -> None:
         await eventually(lambda: loop.runs == 1)
 
 
+async def test_a_hint_one_debounce_after_a_busy_run_runs_at_once() -> None:
+    """Only a hint within one debounce period of a run that moved something is a burst's.
+
+    Steady arrivals slower than that (100 submissions/s against 1 ms runs) are not a burst,
+    and each would otherwise pay the whole debounce at every phase.
+    """
+    hints, recorder, clock = MemoryHintBus(), Recorder(), FakeClock()
+    loop = make_loop(
+        recorder,
+        hints,
+        short_interval_s=NEVER_S,
+        long_interval_s=NEVER_S,
+        debounce_s=100.0,
+        clock=clock,
+    )
+    async with running(loop):
+        await hints.set(HINT)
+        await eventually(lambda: loop.runs == 1)
+        clock.now = 150.0  # 1.5 debounce periods later
+        await hints.set(HINT)
+        await eventually(lambda: loop.runs == 2)
+
+
 async def test_a_hint_set_during_a_run_brings_the_next_run_at_once() -> None:
     """The loop checks the hint right after a run instead of sleeping to the next tick."""
     hints, recorder = MemoryHintBus(), Recorder()
