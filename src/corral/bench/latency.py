@@ -165,6 +165,12 @@ class _TimedHints(HintBus):
     async def wait(self, names: Collection[str], timeout_s: float) -> bool:
         return await self._inner.wait(names, timeout_s)
 
+    def claim(self, name: str) -> None:
+        self._inner.claim(name)
+
+    async def release(self, name: str) -> None:
+        await self._inner.release(name)
+
     async def close(self) -> None:
         await self._inner.close()
 

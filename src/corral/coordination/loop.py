@@ -12,7 +12,9 @@ The task's lock is taken before a run and kept while hints keep coming: a hint w
 `lock_linger_s` of the last run is served under the same hold, so a busy task does not pay a
 take and a release (two round trips to the lock's server) per run. A manager that finds the
 lock held leaves the hint to the holder, which is waiting for it; the hold ends after
-`lock_linger_s` without a hint, on stop, or when the long loop comes due.
+`lock_linger_s` without a hint, on stop, or when the long loop comes due. While it holds the
+lock the loop claims the task's hint on the bus, so hints set in this manager for the task
+stay in the process (`ClaimableHintBus`).
 """
 
 from __future__ import annotations
@@ -174,11 +176,18 @@ class DualLoop:
                     self.lock_busy += 1
                     return _Outcome.BUSY
                 self.lock_holds += 1
-                outcome = await self._consume_and_run(forced=forced, retry=retry)
-                # Linger: the next hints of a burst are served under this hold.
-                while outcome is not _Outcome.FAILED and await self._woken_while_held():
-                    outcome = await self._consume_and_run(forced=self._forced_due(), retry=False)
-                return outcome
+                # Held: the hints set in this process for the task need not leave it.
+                self._hints.claim(self.task.hint)
+                try:
+                    outcome = await self._consume_and_run(forced=forced, retry=retry)
+                    # Linger: the next hints of a burst are served under this hold.
+                    while outcome is not _Outcome.FAILED and await self._woken_while_held():
+                        outcome = await self._consume_and_run(
+                            forced=self._forced_due(), retry=False
+                        )
+                    return outcome
+                finally:
+                    await self._release_claim()
         except LockManagerClosedError:
             raise  # closed under a running loop: a shutdown-order bug, not a transient failure
         except Exception as exc:
@@ -251,6 +260,13 @@ class DualLoop:
             if await self._woken(min(remaining_s, self._short_interval_s)):
                 return True
         return False
+
+    async def _release_claim(self) -> None:
+        """End the hint's claim before the lock goes; a hint kept under it goes to the bus."""
+        try:
+            await self._hints.release(self.task.hint)
+        except HintBusError as exc:
+            self._hints_failed(exc)  # the long loop covers a hint the dead bus lost
 
     async def _consume(self) -> bool:
         try:

@@ -201,6 +201,50 @@ async def test_a_dead_listener_fails_waits_loudly(bus_factory: BusFactory) -> No
         await asyncio.wait_for(waiting, DEADLINE_S)
 
 
+async def test_a_claimed_hint_set_here_stays_in_this_process(bus_factory: BusFactory) -> None:
+    """While claimed, a hint set on this bus wakes its own waiter and is consumed here, once;
+    another manager's bus never sees it."""
+    bus, other = await bus_factory(), await bus_factory()
+    bus.claim("schedule")
+    waiter = asyncio.create_task(bus.wait(["schedule"], LONG_S))
+    assert await still_waiting(waiter)
+    await bus.set("schedule", "prepare")  # "prepare" is not claimed: it goes out as ever
+    assert await asyncio.wait_for(waiter, DEADLINE_S)
+    assert await other.wait(["prepare"], DEADLINE_S)
+    assert not await other.wait(["schedule"], SHORT_S)
+    assert await bus.consume("schedule")
+    assert not await bus.consume("schedule")
+    await bus.release("schedule")
+    assert not await other.wait(["schedule"], SHORT_S)  # consumed: nothing left to send
+
+
+async def test_releasing_a_claim_sends_a_hint_kept_under_it(bus_factory: BusFactory) -> None:
+    """A kept hint nobody consumed is sent when the claim ends: no hint is lost."""
+    bus, other = await bus_factory(), await bus_factory()
+    bus.claim("schedule")
+    await bus.set("schedule")
+    await bus.release("schedule")
+    assert await other.wait(["schedule"], DEADLINE_S)
+    assert await other.consume("schedule")
+    assert not await bus.consume("schedule")
+    await bus.set("schedule")  # released: set goes to the server again
+    assert await other.consume("schedule")
+
+
+async def test_a_claimed_hint_set_by_another_manager_still_arrives(
+    bus_factory: BusFactory,
+) -> None:
+    """A claim keeps only this process's hints: another manager's set wakes and is consumed."""
+    bus, other = await bus_factory(), await bus_factory()
+    bus.claim("schedule")
+    waiter = asyncio.create_task(bus.wait(["schedule"], LONG_S))
+    assert await still_waiting(waiter)
+    await other.set("schedule")
+    assert await asyncio.wait_for(waiter, DEADLINE_S)
+    assert await bus.consume("schedule")
+    assert not await other.consume("schedule")
+
+
 @pytest.mark.parametrize("backend", [POSTGRES], indirect=True)
 async def test_postgres_consume_and_wait_make_no_query_without_a_notification(
     bus_factory: BusFactory,

@@ -12,7 +12,7 @@ import pytest
 
 from corral.coordination.loop import DualLoop
 from corral.coordination.tasks import Task, TaskRun
-from corral.infra.hints.memory import MemoryHintBus
+from corral.infra.hints.memory import MemoryHintBus, MemoryHintHub
 from corral.infra.locks.memory import MemoryLockManager
 
 HINT = "schedule"
@@ -268,6 +268,24 @@ async def test_hints_within_the_linger_run_under_the_same_hold() -> None:
             assert not await lock_is_free(locks)  # kept for the next hint
         assert loop.lock_holds == 1
     assert await lock_is_free(locks)  # stopping the loop ended the hold
+
+
+async def test_while_the_loop_holds_the_lock_its_hints_stay_in_the_process() -> None:
+    """A hint set here for a task whose lock the loop holds wakes it without leaving the process;
+    once the hold ends, hints go to every manager again."""
+    hub, recorder = MemoryHintHub(), Recorder()
+    hints, other_manager = MemoryHintBus(hub=hub), MemoryHintBus(hub=hub)
+    loop = make_loop(
+        recorder, hints, short_interval_s=NEVER_S, long_interval_s=NEVER_S, lock_linger_s=NEVER_S
+    )
+    async with running(loop):
+        await hints.set(HINT)
+        await eventually(lambda: loop.runs == 1)
+        await hints.set(HINT)  # lingering under the lock: kept here
+        assert not await is_set(other_manager)
+        await eventually(lambda: loop.runs == 2)
+    await hints.set(HINT)
+    assert await is_set(other_manager)
 
 
 async def test_the_lock_is_given_back_after_the_linger_without_a_hint() -> None:

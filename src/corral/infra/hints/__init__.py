@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from corral.store.database import Database
 
 __all__ = [
+    "ClaimableHintBus",
     "HintBus",
     "HintBusError",
     "HintBusKind",
@@ -55,6 +56,88 @@ class HintBus(ABC):
     @abstractmethod
     async def close(self) -> None:
         """Release connections and make pending and later calls raise HintBusError; idempotent."""
+
+    def claim(self, name: str) -> None:  # noqa: B027 (an optional hook: empty by default)
+        """This process alone runs `name`'s task until `release(name)`: it holds the task's lock.
+
+        A bus may then keep hints set here for `name` in this process (`ClaimableHintBus`).
+        By default nothing changes.
+        """
+
+    async def release(self, name: str) -> None:  # noqa: B027 (an optional hook)
+        """End a `claim`; a hint kept under it and not consumed is sent on, never lost."""
+
+
+class ClaimableHintBus(HintBus):
+    """A bus that keeps the hints of claimed tasks in this process.
+
+    A manager holding a task's lock claims the task's hint. Until it releases the claim, a hint
+    set in this process for that task wakes the local waiter and is consumed locally, without
+    reaching the server: no other manager could run the task meanwhile (it would find the lock
+    busy and leave the hint to the holder), so sending it would only cost a round trip to set it
+    and one to consume it, at every hop of every session. Hints set by other managers still
+    arrive through the server. Subclasses send, take and look up hints on their server.
+    """
+
+    def __init__(self) -> None:
+        self._waiters = LocalWaiters()
+        self._claimed: set[str] = set()
+        self._kept: set[str] = set()  # claimed hints set here and not consumed yet
+
+    async def set(self, *names: str) -> None:
+        """Mark hints as set and wake every waiter; a claimed hint stays in this process."""
+        self._waiters.raise_if_failed()
+        checked = check_names(names)
+        kept = checked.intersection(self._claimed)
+        if kept:
+            self._kept.update(kept)
+            self._waiters.wake(kept)
+            checked = checked.difference(kept)
+        if checked:
+            # Sorted: one row-lock order on a server, so concurrent sets never deadlock.
+            await self._send(sorted(checked))
+
+    async def consume(self, name: str) -> bool:
+        """Atomically get-and-clear (a kept hint locally, else on the server)."""
+        self._waiters.raise_if_failed()
+        check_names([name])
+        if name in self._kept:
+            # The claimant's run serves anything set on the server meanwhile too; a hint left
+            # there costs at most one more run after it.
+            self._kept.discard(name)
+            return True
+        return await self._take(name)
+
+    async def wait(self, names: Collection[str], timeout_s: float) -> bool:
+        """True as soon as any of `names` is set, False on timeout; never clears."""
+        return await self._waiters.wait(names, timeout_s, self._kept_or_set)
+
+    def claim(self, name: str) -> None:
+        """Keep hints set here for `name` in this process until `release(name)`."""
+        check_names([name])
+        self._claimed.add(name)
+
+    async def release(self, name: str) -> None:
+        """Stop keeping `name`'s hints; one kept and not consumed is sent to the server now."""
+        self._claimed.discard(name)
+        if name in self._kept:
+            self._kept.discard(name)
+            await self.set(name)
+
+    @abstractmethod
+    async def _send(self, names: list[str]) -> None:
+        """Set `names` (sorted, not empty) on the server and wake this process's waiters."""
+
+    @abstractmethod
+    async def _take(self, name: str) -> bool:
+        """Get-and-clear `name` on the server, atomically across processes."""
+
+    @abstractmethod
+    async def _any_set(self, names: frozenset[str]) -> bool:
+        """Whether any of `names` is set on the server."""
+
+    async def _kept_or_set(self, names: frozenset[str]) -> bool:
+        return not self._kept.isdisjoint(names) or await self._any_set(names)
 
 
 def check_names(names: Iterable[str]) -> frozenset[str]:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 
-from corral.infra.hints import HintBus, HintBusError, LocalWaiters, check_names
+from corral.infra.hints import ClaimableHintBus, HintBusError, LocalWaiters
 
 
 class MemoryHintHub:
@@ -42,30 +42,15 @@ class MemoryHintHub:
         return not self._set[prefix].isdisjoint(names)
 
 
-class MemoryHintBus(HintBus):
+class MemoryHintBus(ClaimableHintBus):
     """Hints for one process; buses built on one `hub` see each other's hints."""
 
     def __init__(self, *, prefix: str = "corral", hub: MemoryHintHub | None = None) -> None:
+        super().__init__()
         self._prefix = prefix
         self._hub = hub if hub is not None else MemoryHintHub()
-        self._waiters = LocalWaiters()
         self._closed = False
         self._hub.attach(prefix, self._waiters)
-
-    async def set(self, *names: str) -> None:
-        """Mark hints as set and wake every waiter of every bus on the hub."""
-        self._waiters.raise_if_failed()
-        self._hub.set(self._prefix, check_names(names))
-
-    async def consume(self, name: str) -> bool:
-        """Clear `name`; True if it was set (the event loop makes this atomic)."""
-        self._waiters.raise_if_failed()
-        check_names([name])
-        return self._hub.take(self._prefix, name)
-
-    async def wait(self, names: Collection[str], timeout_s: float) -> bool:
-        """True as soon as any of `names` is set, False on timeout; never clears."""
-        return await self._waiters.wait(names, timeout_s, self._any_set)
 
     async def close(self) -> None:
         """Detach from the hub and fail pending waits; idempotent."""
@@ -74,6 +59,13 @@ class MemoryHintBus(HintBus):
         self._closed = True
         self._hub.detach(self._prefix, self._waiters)
         self._waiters.fail(HintBusError("the memory hint bus is closed"))
+
+    async def _send(self, names: list[str]) -> None:
+        self._hub.set(self._prefix, frozenset(names))
+
+    async def _take(self, name: str) -> bool:
+        # The event loop makes this atomic.
+        return self._hub.take(self._prefix, name)
 
     async def _any_set(self, names: frozenset[str]) -> bool:
         return self._hub.any_set(self._prefix, names)

@@ -14,7 +14,7 @@ import hashlib
 import logging
 import re
 import secrets
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import asyncpg
@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from corral.infra._backoff import reconnect_delays
-from corral.infra.hints import HintBus, HintBusError, LocalWaiters, check_names
+from corral.infra.hints import ClaimableHintBus, HintBusError
 from corral.store._direct import DirectStatement
 from corral.store.database import Database
 from corral.store.tables import hints
@@ -115,7 +115,7 @@ class _MaybeSet:
         self._cleared.clear()
 
 
-class PostgresHintBus(HintBus):
+class PostgresHintBus(ClaimableHintBus):
     """Hints in the `hints` table, woken through LISTEN on one dedicated asyncpg connection."""
 
     def __init__(self, db: Database, *, prefix: str = "corral") -> None:
@@ -124,12 +124,12 @@ class PostgresHintBus(HintBus):
                 f"the postgres hint bus needs a PostgreSQL database, not {db.dialect}; "
                 "use the memory hint bus with SQLite"
             )
+        super().__init__()
         self._db = db
         self._prefix = prefix
         self._channel = channel_name(prefix)
         self._origin = f"{secrets.token_hex(4)}/"  # this bus, in the notifications it sends
         self._maybe = _MaybeSet()
-        self._waiters = LocalWaiters()
         self._connection: Any = None  # the asyncpg connection holding LISTEN
         self._lost = asyncio.Event()
         self._listener_task: asyncio.Task[None] | None = None
@@ -144,24 +144,18 @@ class PostgresHintBus(HintBus):
         bus._listener_task.add_done_callback(bus._on_supervisor_done)
         return bus
 
-    async def set(self, *names: str) -> None:
+    async def _send(self, names: list[str]) -> None:
         """Upsert the hints' rows and NOTIFY their names, in one statement."""
-        self._waiters.raise_if_failed()
-        # Sorted: one row-lock order, so concurrent sets of several hints never deadlock.
-        checked = sorted(check_names(names))
-        if not checked:
-            return
-        keys = [self._key(name) for name in checked]
+        keys = [self._key(name) for name in names]
         # Known before the statement: its own notification will not tell this bus (see _SET).
-        self._maybe.add(checked)
-        params = {"keys": keys, "channel": self._channel, "names": checked, "origin": self._origin}
+        self._maybe.add(names)
+        params = {"keys": keys, "channel": self._channel, "names": names, "origin": self._origin}
         async with self._db.autocommit() as conn:
             await _SET.rows(conn, params)
-        self._waiters.wake(checked)
+        self._waiters.wake(names)
 
-    async def consume(self, name: str) -> bool:
+    async def _take(self, name: str) -> bool:
         """DELETE the hint's row; answered locally (False, no query) unless it may be set."""
-        self._waiters.raise_if_failed()
         key = self._key(name)
         if name not in self._maybe:
             return False
@@ -172,10 +166,6 @@ class PostgresHintBus(HintBus):
         except BaseException:
             self._maybe.add([name])
             raise
-
-    async def wait(self, names: Collection[str], timeout_s: float) -> bool:
-        """True as soon as any of `names` is set, False on timeout; never clears."""
-        return await self._waiters.wait(names, timeout_s, self._any_set)
 
     async def close(self) -> None:
         """Stop the supervisor and close the listener connection; idempotent."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection
 from typing import Any
 
 from redis.asyncio import Redis
@@ -16,7 +15,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from corral.infra._backoff import reconnect_delays
-from corral.infra.hints import HintBus, HintBusError, LocalWaiters, check_names
+from corral.infra.hints import ClaimableHintBus, HintBusError
 
 logger = logging.getLogger(__name__)
 
@@ -25,16 +24,16 @@ RECONNECT_MAX_S = 10.0
 SUBSCRIBE_TIMEOUT_S = 10.0
 
 
-class RedisHintBus(HintBus):
+class RedisHintBus(ClaimableHintBus):
     """Hints shared through Redis by every manager using the same server and prefix."""
 
     def __init__(self, client: Redis, *, prefix: str = "corral", owns_client: bool = False) -> None:
+        super().__init__()
         self._client = client
         self._owns_client = owns_client
         self._prefix = prefix
         self._channel = f"{prefix}:hints"
         self._pubsub = client.pubsub()
-        self._waiters = LocalWaiters()
         self._subscribed = asyncio.Event()
         self._listener_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -65,28 +64,18 @@ class RedisHintBus(HintBus):
             await self._subscribed.wait()
         self._waiters.raise_if_failed()
 
-    async def set(self, *names: str) -> None:
+    async def _send(self, names: list[str]) -> None:
         """SET each hint's key, then PUBLISH its name, in one pipeline (keys exist first)."""
-        self._waiters.raise_if_failed()
-        checked = sorted(check_names(names))
-        if not checked:
-            return
         async with self._client.pipeline(transaction=False) as pipe:
-            for name in checked:
+            for name in names:
                 pipe.set(self._key(name), b"1")
                 pipe.publish(self._channel, name)
             await pipe.execute()
-        self._waiters.wake(checked)
+        self._waiters.wake(names)
 
-    async def consume(self, name: str) -> bool:
+    async def _take(self, name: str) -> bool:
         """GETDEL the hint's key: Redis runs it atomically, so exactly one consumer sees it."""
-        self._waiters.raise_if_failed()
-        check_names([name])
         return await self._client.getdel(self._key(name)) is not None
-
-    async def wait(self, names: Collection[str], timeout_s: float) -> bool:
-        """True as soon as any of `names` is set, False on timeout; never clears."""
-        return await self._waiters.wait(names, timeout_s, self._any_exists)
 
     async def close(self) -> None:
         """Stop the listener, unsubscribe and (if owned) close the client; idempotent."""
@@ -104,7 +93,7 @@ class RedisHintBus(HintBus):
     def _key(self, name: str) -> str:
         return f"{self._prefix}:hint:{name}"
 
-    async def _any_exists(self, names: frozenset[str]) -> bool:
+    async def _any_set(self, names: frozenset[str]) -> bool:
         count: int = await self._client.exists(*(self._key(name) for name in names))
         return count > 0
 
