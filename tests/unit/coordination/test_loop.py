@@ -250,21 +250,35 @@ async def lock_is_free(locks: MemoryLockManager, name: str = LOCK) -> bool:
         return held
 
 
-async def test_hints_within_the_linger_run_under_the_same_hold() -> None:
-    """A burst is served under one hold of the lock, kept between its runs."""
-    hints, locks, recorder = MemoryHintBus(), MemoryLockManager(), Recorder()
+def hinted_loop(
+    lock_linger_s: float, hints: MemoryHintBus | None = None
+) -> tuple[MemoryHintBus, MemoryLockManager, DualLoop]:
+    """A loop that runs only when hinted (no tick, no long loop), lingering `lock_linger_s`."""
+    hints, locks = hints or MemoryHintBus(), MemoryLockManager()
     loop = make_loop(
-        recorder,
+        Recorder(),
         hints,
         locks,
         short_interval_s=NEVER_S,
         long_interval_s=NEVER_S,
-        lock_linger_s=NEVER_S,
+        lock_linger_s=lock_linger_s,
     )
+    return hints, locks, loop
+
+
+async def hint_and_run(hints: MemoryHintBus, loop: DualLoop) -> None:
+    """Set the loop's hint and return once it has run once more."""
+    runs = loop.runs
+    await hints.set(HINT)
+    await eventually(lambda: loop.runs == runs + 1)
+
+
+async def test_hints_within_the_linger_run_under_the_same_hold() -> None:
+    """A burst is served under one hold of the lock, kept between its runs."""
+    hints, locks, loop = hinted_loop(lock_linger_s=NEVER_S)
     async with running(loop):
-        for expected_runs in (1, 2, 3):
-            await hints.set(HINT)
-            await eventually(lambda: loop.runs == expected_runs)  # noqa: B023
+        for _ in range(3):
+            await hint_and_run(hints, loop)
             assert not await lock_is_free(locks)  # kept for the next hint
         assert loop.lock_holds == 1
     assert await lock_is_free(locks)  # stopping the loop ended the hold
@@ -273,14 +287,11 @@ async def test_hints_within_the_linger_run_under_the_same_hold() -> None:
 async def test_while_the_loop_holds_the_lock_its_hints_stay_in_the_process() -> None:
     """A hint set here for a task whose lock the loop holds wakes it without leaving the process;
     once the hold ends, hints go to every manager again."""
-    hub, recorder = MemoryHintHub(), Recorder()
-    hints, other_manager = MemoryHintBus(hub=hub), MemoryHintBus(hub=hub)
-    loop = make_loop(
-        recorder, hints, short_interval_s=NEVER_S, long_interval_s=NEVER_S, lock_linger_s=NEVER_S
-    )
+    hub = MemoryHintHub()
+    other_manager = MemoryHintBus(hub=hub)
+    hints, _, loop = hinted_loop(lock_linger_s=NEVER_S, hints=MemoryHintBus(hub=hub))
     async with running(loop):
-        await hints.set(HINT)
-        await eventually(lambda: loop.runs == 1)
+        await hint_and_run(hints, loop)
         await hints.set(HINT)  # lingering under the lock: kept here
         assert not await is_set(other_manager)
         await eventually(lambda: loop.runs == 2)
@@ -290,45 +301,26 @@ async def test_while_the_loop_holds_the_lock_its_hints_stay_in_the_process() -> 
 
 async def test_the_lock_is_given_back_after_the_linger_without_a_hint() -> None:
     """No hint within the linger ends the hold; the next hint takes the lock afresh."""
-    hints, locks, recorder = MemoryHintBus(), MemoryLockManager(), Recorder()
-    loop = make_loop(
-        recorder,
-        hints,
-        locks,
-        short_interval_s=NEVER_S,
-        long_interval_s=NEVER_S,
-        lock_linger_s=0.05,
-    )
+    hints, locks, loop = hinted_loop(lock_linger_s=0.05)
     async with running(loop):
-        await hints.set(HINT)
-        await eventually(lambda: loop.runs == 1)
+        await hint_and_run(hints, loop)
         # Polled with a deadline: the linger is the loop's own timeout, not a wait in the test.
         deadline = asyncio.get_running_loop().time() + 5
         while not await lock_is_free(locks):
             assert asyncio.get_running_loop().time() < deadline, "the hold never ended"
             await asyncio.sleep(0.001)
         assert loop.lock_holds == 1
-        await hints.set(HINT)
-        await eventually(lambda: loop.runs == 2)
+        await hint_and_run(hints, loop)
         assert loop.lock_holds == 2
 
 
 async def test_without_a_linger_every_run_takes_the_lock_afresh() -> None:
     """lock_linger_s=0 gives the lock back after each run."""
-    hints, locks, recorder = MemoryHintBus(), MemoryLockManager(), Recorder()
-    loop = make_loop(
-        recorder,
-        hints,
-        locks,
-        short_interval_s=NEVER_S,
-        long_interval_s=NEVER_S,
-        lock_linger_s=0,
-    )
+    hints, locks, loop = hinted_loop(lock_linger_s=0)
     async with running(loop):
-        for expected_runs in (1, 2, 3):
-            await hints.set(HINT)
-            await eventually(lambda: loop.runs == expected_runs)  # noqa: B023
-            await eventually(lambda: loop.lock_holds == expected_runs)  # noqa: B023
+        for holds in (1, 2, 3):
+            await hint_and_run(hints, loop)
+            await eventually(lambda: loop.lock_holds == holds)  # noqa: B023
         assert await lock_is_free(locks)
 
 
