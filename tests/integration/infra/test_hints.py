@@ -228,6 +228,7 @@ async def test_releasing_a_claim_sends_a_hint_kept_under_it(bus_factory: BusFact
     assert await other.consume("schedule")
     assert not await bus.consume("schedule")
     await bus.set("schedule")  # released: set goes to the server again
+    assert await other.wait(["schedule"], DEADLINE_S)  # (PostgreSQL: once notified)
     assert await other.consume("schedule")
 
 
