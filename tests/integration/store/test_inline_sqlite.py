@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -26,12 +28,24 @@ async def test_statements_run_on_the_event_loop_thread(tmp_path: Path) -> None:
         await db.close()
 
 
-async def test_waiting_for_another_writer_does_not_block_the_event_loop(tmp_path: Path) -> None:
-    path = tmp_path / "locked.db"
-    db = Database.open(f"sqlite:///{path}")
+@asynccontextmanager
+async def _beside_another_writer(
+    path: Path, *, pool_size: int = 10
+) -> AsyncIterator[tuple[Database, sqlite3.Connection]]:
+    """A migrated database at `path`, and a plain sqlite3 connection to it: another process's
+    writer, in effect. Both are closed on exit."""
+    db = Database.open(f"sqlite:///{path}", pool_size=pool_size)
     await upgrade(db)
-    other = sqlite3.connect(path, isolation_level=None)  # another process's writer, in effect
+    other = sqlite3.connect(path, isolation_level=None)
     try:
+        yield db, other
+    finally:
+        other.close()
+        await db.close()
+
+
+async def test_waiting_for_another_writer_does_not_block_the_event_loop(tmp_path: Path) -> None:
+    async with _beside_another_writer(tmp_path / "locked.db") as (db, other):
         other.execute("BEGIN IMMEDIATE")
         ticking = asyncio.Event()
 
@@ -40,12 +54,8 @@ async def test_waiting_for_another_writer_does_not_block_the_event_loop(tmp_path
                 await asyncio.sleep(0.001)
             ticking.set()
 
-        async def write() -> None:
-            async with db.transaction() as conn:
-                await conn.execute(sa.delete(users))
-
         ticker = asyncio.create_task(tick())
-        writer = asyncio.create_task(write())
+        writer = asyncio.create_task(_delete_users(db))
         try:
             # The loop keeps running other tasks while the writer waits for the lock.
             async with asyncio.timeout(10):
@@ -57,9 +67,6 @@ async def test_waiting_for_another_writer_does_not_block_the_event_loop(tmp_path
         finally:
             ticker.cancel()
             writer.cancel()
-    finally:
-        other.close()
-        await db.close()
 
 
 async def test_a_contended_writer_retries_on_the_loop_thread_until_the_lock_frees(
@@ -67,11 +74,7 @@ async def test_a_contended_writer_retries_on_the_loop_thread_until_the_lock_free
 ) -> None:
     """Every BEGIN IMMEDIATE runs on the loop's thread; one that finds another process's lock
     is tried again (the writer waits, it does not fail) and goes through once the lock frees."""
-    path = tmp_path / "begin.db"
-    db = Database.open(f"sqlite:///{path}", pool_size=1)
-    await upgrade(db)
-    other = sqlite3.connect(path, isolation_level=None)
-    try:
+    async with _beside_another_writer(tmp_path / "begin.db", pool_size=1) as (db, other):
         tries = await _BeginTries.watch(db)
         await _delete_users(db)
         assert tries.threads == [threading.get_ident()]
@@ -84,9 +87,6 @@ async def test_a_contended_writer_retries_on_the_loop_thread_until_the_lock_free
         async with asyncio.timeout(10):
             await writer
         assert set(tries.threads) == {threading.get_ident()}
-    finally:
-        other.close()
-        await db.close()
 
 
 class _BeginTries:
@@ -126,11 +126,7 @@ async def test_a_writer_cancelled_while_waiting_for_the_lock_leaves_its_connecti
 ) -> None:
     """Cancelling a transaction that waits for another process's lock returns its connection to
     the pool outside any transaction: the next writer on it works and commits."""
-    path = tmp_path / "cancel.db"
-    db = Database.open(f"sqlite:///{path}", pool_size=1)
-    await upgrade(db)
-    other = sqlite3.connect(path, isolation_level=None)
-    try:
+    async with _beside_another_writer(tmp_path / "cancel.db", pool_size=1) as (db, other):
         tries = await _BeginTries.watch(db)
         other.execute("BEGIN IMMEDIATE")
         writer = asyncio.create_task(_delete_users(db))
@@ -147,6 +143,3 @@ async def test_a_writer_cancelled_while_waiting_for_the_lock_leaves_its_connecti
             assert await conn.scalar(sa.select(sa.func.count()).select_from(users)) == 0
         other.execute("BEGIN IMMEDIATE")  # nobody holds the lock: taken at once
         other.execute("COMMIT")
-    finally:
-        other.close()
-        await db.close()
