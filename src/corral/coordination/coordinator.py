@@ -30,7 +30,7 @@ from corral.domain.status import SessionStatus
 from corral.domain.types import Clock, SessionId, UserId, utcnow
 from corral.handlers.base import LifecycleHandler, SessionPromotionHandler
 from corral.handlers.sessions.prepare import PrepareSessions
-from corral.handlers.sessions.promotions import PROMOTION_HANDLERS
+from corral.handlers.sessions.promotions import PROMOTION_HANDLERS, DetectTermination
 from corral.handlers.sessions.schedule import ScheduleNewSessions
 from corral.handlers.sessions.start import StartSessions
 from corral.handlers.sessions.terminate import TerminateSessions
@@ -179,7 +179,7 @@ class SessionCoordinator:
             moved.update(
                 (sid, (SessionStatus.PENDING, SessionStatus.SCHEDULED)) for sid in result.successes
             )
-        hints = hints_after_moves(after for _, after in moved.values())
+        hints = await self._next_hints(moved)
         if name in _ASKS_AGENTS:
             hints.add(Hint.ASSIGNMENTS)
         await self._post_process(hints, appended)
@@ -205,7 +205,7 @@ class SessionCoordinator:
         moved = applied.moved()
         if self.metrics is not None:
             self.metrics.observe_result(name, SchedulingResult.SUCCESS, len(moved))
-        await self._post_process(hints_after_moves(after for _, after in moved.values()), appended)
+        await self._post_process(await self._next_hints(moved), appended)
         return TaskRun(
             name,
             targets=len(applied.sessions) + len(applied.stale),
@@ -251,6 +251,25 @@ class SessionCoordinator:
         return await append_session_moves(
             conn, self.db.dialect, moves, full, self.clock(), owners=owners
         )
+
+    async def _next_hints(
+        self, moved: Mapping[SessionId, tuple[SessionStatus, SessionStatus]]
+    ) -> set[Hint]:
+        """The next phases to wake after the committed `moved`.
+
+        A session entering RUNNING wakes DetectTermination only if a kernel of it has already
+        ended (the report's hint came while the session was still CREATING, too early for that
+        task): DetectTermination looks at every RUNNING session, so waking it after every start
+        would cost a scan of all running sessions per start. The look-up runs after the commit,
+        so a kernel ending later sets its own hint and is found by then.
+        """
+        hints = hints_after_moves(after for _, after in moved.values())
+        started = [sid for sid, (_, after) in moved.items() if after is SessionStatus.RUNNING]
+        if started and await self.repository.any_kernel_in(
+            started, DetectTermination().check_kernel_statuses
+        ):
+            hints.add(Hint.DETECT_TERMINATION)
+        return hints
 
     async def _post_process(self, hints: set[Hint], events: Sequence[Event]) -> None:
         if hints:

@@ -144,6 +144,17 @@ class SessionRepository:
         async with self.db.read_statements() as conn:
             return {SessionId(sid) for sid in await statement.scalars(conn)}
 
+    async def any_kernel_in(
+        self, session_ids: Collection[SessionId], kernel_statuses: Collection[KernelStatus]
+    ) -> bool:
+        """Whether a kernel of these sessions is in `kernel_statuses` (an indexed look-up each)."""
+        if not session_ids:
+            return False
+        statement = _any_kernel_in_query(tuple(sorted(k.value for k in kernel_statuses)))
+        async with self.db.read_statements() as conn:
+            found = await statement.scalars(conn, {"ids": payload(self.dialect, session_ids)})
+        return bool(found)
+
     async def apply(self, changes: Sequence[StatusChange], now: datetime) -> AppliedChanges:
         """Apply judged changes in one transaction: guarded moves, slot release, history."""
         return await apply_changes(self.db, changes, now)
@@ -256,6 +267,20 @@ _INSERT_KERNEL = insert_columns(
     ),
 )
 _INSERT_DEPENDENCY = insert_columns(session_dependencies, ("session_id", "depends_on"))
+
+
+@functools.cache
+def _any_kernel_in_query(kernel_statuses: tuple[str, ...]) -> DirectStatement:
+    return DirectStatement(
+        lambda dialect: (
+            sa.select(kernels.c.session_id)
+            .where(
+                in_param(dialect, kernels.c.session_id, "ids"),
+                in_constants(kernels.c.status, kernel_statuses),
+            )
+            .limit(1)
+        )
+    )
 
 
 @functools.cache

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
+from corral.coordination.coordinator import SessionCoordinator
+from corral.coordination.hints import Hint
 from corral.coordination.promotion import run_promotion
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import SessionId
@@ -14,6 +16,7 @@ from corral.handlers.sessions.promotions import (
     PromoteToPrepared,
     PromoteToRunning,
 )
+from corral.infra.hints.memory import MemoryHintBus
 from corral.store.database import Database
 from corral.store.sessions import SessionRepository
 from corral.store.tables import kernels, session_history
@@ -93,3 +96,26 @@ async def test_nothing_to_promote_is_a_no_op(db: Database) -> None:
     [waiting] = await two_kernel_sessions(db, S.CREATING, [(K.CREATING, K.CREATING)])
     assert (await run_promotion(db, PromoteToRunning(), NOW)).sessions == {}
     assert await statuses(db, [waiting]) == [S.CREATING]
+
+
+async def test_a_start_wakes_termination_detection_only_for_a_kernel_already_ended(
+    db: Database,
+) -> None:
+    """DetectTermination scans every RUNNING session, so a start wakes it only when needed.
+
+    A kernel may end while its session is still CREATING; its report's hint then came too
+    early, and the start is what must wake the detection.
+    """
+    hints = MemoryHintBus()
+    coordinator = SessionCoordinator(db, hints)
+    [clean] = await two_kernel_sessions(db, S.CREATING, [(K.RUNNING, K.RUNNING)])
+    assert (await coordinator.run_promotion(PromoteToRunning())).changed == 1
+    assert await statuses(db, [clean]) == [S.RUNNING]
+    assert not await hints.consume(Hint.DETECT_TERMINATION.value)
+
+    [early] = await two_kernel_sessions(db, S.CREATING, [(K.RUNNING, K.TERMINATED)])
+    await coordinator.run_promotion(PromoteToRunning())
+    assert await statuses(db, [early]) == [S.RUNNING]
+    assert await hints.consume(Hint.DETECT_TERMINATION.value)
+    await coordinator.run_promotion(DetectTermination())
+    assert await statuses(db, [clean, early]) == [S.RUNNING, S.TERMINATING]
