@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from datetime import timedelta
 
-import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.coordination.hints import Hint, hints_after_moves
@@ -36,12 +35,11 @@ from corral.handlers.sessions.start import StartSessions
 from corral.handlers.sessions.terminate import TerminateSessions
 from corral.infra.events import EventBus
 from corral.infra.hints import HintBus
-from corral.store._direct import DirectStatement
 from corral.store.database import Database
 from corral.store.events import append_session_moves
+from corral.store.group_options import group_options
 from corral.store.sessions import SessionRepository
 from corral.store.status_changes import AppliedChanges, apply_changes
-from corral.store.tables import resource_groups
 
 # Per handler: failed attempts before giving up (the spec README's 5) and seconds in the phase
 # before it expires. A PENDING session never expires unless its group sets a timeout.
@@ -69,10 +67,6 @@ _HINTS: Mapping[str, Hint] = {
 # Runs of these write agents' desired state (and may have re-asked for a failed stage).
 _ASKS_AGENTS = frozenset({PrepareSessions.name(), StartSessions.name(), TerminateSessions.name()})
 
-
-_GROUP_OPTIONS = DirectStatement(
-    lambda _dialect: sa.select(resource_groups.c.name, resource_groups.c.options)
-)
 
 _PLACED_EVENTS: ContextVar[list[Event] | None] = ContextVar("placed_events", default=None)
 
@@ -299,9 +293,8 @@ class SessionCoordinator:
         """Limits per resource group for `phase`, where a group overrides the default; and
         the default."""
         default = self.limits.get(phase, PhaseLimits())
-        stored = {name: options for name, options in await _GROUP_OPTIONS.rows(conn)}
         limits: dict[str, PhaseLimits] = {}
-        for group, options in stored.items():
+        for group, options in (await group_options(self.db, conn)).items():
             override = ResourceGroupOptions.model_validate(options).phase_limits.get(phase)
             if override is None:
                 continue

@@ -49,7 +49,7 @@ async def load_snapshot(
     if pending is not None and limit is not None:
         raise ValueError("give load_snapshot either `pending` or `limit`, not both")
     async with db.read_statements() as conn:
-        options = ResourceGroupOptions.model_validate(await read_group_options(conn, group))
+        options = ResourceGroupOptions.model_validate(await read_group_options(db, conn, group))
         if pending is None:
             candidates = await read_candidates(
                 conn,

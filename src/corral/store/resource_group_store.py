@@ -20,6 +20,7 @@ from corral.domain.status import SESSION_NON_TERMINAL
 from corral.store.agent_registry import AGENT_TERMINATED
 from corral.store.database import Database
 from corral.store.events import append_events
+from corral.store.group_options import forget_group_options
 from corral.store.scheduling import UnknownResourceGroupError
 from corral.store.tables import agents, resource_groups, sessions
 
@@ -127,6 +128,7 @@ async def create_group(
             events = await _append(conn, GROUP_CREATED, record, now)
     except sa.exc.IntegrityError as exc:
         raise ResourceGroupExistsError(f"a resource group named {name!r} exists already") from exc
+    forget_group_options(db)
     return record, events
 
 
@@ -159,6 +161,7 @@ async def update_group(
             .values(description=record.description, options=record.options)
         )
         events = await _append(conn, GROUP_UPDATED, record, now)
+    forget_group_options(db)
     return record, events
 
 
@@ -192,7 +195,7 @@ async def delete_group(db: Database, name: str, now: datetime) -> list[Event]:
             row = await _lock_group(conn, name)
             await _refuse_if_used(conn, name)
             await conn.execute(resource_groups.delete().where(resource_groups.c.name == name))
-            return await _append(conn, GROUP_DELETED, _record(row), now)
+            events = await _append(conn, GROUP_DELETED, _record(row), now)
     except sa.exc.IntegrityError as exc:
         raise ResourceGroupInUseError(
             "resource-group-in-use",
@@ -200,6 +203,8 @@ async def delete_group(db: Database, name: str, now: datetime) -> list[Event]:
             "or deployments, whose records keep it; leave the group in place (nothing is "
             "scheduled to a group without agents)",
         ) from exc
+    forget_group_options(db)
+    return events
 
 
 async def _refuse_if_used(conn: AsyncConnection, name: str) -> None:

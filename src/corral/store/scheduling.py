@@ -18,24 +18,19 @@ from corral.domain.types import AgentId, SessionId, UserId
 from corral.store._direct import DirectStatement
 from corral.store._sql import in_constants, in_param, payload, slot_entries
 from corral.store.agents import AGENT_ALIVE
-from corral.store.database import Dialect
+from corral.store.database import Database, Dialect
+from corral.store.group_options import forget_group_options, group_options
 from corral.store.sessions import load_pending, pending_view
 from corral.store.tables import (
     agent_slots,
     agents,
     kernels,
-    resource_groups,
     session_dependencies,
     sessions,
 )
 
 # The statements of a pass are built once and run directly (see `_direct`); the values,
 # id lists included (`_sql.in_param`), are parameters.
-_GROUP_OPTIONS = DirectStatement(
-    lambda _dialect: sa.select(resource_groups.c.options).where(
-        resource_groups.c.name == sa.bindparam("group", type_=resource_groups.c.name.type)
-    )
-)
 
 
 class UnknownResourceGroupError(LookupError):
@@ -53,10 +48,16 @@ class AgentSlotRow:
     occupied: int
 
 
-async def read_group_options(conn: AsyncConnection, group: str) -> dict[str, Any]:
-    """The group's stored options (raises UnknownResourceGroupError if there is no such group)."""
-    found = await _GROUP_OPTIONS.scalars(conn, {"group": group})
-    options = found[0] if found else None
+async def read_group_options(db: Database, conn: AsyncConnection, group: str) -> dict[str, Any]:
+    """The group's stored options (raises UnknownResourceGroupError if there is no such group).
+
+    From the short-lived cache of every group's options (`group_options`); a group it does not
+    hold is looked for once more in a fresh read, so a group created a moment ago is found.
+    """
+    options = (await group_options(db, conn)).get(group)
+    if options is None:
+        forget_group_options(db)
+        options = (await group_options(db, conn)).get(group)
     if options is None:
         raise UnknownResourceGroupError(f"resource group {group!r} does not exist")
     return dict(options)

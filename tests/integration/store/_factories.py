@@ -17,6 +17,7 @@ from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import AgentId, SessionId, UserId
 from corral.store.agents import NewAgent, insert_agents, read_ledger
 from corral.store.database import Database
+from corral.store.group_options import forget_group_options
 from corral.store.placements import KernelPlacement, SessionPlacement, commit_placements
 from corral.store.sessions import SessionRepository
 from corral.store.status_changes import StatusChange
@@ -227,6 +228,7 @@ async def add_group(db: Database, name: str, options: Mapping[str, Any] | None =
         await conn.execute(
             resource_groups.insert().values(name=name, options=dict(options or {}), created_at=NOW)
         )
+    forget_group_options(db)  # as resource_group_store does after its writes
 
 
 async def set_group_options(db: Database, name: str, options: Mapping[str, Any]) -> None:
@@ -237,6 +239,7 @@ async def set_group_options(db: Database, name: str, options: Mapping[str, Any])
             .where(resource_groups.c.name == name)
             .values(options=dict(options))
         )
+    forget_group_options(db)
 
 
 async def add_dependent(
