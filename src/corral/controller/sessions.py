@@ -31,9 +31,10 @@ from corral.store._direct import DirectStatement
 from corral.store._sql import in_param, payload
 from corral.store.database import Database
 from corral.store.events import append_events, append_session_moves
+from corral.store.group_options import forget_group_options, group_options
 from corral.store.sessions import insert_sessions
 from corral.store.status_changes import AppliedChanges, StatusChange, apply_changes
-from corral.store.tables import resource_groups, sessions
+from corral.store.tables import sessions
 
 PHASE_TERMINATE = "terminate"
 USER_CANCELLED = "user_cancelled"
@@ -54,11 +55,6 @@ _BY_CREATION_IDS = DirectStatement(
     lambda dialect: sa.select(sessions.c.creation_id, sessions.c.id).where(
         sessions.c.owner_id == _OWNER,
         in_param(dialect, sessions.c.creation_id, "creation_ids"),
-    )
-)
-_KNOWN_GROUPS = DirectStatement(
-    lambda dialect: sa.select(resource_groups.c.name).where(
-        in_param(dialect, resource_groups.c.name, "names")
     )
 )
 _OWN_SESSIONS = DirectStatement(
@@ -157,7 +153,7 @@ class SessionController:
         A `creation_id` the owner used before (or earlier in the same batch) returns that
         session instead of creating one.
         """
-        for _ in range(2):  # a second pass only after losing a creation_id race
+        for attempt in range(2):  # a second pass only after a unique or foreign key refused
             created = await self._by_creation_ids(
                 owner, {s.creation_id for s in specs if s.creation_id is not None}
             )
@@ -181,9 +177,12 @@ class SessionController:
                     rows = await insert_sessions(conn, new, now)
                     events = await append_events(conn, [_created_event(n, now) for n in new], now)
             except sa.exc.IntegrityError:
-                # A concurrent submission with the same creation_id won the unique index.
-                if all(spec.creation_id is None for spec in specs):
+                # A concurrent submission with the same creation_id won the unique index, or
+                # another manager deleted a group moments ago that the kept options still
+                # hold: the second pass finds the session, or refuses the group by name.
+                if attempt:
                     raise
+                forget_group_options(self.db)
                 continue
             await self.hints.set(Hint.SCHEDULE)
             if self.events is not None:
@@ -193,7 +192,7 @@ class SessionController:
                 r if isinstance(r, Submitted) else Submitted(r.id, True, written[r.id])
                 for r in results
             ]
-        raise RuntimeError("creation_id race could not be resolved; submit again")
+        raise AssertionError("unreachable: the second pass returns or raises")
 
     async def mark_terminate(
         self, session_ids: Collection[SessionId], reason: str
@@ -262,8 +261,9 @@ class SessionController:
     ) -> None:
         dialect = self.db.dialect
         groups = {spec.resource_group for spec in specs}
-        known = set(await _KNOWN_GROUPS.scalars(conn, {"names": payload(dialect, groups)}))
-        for group in sorted(groups - known):
+        if not groups <= (await group_options(self.db, conn)).keys():
+            forget_group_options(self.db)  # maybe created a moment ago: look again
+        for group in sorted(groups - (await group_options(self.db, conn)).keys()):
             raise SubmissionError("resource_group", f"resource group {group!r} does not exist")
         wanted = {dep for spec in specs for dep in spec.dependencies}
         if not wanted:

@@ -21,7 +21,7 @@ from corral.store.database import Database
 from corral.store.events import read_events
 from corral.store.placements import commit_placements
 from corral.store.sessions import SessionRepository
-from corral.store.tables import sessions
+from corral.store.tables import resource_groups, sessions
 from tests.integration.store._factories import add_agents, add_user, placement
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
@@ -125,6 +125,32 @@ async def test_references_that_do_not_exist_are_refused_naming_the_field(
         await controller.enqueue(spec(**fields), owner)
     assert info.value.field == field
     assert await SessionRepository(db).load([SessionStatus.PENDING]) == []
+
+
+async def test_groups_created_or_deleted_by_another_manager_are_seen_at_once(
+    db: Database, controller: SessionController
+) -> None:
+    """The kept group options never refuse a new group or accept a deleted one.
+
+    Both writes go straight to the table, as another manager's would, so this process's kept
+    read of the groups is stale each time the controller looks.
+    """
+    owner = await add_user(db)
+    await controller.enqueue(spec(), owner)  # the groups are read and kept
+    async with db.transaction() as conn:
+        await conn.execute(
+            sa.insert(resource_groups).values(name="fresh", options={}, created_at=NOW)
+        )
+    fresh = await controller.enqueue(spec(resource_group="fresh"), owner)
+    assert fresh.created
+    await controller.mark_terminate([fresh.session_id], "done with it")
+    async with db.transaction() as conn:
+        await conn.execute(sa.delete(sessions).where(sessions.c.resource_group == "fresh"))
+        await conn.execute(sa.delete(resource_groups).where(resource_groups.c.name == "fresh"))
+    with pytest.raises(SubmissionError) as info:
+        await controller.enqueue(spec(resource_group="fresh"), owner)
+    assert info.value.field == "resource_group"
+    assert "'fresh' does not exist" in info.value.message
 
 
 async def test_another_owners_session_is_not_a_valid_dependency(
