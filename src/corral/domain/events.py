@@ -68,8 +68,18 @@ class Event:
         )
 
 
+# Values JSON keeps as they are (exact types: an enum that is also a str is converted).
+_PLAIN_TYPES = frozenset({str, int, float, bool, type(None)})
+
+
 def jsonable_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
-    """`payload` as plain JSON values: what reading it back from the events table gives."""
+    """`payload` as plain JSON values: what reading it back from the events table gives.
+
+    A flat payload of plain values (every status change's) is only copied; anything else
+    goes through JSON and back.
+    """
+    if all(type(k) is str and type(v) in _PLAIN_TYPES for k, v in payload.items()):
+        return dict(payload)
     result: dict[str, Any] = json.loads(json.dumps(payload, default=_json_default))
     return result
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -100,7 +99,15 @@ async def append_events(
         )
     ids = sorted(await _INSERT.scalars(conn, params))
     return [
-        replace(event, id=event_id, payload=p, created_at=now)
+        Event(
+            id=event_id,
+            kind=event.kind,
+            entity_type=event.entity_type,
+            entity_id=event.entity_id,
+            owner_id=event.owner_id,
+            payload=p,
+            created_at=now,
+        )
         for event, event_id, p in zip(events, ids, payloads, strict=True)
     ]
 
