@@ -110,6 +110,8 @@ class SessionController:
         self.hints = hints
         self.events = events
         self.clock = clock
+        # Where the bus can, events go out with the commit that appends them (not published).
+        self._notify = events.commit_channel if events is not None else None
         # Submissions arriving together (API requests) share one transaction.
         self._submissions: GroupCommit[tuple[SessionSpec, UserId], Submitted] = GroupCommit(
             self._enqueue_together
@@ -175,7 +177,9 @@ class SessionController:
                 async with self.db.transaction() as conn:
                     await self._check_references(conn, specs, owner)
                     rows = await insert_sessions(conn, new, now)
-                    events = await append_events(conn, [_created_event(n, now) for n in new], now)
+                    events = await append_events(
+                        conn, [_created_event(n, now) for n in new], now, notify=self._notify
+                    )
             except sa.exc.IntegrityError:
                 # A concurrent submission with the same creation_id won the unique index, or
                 # another manager deleted a group moments ago that the kept options still
@@ -185,7 +189,7 @@ class SessionController:
                 forget_group_options(self.db)
                 continue
             await self.hints.set(Hint.SCHEDULE)
-            if self.events is not None:
+            if self.events is not None and self._notify is None:
                 await self.events.publish(events)
             written = {row["id"]: row for row in rows}
             return [
@@ -226,7 +230,13 @@ class SessionController:
             reasons = dict.fromkeys(moves, reason)
             appended.extend(
                 await append_session_moves(
-                    conn, self.db.dialect, moves, reasons, now, owners=applied.owners
+                    conn,
+                    self.db.dialect,
+                    moves,
+                    reasons,
+                    now,
+                    owners=applied.owners,
+                    notify=self._notify,
                 )
             )
 
@@ -242,7 +252,7 @@ class SessionController:
                 outcome.terminating.append(sid)
         if outcome.terminating:
             await self.hints.set(Hint.TERMINATE)
-        if self.events is not None and appended:
+        if self.events is not None and appended and self._notify is None:
             await self.events.publish(appended)
         return outcome
 

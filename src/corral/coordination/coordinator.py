@@ -105,6 +105,8 @@ class SessionCoordinator:
             TerminateSessions(db),
         )
         self.promotions: tuple[SessionPromotionHandler, ...] = PROMOTION_HANDLERS
+        # Where the bus can, a run's events go out with its commit, not published after it.
+        self._notify = events.commit_channel if events is not None else None
 
     def tasks(self) -> list[Task]:
         """One task per handler, each woken by its own hint and run under its own lock."""
@@ -243,7 +245,7 @@ class SessionCoordinator:
     ) -> list[Event]:
         full = {sid: reasons.get(sid) or phase for sid in moves}
         return await append_session_moves(
-            conn, self.db.dialect, moves, full, self.clock(), owners=owners
+            conn, self.db.dialect, moves, full, self.clock(), owners=owners, notify=self._notify
         )
 
     async def _next_hints(
@@ -268,7 +270,7 @@ class SessionCoordinator:
     async def _post_process(self, hints: set[Hint], events: Sequence[Event]) -> None:
         if hints:
             await self.hints.set(*sorted(h.value for h in hints))
-        if events and self.events is not None:
+        if events and self.events is not None and self._notify is None:
             await self.events.publish(events)
 
     async def _needing_attention(

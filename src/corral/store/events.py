@@ -26,6 +26,17 @@ TOKEN_REVOKED = "token.revoked"  # an API token was deleted: every manager forge
 _c = events_table.c
 
 
+# PostgreSQL: the batch as one array per column, inserted in parameter order.
+_PG_APPEND = (
+    "INSERT INTO events (kind, entity_type, entity_id, owner_id, payload, created_at) "
+    "SELECT kind, entity_type, entity_id, owner_id, CAST(payload AS JSONB), :now "
+    "FROM unnest(CAST(:kinds AS VARCHAR[]), CAST(:types AS VARCHAR[]), "
+    "CAST(:entities AS VARCHAR[]), CAST(:owners AS UUID[]), CAST(:payloads AS TEXT[])) "
+    "WITH ORDINALITY AS batch (kind, entity_type, entity_id, owner_id, payload, n) "
+    "ORDER BY n"
+)
+
+
 def _bulk_insert(dialect: Dialect) -> sa.TextualSelect:
     """One INSERT of a whole batch from one parameter per column, returning the new ids.
 
@@ -37,18 +48,7 @@ def _bulk_insert(dialect: Dialect) -> sa.TextualSelect:
     """
     now = sa.bindparam("now", type_=_c.created_at.type)
     if dialect == "postgresql":
-        return (
-            sa.text(
-                "INSERT INTO events (kind, entity_type, entity_id, owner_id, payload, created_at) "
-                "SELECT kind, entity_type, entity_id, owner_id, CAST(payload AS JSONB), :now "
-                "FROM unnest(CAST(:kinds AS VARCHAR[]), CAST(:types AS VARCHAR[]), "
-                "CAST(:entities AS VARCHAR[]), CAST(:owners AS UUID[]), CAST(:payloads AS TEXT[])) "
-                "WITH ORDINALITY AS batch (kind, entity_type, entity_id, owner_id, payload, n) "
-                "ORDER BY n RETURNING id"
-            )
-            .bindparams(now)
-            .columns(id=_c.id.type)
-        )
+        return sa.text(_PG_APPEND + " RETURNING id").bindparams(now).columns(id=_c.id.type)
     # Stored as SQLAlchemy stores them: owner ids as 32 hex digits, payloads as JSON text.
     return (
         sa.text(
@@ -63,20 +63,59 @@ def _bulk_insert(dialect: Dialect) -> sa.TextualSelect:
 
 _INSERT = DirectStatement(_bulk_insert)
 
+# The largest notification sent whole; a larger one carries only the event's id, and listeners
+# read the row (PostgreSQL's own limit is 8,000 bytes).
+NOTIFY_LIMIT_BYTES = 7_000
+
+
+def _bulk_insert_notifying(_dialect: Dialect) -> sa.TextualSelect:
+    """PostgreSQL: `_bulk_insert` that also NOTIFYs `:channel` of each event, in id order.
+
+    The notifications go out when the transaction commits, as the event bus would have sent
+    them after it, each the event's JSON as `Event.to_json` writes it, or `{"id": N}` when that
+    is too large. A submission or a coordinator run so saves the statement `publish` took.
+    (pg_notify is volatile, so PostgreSQL calls it after the sort, in id order.)
+    """
+    now = sa.bindparam("now", type_=_c.created_at.type)
+    return (
+        sa.text(
+            "WITH appended AS (" + _PG_APPEND + " RETURNING id, kind, entity_type, entity_id,"
+            " owner_id, payload, created_at"
+            "), described AS ("
+            " SELECT id, json_build_object('id', id, 'kind', kind, 'entity_type', entity_type,"
+            " 'entity_id', entity_id, 'owner_id', owner_id, 'payload', payload,"
+            " 'created_at', created_at)::text AS whole FROM appended"
+            ") SELECT id, pg_notify(:channel, CASE WHEN octet_length(whole) <= :limit"
+            " THEN whole ELSE json_build_object('id', id)::text END) AS notified"
+            " FROM described ORDER BY id"
+        )
+        .bindparams(now, sa.bindparam("limit", NOTIFY_LIMIT_BYTES, type_=sa.Integer()))
+        .columns(id=_c.id.type)
+    )
+
+
+_INSERT_NOTIFYING = DirectStatement(_bulk_insert_notifying)
+
 
 async def append_events(
-    conn: AsyncConnection, events: Sequence[Event], now: datetime
+    conn: AsyncConnection, events: Sequence[Event], now: datetime, *, notify: str | None = None
 ) -> list[Event]:
     """Append `events` in the caller's transaction; return them with their ids, in order.
 
     Every event is stamped `now` (the time of the change, from the caller's clock), and its
     payload becomes plain JSON values (datetimes as ISO text), exactly as read_events returns it.
+    `notify`: on PostgreSQL, the event bus's `commit_channel`, which then delivers the events at
+    commit (the caller must not publish them); ignored on SQLite.
     """
     if not events:
         return []
     payloads = [jsonable_payload(event.payload) for event in events]
     params: dict[str, Any] = {"now": now}
+    statement = _INSERT
     if conn.dialect.name == "postgresql":
+        if notify is not None:
+            statement = _INSERT_NOTIFYING
+            params["channel"] = notify
         params.update(
             kinds=[event.kind for event in events],
             types=[event.entity_type for event in events],
@@ -97,7 +136,7 @@ async def append_events(
                 for event, p in zip(events, payloads, strict=True)
             ]
         )
-    ids = sorted(await _INSERT.scalars(conn, params))
+    ids = sorted(await statement.scalars(conn, params))
     return [
         Event(
             id=event_id,
@@ -166,11 +205,12 @@ async def append_session_moves(
     now: datetime,
     *,
     owners: Mapping[SessionId, UserId] | None = None,
+    notify: str | None = None,
 ) -> list[Event]:
     """Append one `session.status_changed` event per move (with its reason); return them.
 
     The sessions' owners are read unless `owners` (e.g. from the lock that guarded the moves)
-    already names every one.
+    already names every one. `notify`: as for `append_events`.
     """
     if not moves:
         return []
@@ -195,4 +235,5 @@ async def append_session_moves(
             for sid, (before, after) in moves.items()
         ],
         now,
+        notify=notify,
     )

@@ -203,6 +203,39 @@ async def test_large_events_arrive_whole(open_bus: OpenBus, pg_db: Database) -> 
         await a.publish([big])
 
 
+@pytest.mark.parametrize("kind", [POSTGRES])
+async def test_events_appended_with_the_commit_channel_arrive_at_commit(
+    open_bus: OpenBus, pg_db: Database
+) -> None:
+    """PostgreSQL: the append itself notifies, whole or by id, in order, only if it commits."""
+    a, b = await open_bus(), await open_bus()
+    assert a.commit_channel is not None
+    big = Event(
+        kind="route.health",
+        entity_type="route",
+        entity_id="r-1",
+        payload={"log": "x" * 20_000},
+        created_at=NOW,
+    )
+    async with b.subscribe() as subscription:
+        with pytest.raises(RuntimeError, match="rolled back"):
+            async with pg_db.transaction() as conn:
+                await append_events(conn, [ev(0)], NOW, notify=a.commit_channel)
+                raise RuntimeError("rolled back")
+        async with pg_db.transaction() as conn:
+            appended = await append_events(
+                conn, [ev(0, at=NOW), big, ev(0)], NOW, notify=a.commit_channel
+            )
+        assert await take(subscription, 3) == appended  # not the rolled-back one first
+    assert appended[0].payload["at"] == NOW.isoformat()
+
+
+@pytest.mark.parametrize("kind", ["memory", REDIS])
+async def test_buses_without_a_commit_channel_say_so(open_bus: OpenBus) -> None:
+    """Events on other buses must be published after the commit."""
+    assert (await open_bus()).commit_channel is None
+
+
 @pytest.mark.parametrize("kind", LISTENING_KINDS)
 async def test_reconnect_delivers_a_dropped_marker_then_resumes(
     open_bus: OpenBus, kind: str, pg_db: Database | None, namespace: str

@@ -148,6 +148,15 @@ def _marker(
 class EventBus(ABC):
     """Fans appended events out to the live subscribers of every manager on one backend."""
 
+    @property
+    def commit_channel(self) -> str | None:
+        """The PostgreSQL NOTIFY channel of this bus, where it has one (else None).
+
+        Events appended with `append_events(..., notify=channel)` reach every subscriber
+        through it when the appending transaction commits: they must not be published again.
+        """
+        return None
+
     @abstractmethod
     async def publish(self, events: Sequence[Event]) -> None:
         """Fan events out to live subscribers.

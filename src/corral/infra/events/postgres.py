@@ -22,11 +22,10 @@ from corral.domain.events import Event
 from corral.infra.events import PING_INTERVAL_S
 from corral.infra.events._listener import ListeningBus
 from corral.store.database import Database
-from corral.store.events import read_events_by_id
+from corral.store.events import NOTIFY_LIMIT_BYTES, read_events_by_id
 
 logger = logging.getLogger(__name__)
 
-NOTIFY_LIMIT_BYTES = 7_000
 _IDENTIFIER_MAX = 63  # PostgreSQL truncates longer identifiers
 _PLAIN = re.compile(r"[a-z_][a-z0-9_]*")
 
@@ -95,6 +94,10 @@ class PostgresEventBus(ListeningBus[_Listener]):
         bus = cls(db, prefix=prefix, ping_interval_s=ping_interval_s)
         await bus._start()
         return bus
+
+    @property
+    def commit_channel(self) -> str:
+        return self.channel
 
     async def publish(self, events: Sequence[Event]) -> None:
         self._check_open()
