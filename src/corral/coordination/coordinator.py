@@ -111,7 +111,7 @@ class SessionCoordinator:
     def tasks(self) -> list[Task]:
         """One task per handler, each woken by its own hint and run under its own lock."""
         tasks = [self._task(h.name(), self._lifecycle_run(h)) for h in self.lifecycle]
-        tasks += [self._task(h.name(), self._promotion_run(h)) for h in self.promotions]
+        tasks += [self._task(h.name(), self._promotion_run(h), quick=True) for h in self.promotions]
         return tasks
 
     async def run_lifecycle(self, handler: LifecycleHandler) -> TaskRun:
@@ -216,8 +216,16 @@ class SessionCoordinator:
             changed += (await task.run()).changed
         return changed
 
-    def _task(self, name: str, run: Callable[[], Awaitable[TaskRun]]) -> Task:
-        return Task(name=name, hint=_HINTS[name].value, run=run, lock=f"{self.lock_prefix}.{name}")
+    def _task(
+        self, name: str, run: Callable[[], Awaitable[TaskRun]], *, quick: bool = False
+    ) -> Task:
+        return Task(
+            name=name,
+            hint=_HINTS[name].value,
+            run=run,
+            lock=f"{self.lock_prefix}.{name}",
+            quick=quick,
+        )
 
     def _lifecycle_run(self, handler: LifecycleHandler) -> Callable[[], Awaitable[TaskRun]]:
         return lambda: self.run_lifecycle(handler)

@@ -153,6 +153,11 @@ class DualLoop:
         return last is not None and self._clock() - last < BURST_WINDOW * self._debounce_s
 
     @property
+    def debounce_s(self) -> float:
+        """How long a hint in a burst waits for more (seconds)."""
+        return self._debounce_s
+
+    @property
     def running(self) -> bool:
         """Whether run() is in progress."""
         return self._running

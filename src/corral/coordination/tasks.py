@@ -28,3 +28,6 @@ class Task:
     hint: str  # the hint that wakes this task early
     run: Callable[[], Awaitable[TaskRun]]
     lock: str | None = None  # the lock held during a run (None: runs without one)
+    # A quick task (a promotion: a few statements, reacting to agents' reports) waits a shorter
+    # burst debounce (`LoopIntervals.quick_debounce_s`): batching saves it little.
+    quick: bool = False

@@ -6,8 +6,10 @@ from typing import cast
 
 from corral.coordination.coordinator import SessionCoordinator
 from corral.coordination.hints import Hint, hints_after_moves, hints_after_report
+from corral.coordination.manager import LoopIntervals, task_loops
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.infra.hints import HintBus
+from corral.infra.locks import LockManager
 from corral.store.database import Database
 
 K, S = KernelStatus, SessionStatus
@@ -21,6 +23,16 @@ def test_every_coordinator_task_has_its_own_hint_and_lock() -> None:
     assert len({t.hint for t in tasks}) == 9
     assert len({t.lock for t in tasks}) == 9
     assert {t.hint for t in tasks} == {h.value for h in Hint} - {Hint.ASSIGNMENTS.value}
+
+
+def test_promotions_are_quick_tasks_and_debounce_less() -> None:
+    """A promotion's run is a few statements: it waits the quick debounce, the others longer."""
+    coordinator = SessionCoordinator(cast(Database, None), cast(HintBus, None))
+    intervals = LoopIntervals(debounce_s=0.005, quick_debounce_s=0.001)
+    loops = task_loops(coordinator.tasks(), cast(HintBus, None), cast(LockManager, None), intervals)
+    quick = {loop.task.name for loop in loops if loop.debounce_s == 0.001}
+    assert quick == {h.name() for h in coordinator.promotions}
+    assert {loop.debounce_s for loop in loops if loop.task.name not in quick} == {0.005}
 
 
 def test_each_session_move_wakes_the_next_phase() -> None:
