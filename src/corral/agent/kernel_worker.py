@@ -251,14 +251,21 @@ class KernelWorker:
         return running
 
     async def _supervise(self, running: RunningKernel) -> None:
-        pump = asyncio.create_task(self._pump_logs(), name=f"kernel-{self.kernel_id}-logs")
+        # No log pump when logs are not shipped (`corral simulate`: a task and a timer less
+        # for each of its kernels).
+        pump = (
+            asyncio.create_task(self._pump_logs(), name=f"kernel-{self.kernel_id}-logs")
+            if self._settings.ship_logs
+            else None
+        )
         try:
             # Stopped or cancelled, the wait is cancelled: terminate() reports how it ended.
             ended = await self._interruptible(running.wait)
         finally:
-            pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pump
+            if pump is not None:
+                pump.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pump
         await self._after_exit(ended)
 
     async def _after_exit(self, exit: KernelExit) -> None:
