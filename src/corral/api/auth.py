@@ -7,7 +7,6 @@ sessions: for anything else the API answers 404, as if it did not exist.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Annotated
@@ -15,11 +14,8 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 
 from corral.api.problems import Problem
-from corral.domain.events import DROPPED_KIND
 from corral.domain.types import utcnow
-from corral.infra.events import EventBus, EventBusClosedError, EventBusError
 from corral.store.database import Database
-from corral.store.events import TOKEN_REVOKED
 from corral.store.users import Principal, principal_for
 
 logger = logging.getLogger(__name__)
@@ -28,7 +24,6 @@ logger = logging.getLogger(__name__)
 # revocation clears the cache of every manager through the event bus at once; without the bus
 # (down, or an app without one), a revoked token may work on another manager this long.
 CACHE_S = 5.0
-RESUBSCRIBE_S = 1.0  # after the event bus failed, before subscribing again
 
 
 # Dependencies are coroutines even when they do not await: FastAPI runs a plain function in a
@@ -70,29 +65,6 @@ async def current_user(request: Request, token: Annotated[str, Depends(bearer)])
         cache.clear()
     cache[token] = (now + CACHE_S, principal)
     return principal
-
-
-async def forget_revoked_tokens(cache: dict[str, tuple[float, Principal]], bus: EventBus) -> None:
-    """Clear `cache` whenever any manager revokes a token; runs until cancelled.
-
-    The cache is keyed by secret, which a revocation does not carry, so it is cleared whole (the
-    next request of each client costs one query). A subscription that dropped events might have
-    dropped a revocation: that clears it too, as does a failure of the bus, after which this
-    subscribes again.
-    """
-    while True:
-        try:
-            async with bus.subscribe() as subscription:
-                cache.clear()  # anything revoked while nobody listened
-                async for event in subscription:
-                    if event.kind in (TOKEN_REVOKED, DROPPED_KIND):
-                        cache.clear()
-        except EventBusClosedError:
-            return  # the manager is stopping
-        except EventBusError as exc:
-            cache.clear()
-            logger.warning("auth.revocations_unavailable", extra={"error": repr(exc)})
-        await asyncio.sleep(RESUBSCRIBE_S)
 
 
 async def admin_user(user: Annotated[Principal, Depends(current_user)]) -> Principal:

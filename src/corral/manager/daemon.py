@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 import time
@@ -20,7 +21,6 @@ from dataclasses import dataclass, field
 import uvicorn
 
 from corral.api.app import ApiContext, create_app
-from corral.api.auth import forget_revoked_tokens
 from corral.controller.agents import AgentController, AgentTimings
 from corral.controller.sessions import SessionController
 from corral.coordination.coordinator import SessionCoordinator
@@ -30,16 +30,21 @@ from corral.coordination.metrics import CoordinatorMetrics
 from corral.coordination.orchestrator import Orchestrator
 from corral.coordination.tasks import Task, TaskRun
 from corral.domain.types import Clock, utcnow
-from corral.infra.events import PING_INTERVAL_S
+from corral.infra.events import PING_INTERVAL_S, forget_on_events
 from corral.manager.backends import Buses, open_buses
 from corral.store.database import Database
+from corral.store.events import TOKEN_REVOKED
+from corral.store.group_options import forget_group_options
 from corral.store.migrate import upgrade
+from corral.store.resource_group_store import GROUP_CHANGES
 
 logger = logging.getLogger(__name__)
 
 SWEEP_TASK = "DetectLostAgents"
 SWEEP_HINT = "agents-sweep"
-_REVOCATIONS_TASK = "manager-token-revocations"  # clears the token cache on any revocation
+# Clears this manager's caches when any manager changes what they hold: the API's token cache
+# on a revocation, the kept resource-group options on a group's change.
+_CACHE_WATCH_TASK = "manager-cache-watch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,8 +177,14 @@ class ManagerDaemon:
             asyncio.create_task(agents.polls.run(), name="manager-assignment-polls"),
             asyncio.create_task(server.serve(sockets=[self._sock]), name="manager-api"),
             asyncio.create_task(
-                forget_revoked_tokens(app.state.token_cache, buses.events),
-                name=_REVOCATIONS_TASK,
+                forget_on_events(
+                    buses.events,
+                    {
+                        TOKEN_REVOKED: app.state.token_cache.clear,
+                        **dict.fromkeys(GROUP_CHANGES, functools.partial(forget_group_options, db)),
+                    },
+                ),
+                name=_CACHE_WATCH_TASK,
             ),
         }
         stopping = asyncio.create_task(self._stopping.wait(), name="manager-stop")
@@ -197,7 +208,7 @@ class ManagerDaemon:
             server.should_exit = True
             await orchestrator.stop()
             for task in components:
-                if task.get_name() in ("manager-assignment-polls", _REVOCATIONS_TASK):
+                if task.get_name() in ("manager-assignment-polls", _CACHE_WATCH_TASK):
                     task.cancel()
             results = await asyncio.gather(*components, return_exceptions=True)
             self._sock.close()

@@ -5,7 +5,8 @@ limits): on PostgreSQL at 100 submissions/s that was four statements on the path
 session, each a round trip, for rows that change when an administrator edits a group. So they
 are kept per `Database` for a short while. A change made through `resource_group_store` in this
 process is seen at once (it forgets the cache after its commit); one made by another manager
-within `GROUP_OPTIONS_TTL_S`, which nothing of corral promises sooner.
+when its event reaches this one (the manager's watcher, `infra.events.forget_on_events`), and
+within `GROUP_OPTIONS_TTL_S` at the latest, should the event be lost.
 """
 
 from __future__ import annotations

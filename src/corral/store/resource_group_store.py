@@ -28,6 +28,7 @@ DEFAULT_GROUP = "default"  # every agent and session joins it unless told otherw
 GROUP_CREATED = "resource_group.created"
 GROUP_UPDATED = "resource_group.updated"
 GROUP_DELETED = "resource_group.deleted"
+GROUP_CHANGES = (GROUP_CREATED, GROUP_UPDATED, GROUP_DELETED)
 
 __all__ = [
     "DEFAULT_GROUP",

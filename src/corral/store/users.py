@@ -90,7 +90,7 @@ async def revoke_token(db: Database, token_id: uuid.UUID, now: datetime) -> Even
     """Delete a token; the `token.revoked` event appended with it, or None if there was none.
 
     The event (no secret in it, only the token's id and its user as owner) is what tells every
-    manager to forget the token at once (`corral.api.auth.forget_revoked_tokens`).
+    manager to forget the token at once (its `corral.infra.events.forget_on_events` watcher).
     """
     async with db.transaction() as conn:
         user_id = await conn.scalar(

@@ -13,7 +13,7 @@ from corral.api import auth
 from corral.api.app import ApiContext, create_app
 from corral.controller.agents import AgentController
 from corral.controller.sessions import SessionController
-from corral.infra.events import EventBus, open_event_bus
+from corral.infra.events import EventBus, forget_on_events, open_event_bus
 from corral.infra.hints.memory import MemoryHintBus
 from corral.store.database import Database
 from corral.store.events import TOKEN_REVOKED, read_events
@@ -49,7 +49,7 @@ async def managers(
             )
             cache = app.state.token_cache
             cache["sentinel"] = (float("inf"), None)
-            watcher = asyncio.create_task(auth.forget_revoked_tokens(cache, bus))
+            watcher = asyncio.create_task(forget_on_events(bus, {TOKEN_REVOKED: cache.clear}))
             stack.callback(watcher.cancel)
 
             async def subscribed(cache: dict[str, object] = cache) -> bool:

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from dataclasses import dataclass
 
 import pytest
 import sqlalchemy as sa
 
 from corral.domain.resource_group import ResourceGroupOptions
+from corral.infra.events import forget_on_events, open_event_bus
 from corral.store.database import Database
-from corral.store.group_options import GROUP_OPTIONS_TTL_S, group_options
-from corral.store.resource_group_store import create_group, delete_group, update_group
+from corral.store.group_options import GROUP_OPTIONS_TTL_S, forget_group_options, group_options
+from corral.store.resource_group_store import (
+    GROUP_CHANGES,
+    create_group,
+    delete_group,
+    update_group,
+)
 from corral.store.scheduling import UnknownResourceGroupError, read_group_options
 from corral.store.tables import resource_groups
+from tests.integration._polling import eventually
 from tests.integration.store._factories import NOW
 
 
@@ -77,3 +86,38 @@ async def test_a_group_created_elsewhere_a_moment_ago_is_found(db: Database) -> 
         assert await read_group_options(db, conn, "fresh") == {}
         with pytest.raises(UnknownResourceGroupError, match="'nowhere' does not exist"):
             await read_group_options(db, conn, "nowhere")
+
+
+async def test_another_managers_change_is_seen_as_soon_as_its_event_arrives(
+    db: Database, database_url: str
+) -> None:
+    """The manager's watcher forgets the kept options on a group event from any manager."""
+    other = Database.open(database_url)  # another manager's pool on the same database
+    bus = await open_event_bus("memory")
+    clock = Ticks()  # never advances: only the watcher can make a change visible
+    assert await options_of(db, "gpu", clock) is None  # kept, without the group
+    await create_group(other, "gpu", "", ResourceGroupOptions(), NOW)
+    forget = functools.partial(forget_group_options, db)
+    watcher = asyncio.create_task(forget_on_events(bus, dict.fromkeys(GROUP_CHANGES, forget)))
+    try:
+
+        async def created() -> bool:
+            return await options_of(db, "gpu", clock) is not None
+
+        # Seen once the watcher subscribed: it forgets what it may have missed.
+        await eventually(created, "the watcher to subscribe")
+        _, events = await update_group(
+            other, "gpu", NOW, options_patch={"max_sessions_per_owner": 4}
+        )
+        assert await options_of(db, "gpu", clock) == {}  # still the kept read
+        await bus.publish(events)
+
+        async def seen() -> bool:
+            found = await options_of(db, "gpu", clock)
+            return isinstance(found, dict) and found.get("max_sessions_per_owner") == 4
+
+        await eventually(seen, "the other manager's change to be seen")
+    finally:
+        watcher.cancel()
+        await bus.close()
+        await other.close()

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal
@@ -30,6 +30,7 @@ __all__ = [
     "EventBusError",
     "EventBusKind",
     "Subscription",
+    "forget_on_events",
     "open_event_bus",
 ]
 
@@ -38,6 +39,7 @@ PING_INTERVAL_S = 30.0
 EventBusKind = Literal["memory", "postgres", "redis"]
 DEFAULT_MAXSIZE = 10_000
 _CANCEL_RETRY_S = 0.1
+RESUBSCRIBE_S = 1.0  # after the event bus failed, before a watcher subscribes again
 
 logger = logging.getLogger(__name__)
 
@@ -256,3 +258,34 @@ async def open_event_bus(
 
         return await RedisEventBus.open(redis_url, prefix=prefix, ping_interval_s=ping_interval_s)
     raise ValueError(f"unknown event bus kind {kind!r}; use memory, postgres or redis")
+
+
+async def forget_on_events(bus: EventBus, forget: Mapping[str, Callable[[], None]]) -> None:
+    """Call `forget[kind]()` on each event of that kind, from any manager; until cancelled.
+
+    For a process's caches of what another manager may change (API tokens, resource groups'
+    options). Every forget is called when events may have been missed: on subscribing (what
+    changed while nobody listened), on a dropped marker, and when the bus fails (after which
+    this subscribes again). Returns when the bus is closed.
+    """
+    forget_all = list(dict.fromkeys(forget.values()))
+
+    def everything() -> None:
+        for call in forget_all:
+            call()
+
+    while True:
+        try:
+            async with bus.subscribe() as subscription:
+                everything()
+                async for event in subscription:
+                    if event.kind == DROPPED_KIND:
+                        everything()
+                    elif (call := forget.get(event.kind)) is not None:
+                        call()
+        except EventBusClosedError:
+            return  # the manager is stopping
+        except EventBusError as exc:
+            everything()
+            logger.warning("events.watch_unavailable", extra={"error": repr(exc)})
+        await asyncio.sleep(RESUBSCRIBE_S)
