@@ -31,7 +31,7 @@ from corral.store._direct import DirectStatement
 from corral.store._sql import in_param, payload
 from corral.store.database import Database
 from corral.store.events import append_events, append_session_moves
-from corral.store.group_options import forget_group_options, group_options
+from corral.store.group_options import forget_group_options, group_options_naming
 from corral.store.sessions import insert_sessions
 from corral.store.status_changes import AppliedChanges, StatusChange, apply_changes
 from corral.store.tables import sessions
@@ -271,9 +271,8 @@ class SessionController:
     ) -> None:
         dialect = self.db.dialect
         groups = {spec.resource_group for spec in specs}
-        if not groups <= (await group_options(self.db, conn)).keys():
-            forget_group_options(self.db)  # maybe created a moment ago: look again
-        for group in sorted(groups - (await group_options(self.db, conn)).keys()):
+        known = (await group_options_naming(self.db, conn, groups)).keys()
+        for group in sorted(groups - known):
             raise SubmissionError("resource_group", f"resource group {group!r} does not exist")
         wanted = {dep for spec in specs for dep in spec.dependencies}
         if not wanted:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +57,21 @@ async def group_options(
     options = {name: dict(stored or {}) for name, stored in await _ALL.rows(conn)}
     if cache.generation == generation:
         cache.options, cache.read_at = options, now
+    return options
+
+
+async def group_options_naming(
+    db: Database, conn: AsyncConnection, groups: Collection[str]
+) -> GroupOptions:
+    """`group_options`, read afresh when the kept read lacks one of `groups`.
+
+    A group created a moment ago (by another manager) is so found before it is called unknown;
+    a group that really does not exist costs one read each time it is asked for.
+    """
+    options = await group_options(db, conn)
+    if not options.keys() >= set(groups):
+        forget_group_options(db)
+        options = await group_options(db, conn)
     return options
 
 

@@ -19,7 +19,7 @@ from corral.store._direct import DirectStatement
 from corral.store._sql import in_constants, in_param, payload, slot_entries
 from corral.store.agents import AGENT_ALIVE
 from corral.store.database import Database, Dialect
-from corral.store.group_options import forget_group_options, group_options
+from corral.store.group_options import group_options_naming
 from corral.store.sessions import load_pending, pending_view
 from corral.store.tables import (
     agent_slots,
@@ -54,10 +54,7 @@ async def read_group_options(db: Database, conn: AsyncConnection, group: str) ->
     From the short-lived cache of every group's options (`group_options`); a group it does not
     hold is looked for once more in a fresh read, so a group created a moment ago is found.
     """
-    options = (await group_options(db, conn)).get(group)
-    if options is None:
-        forget_group_options(db)
-        options = (await group_options(db, conn)).get(group)
+    options = (await group_options_naming(db, conn, [group])).get(group)
     if options is None:
         raise UnknownResourceGroupError(f"resource group {group!r} does not exist")
     return dict(options)
