@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.util import greenlet_spawn
 
 from corral.store import _inline_sqlite as inline_sqlite
+from corral.store.planner_stats import PlannerStatistics
 
 Dialect = Literal["sqlite", "postgresql"]
 
@@ -76,6 +77,8 @@ class Database:
             raise DatabaseURLError(f"unsupported database dialect {name!r}")
         self.dialect: Dialect = "sqlite" if name == "sqlite" else "postgresql"
         self._writer: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+        # PostgreSQL only: analyzes fast-growing tables whose cached plans went stale.
+        self.statistics = PlannerStatistics(self) if self.dialect == "postgresql" else None
 
     @classmethod
     def open(cls, url: str | sa.URL, *, pool_size: int = 10, echo: bool = False) -> Database:
@@ -120,6 +123,8 @@ class Database:
             return
         async with self.engine.connect() as conn, conn.begin():
             yield conn
+        if self.statistics is not None:
+            self.statistics.written()
 
     @asynccontextmanager
     async def _sqlite_transaction(self, *, write: bool) -> AsyncIterator[AsyncConnection]:
@@ -199,6 +204,8 @@ class Database:
 
     async def close(self) -> None:
         """Dispose of the engine's pool; idempotent."""
+        if self.statistics is not None:
+            await self.statistics.close()
         await self.engine.dispose()
 
 
