@@ -78,7 +78,7 @@ async def record_session_history(
             },
         )
     if notes:
-        await _write_notes(conn, session_history, session_history.c.session_id, session_ids, notes)
+        await _write_notes(conn, dialect, session_ids, notes)
 
 
 async def record_kernel_history(
@@ -257,23 +257,73 @@ def _new_row(
     ]
 
 
+# Entities sharing one note from this many on are noted with one set-based statement per note
+# (a scheduling pass notes thousands of waiting sessions "no agent has room"); fewer, and notes
+# of their own, go in one executemany.
+SHARED_NOTE_MIN = 8
+
+
+def by_note(
+    ids: Collection[Any], notes: Mapping[Any, ResultNote]
+) -> tuple[dict[ResultNote, list[Any]], list[Any]]:
+    """The noted `ids`: those sharing a note with at least SHARED_NOTE_MIN others, grouped by
+    it, and the rest."""
+    grouped: dict[ResultNote, list[Any]] = {}
+    for k in ids:
+        note = notes.get(k)
+        if note is not None:
+            grouped.setdefault(note, []).append(k)
+    shared = {note: keys for note, keys in grouped.items() if len(keys) >= SHARED_NOTE_MIN}
+    rest = [k for note, keys in grouped.items() if len(keys) < SHARED_NOTE_MIN for k in keys]
+    return shared, rest
+
+
 async def _write_notes(
     conn: AsyncConnection,
-    table: sa.Table,
-    key: sa.Column[uuid.UUID],
-    ids: Collection[uuid.UUID],
+    dialect: Dialect,
+    ids: Collection[uuid.UUID] | IdBatch,
     notes: Mapping[Any, ResultNote],
 ) -> None:
-    """Put each noted entity's code and message on its newest history row."""
-    noted = [
-        {"k": k, "code": notes[k].code or None, "msg": notes[k].message} for k in ids if k in notes
-    ]
-    if not noted:
-        return
-    newest = sa.select(sa.func.max(table.c.id)).where(key == sa.bindparam("k")).scalar_subquery()
-    await conn.execute(
+    """Put each noted session's code and message on its newest history row (unless there)."""
+    shared, rest = by_note(ids.values if isinstance(ids, IdBatch) else ids, notes)
+    for note, keys in shared.items():
+        await _SHARED_NOTE.run(
+            conn, {"ids": payload(dialect, keys), "code": note.code or None, "msg": note.message}
+        )
+    if rest:
+        await _OWN_NOTE.run_many(
+            conn, [{"k": k, "code": notes[k].code or None, "msg": notes[k].message} for k in rest]
+        )
+
+
+def _noted(table: sa.Table, newest: sa.ColumnElement[Any]) -> sa.Update:
+    code = sa.bindparam("code", type_=sa.String())
+    message = sa.bindparam("msg", type_=sa.Text())
+    return (
         table.update()
-        .where(table.c.id == newest)
-        .values(error_code=sa.bindparam("code"), message=sa.bindparam("msg")),
-        noted,
+        .where(
+            table.c.id.in_(newest),
+            # A row folded again with the same note is left as it is: no write at all.
+            sa.or_(table.c.error_code.is_distinct_from(code), table.c.message != message),
+        )
+        .values(error_code=code, message=message)
     )
+
+
+_SHARED_NOTE = DirectStatement(
+    lambda dialect: _noted(
+        session_history,
+        sa.select(sa.func.max(session_history.c.id))
+        .where(in_param(dialect, session_history.c.session_id, "ids"))
+        .group_by(session_history.c.session_id)
+        .scalar_subquery(),
+    )
+)
+_OWN_NOTE = DirectStatement(
+    lambda _dialect: _noted(
+        session_history,
+        sa.select(sa.func.max(session_history.c.id))
+        .where(session_history.c.session_id == sa.bindparam("k", type_=sessions.c.id.type))
+        .scalar_subquery(),
+    )
+)

@@ -30,12 +30,20 @@ from corral.domain.status import (
 )
 from corral.domain.types import AgentId, SessionId, UserId
 from corral.store._direct import DirectStatement
-from corral.store._sql import IdBatch, id_batch, in_constants, in_param, in_values, slot_entries
+from corral.store._sql import (
+    IdBatch,
+    id_batch,
+    in_constants,
+    in_param,
+    in_values,
+    payload,
+    slot_entries,
+)
 from corral.store.agent_kernels import forgetting
 from corral.store.agents import apply_slot_deltas
 from corral.store.assignments import bump_revisions
 from corral.store.database import Database, Dialect
-from corral.store.history import record_kernel_history, record_session_history
+from corral.store.history import by_note, record_kernel_history, record_session_history
 from corral.store.tables import kernels, sessions
 
 # Results after which the agents that held the session count as having failed it.
@@ -236,20 +244,27 @@ async def _write_notes(
     current: Mapping[SessionId, SessionStatus],
     target: TransitionStatus,
 ) -> None:
-    noted = [sid for sid in current if sid in change.notes]
-    if not noted:
+    if not change.notes:
         return
-    await _notes_update(target.session in SESSION_TERMINAL).run_many(
-        conn,
-        [
-            {
-                "sid": sid,
-                "info": change.notes[sid].message[:512],
-                "cause": change.notes[sid].code,
-            }
-            for sid in noted
-        ],
-    )
+    ends = target.session in SESSION_TERMINAL
+    shared, rest = by_note(current, change.notes)
+    dialect: Dialect = "postgresql" if conn.dialect.name == "postgresql" else "sqlite"
+    for note, sids in shared.items():
+        await _shared_notes_update(ends).run(
+            conn, {"ids": payload(dialect, sids), "info": note.message[:512], "cause": note.code}
+        )
+    if rest:
+        await _notes_update(ends).run_many(
+            conn,
+            [
+                {
+                    "sid": sid,
+                    "info": change.notes[sid].message[:512],
+                    "cause": change.notes[sid].code,
+                }
+                for sid in rest
+            ],
+        )
 
 
 async def _move_kernels(
@@ -374,6 +389,15 @@ _COUNT_ATTEMPT = DirectStatement(
 )
 
 
+def _notes_values(records_cause: bool) -> dict[str, Any]:
+    return {
+        "status_info": sa.bindparam("info", type_=sa.String()),
+        "failure_cause": (
+            sa.bindparam("cause", type_=sa.String()) if records_cause else sessions.c.failure_cause
+        ),
+    }
+
+
 @functools.cache
 def _notes_update(records_cause: bool) -> DirectStatement:
     """The sessions' notes (parameters per row: sid, info, cause); the cause only if they end."""
@@ -381,16 +405,23 @@ def _notes_update(records_cause: bool) -> DirectStatement:
         lambda _dialect: (
             sessions.update()
             .where(sessions.c.id == sa.bindparam("sid", type_=sessions.c.id.type))
-            .values(
-                status_info=sa.bindparam("info", type_=sa.String()),
-                failure_cause=(
-                    sa.bindparam("cause", type_=sa.String())
-                    if records_cause
-                    else sessions.c.failure_cause
-                ),
-            )
+            .values(**_notes_values(records_cause))
         )
     )
+
+
+@functools.cache
+def _shared_notes_update(records_cause: bool) -> DirectStatement:
+    """One note for many sessions (parameters: ids, info, cause); a session that already
+    carries it (waiting, noted so by the pass before) is not written again."""
+
+    def build(dialect: Dialect) -> sa.Update:
+        where = [in_param(dialect, sessions.c.id, "ids")]
+        if not records_cause:
+            where.append(sessions.c.status_info.is_distinct_from(sa.bindparam("info")))
+        return sessions.update().where(*where).values(**_notes_values(records_cause))
+
+    return DirectStatement(build)
 
 
 def _gives_back(to: KernelStatus) -> bool:

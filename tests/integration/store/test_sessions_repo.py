@@ -16,10 +16,11 @@ from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import AgentId, SessionId
 from corral.store.agents import NewAgent, insert_agents, read_ledger
 from corral.store.database import Database
+from corral.store.history import SHARED_NOTE_MIN
 from corral.store.placements import commit_placements
 from corral.store.sessions import SessionRepository
 from corral.store.status_changes import StatusChange
-from corral.store.tables import kernel_history, kernels, resource_groups, session_history
+from corral.store.tables import kernel_history, kernels, resource_groups, session_history, sessions
 from tests.integration.store._factories import (
     NOW,
     RELEASE,
@@ -297,6 +298,74 @@ async def test_history_merges_repeated_results_and_counts_phase_attempts(db: Dat
             )
         ).all()
     assert [tuple(r) for r in kernel_rows] == [("PENDING", "SCHEDULED"), ("SCHEDULED", "PREPARING")]
+
+
+async def _notes(db: Database, sids: list[SessionId]) -> dict[SessionId, tuple[object, ...]]:
+    """Per session: its status_info and failure cause, and its newest history row's note."""
+    async with db.read() as conn:
+        rows = await conn.execute(
+            sa.select(
+                sessions.c.id,
+                sessions.c.status_info,
+                sessions.c.failure_cause,
+                session_history.c.error_code,
+                session_history.c.message,
+                session_history.c.attempts,
+            )
+            .join(session_history, session_history.c.session_id == sessions.c.id)
+            .where(sessions.c.id.in_(sids))
+            .order_by(session_history.c.id)
+        )
+        return {SessionId(r[0]): tuple(r[1:]) for r in rows}  # the newest row wins
+
+
+async def test_a_note_shared_by_many_sessions_lands_on_each_of_them(db: Database) -> None:
+    """A pass noting thousands of sessions alike writes the note set-based: every session and
+    its newest history row carry it, a session with its own note keeps its own, a changed note
+    replaces the old one, and an ending records the note's code as the failure cause."""
+    many = SHARED_NOTE_MIN + 2
+    sids = await add_session_ids(db, await add_user(db), many + 1)
+    crowd, loner = sids[:many], sids[many]
+    repo = SessionRepository(db)
+    full = ResultNote("no_capacity", "no agent has room")
+    own = ResultNote("too_big", "needs 9 GPUs")
+
+    def waiting(note_of: dict[SessionId, ResultNote]) -> StatusChange:
+        return StatusChange(
+            sids, "ScheduleNewSessions", R.SKIPPED, frozenset({S.PENDING}), notes=note_of
+        )
+
+    for _pass in range(2):
+        await repo.apply([waiting({**dict.fromkeys(crowd, full), loner: own})], NOW)
+    noted = await _notes(db, sids)
+    assert {noted[sid] for sid in crowd} == {
+        ("no agent has room", None, "no_capacity", "no agent has room", 2)
+    }
+    assert noted[loner] == ("needs 9 GPUs", None, "too_big", "needs 9 GPUs", 2)
+
+    changed = ResultNote("no_capacity", "no agent has 1 cpu free")
+    await repo.apply([waiting(dict.fromkeys(sids, changed))], NOW)
+    assert set((await _notes(db, sids)).values()) == {
+        ("no agent has 1 cpu free", None, "no_capacity", "no agent has 1 cpu free", 3)
+    }
+
+    gone = ResultNote("dependency_failed", "a dependency failed", permanent=True)
+    await repo.apply(
+        [
+            StatusChange(
+                sids,
+                "ScheduleNewSessions",
+                R.GIVE_UP,
+                frozenset({S.PENDING}),
+                TransitionStatus(S.CANCELLED, K.CANCELLED),
+                notes=dict.fromkeys(sids, gone),
+            )
+        ],
+        NOW,
+    )
+    assert {v[:4] for v in (await _notes(db, sids)).values()} == {
+        ("a dependency failed", "dependency_failed", "dependency_failed", "a dependency failed")
+    }
 
 
 async def test_back_to_pending_releases_slots_and_remembers_the_failed_agent(db: Database) -> None:
