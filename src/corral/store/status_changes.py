@@ -234,12 +234,13 @@ async def _apply_one(
         await _session_move(to).run(conn, {"ids": moving.payload, "now": now})
     if change.count_attempt and staying:
         await _COUNT_ATTEMPT.run(conn, {"ids": staying.payload, "phase": change.phase})
-    await _write_notes(conn, change, current, target)
+    await _write_notes(conn, dialect, change, current, target)
     applied.sessions.update({sid: (status, to or status) for sid, status in current.items()})
 
 
 async def _write_notes(
     conn: AsyncConnection,
+    dialect: Dialect,
     change: StatusChange,
     current: Mapping[SessionId, SessionStatus],
     target: TransitionStatus,
@@ -248,7 +249,6 @@ async def _write_notes(
         return
     ends = target.session in SESSION_TERMINAL
     shared, rest = by_note(current, change.notes)
-    dialect: Dialect = "postgresql" if conn.dialect.name == "postgresql" else "sqlite"
     for note, sids in shared.items():
         await _shared_notes_update(ends).run(
             conn, {"ids": payload(dialect, sids), "info": note.message[:512], "cause": note.code}

@@ -18,25 +18,22 @@ from corral.store.planner_stats import MIN_PAGES, PlannerStatistics
 _DEADLINE_S = 10.0
 
 
-@pytest.fixture
-async def pg(postgres_database_url: str) -> AsyncIterator[Database]:
-    database = Database.open(postgres_database_url)
-    try:
-        yield database
-    finally:
-        await database.close()
+# PostgreSQL only: the conftest's `db`, on its PostgreSQL database.
+_ON_POSTGRESQL = pytest.mark.parametrize(
+    "database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
+)
 
 
 @pytest.fixture
-async def probe(pg: Database) -> AsyncIterator[str]:
+async def probe(db: Database) -> AsyncIterator[str]:
     """A table of its own (not one of corral's: the shared database's reset leaves it alone)."""
     name = f"probe_{uuid.uuid4().hex[:8]}"
-    async with pg.autocommit() as conn:
+    async with db.autocommit() as conn:
         await conn.execute(sa.text(f"CREATE TABLE {name} (id int, pad text)"))
     try:
         yield name
     finally:
-        async with pg.autocommit() as conn:
+        async with db.autocommit() as conn:
             await conn.execute(sa.text(f"DROP TABLE {name}"))
 
 
@@ -57,19 +54,19 @@ async def _estimated_rows(conn: Any) -> float:
     return float(explained[0]["Plan"]["Plan Rows"])
 
 
-@pytest.mark.postgres
+@_ON_POSTGRESQL
 async def test_a_cached_plan_is_planned_again_once_its_table_outgrew_the_statistics(
-    pg: Database, probe: str
+    db: Database, probe: str
 ) -> None:
     """A statement prepared while its table was small keeps that plan as the table grows; the
     refresh analyzes the table (only once it outgrew its statistics) and the plan is remade."""
-    stats = PlannerStatistics(pg, tables=[probe])
-    await _grow(pg, probe, 10)
-    async with pg.engine.connect() as conn:
+    stats = PlannerStatistics(db, tables=[probe])
+    await _grow(db, probe, 10)
+    async with db.engine.connect() as conn:
         await conn.exec_driver_sql(f"PREPARE probe_all AS SELECT * FROM {probe}")
         await conn.exec_driver_sql("EXECUTE probe_all")
         await conn.commit()
-        await _grow(pg, probe, 50_000)
+        await _grow(db, probe, 50_000)
         assert await _estimated_rows(conn) < 10_000  # the plan made when it was small
         await conn.commit()  # a transaction holding the table's lock sees no invalidation
         assert await stats.refresh() == [probe]
@@ -79,38 +76,38 @@ async def test_a_cached_plan_is_planned_again_once_its_table_outgrew_the_statist
     assert await stats.refresh() == []  # no growth since
 
 
-@pytest.mark.postgres
-async def test_a_small_table_is_left_alone(pg: Database, probe: str) -> None:
+@_ON_POSTGRESQL
+async def test_a_small_table_is_left_alone(db: Database, probe: str) -> None:
     """Below MIN_PAGES no plan is slow enough to be worth an ANALYZE."""
-    await _grow(pg, probe, 100)  # a few pages
-    async with pg.read() as conn:
+    await _grow(db, probe, 100)  # a few pages
+    async with db.read() as conn:
         pages = await conn.scalar(sa.text(f"SELECT pg_relation_size('{probe}') / 8192"))
     assert 0 < pages < MIN_PAGES
-    assert await PlannerStatistics(pg, tables=[probe]).refresh() == []
+    assert await PlannerStatistics(db, tables=[probe]).refresh() == []
 
 
-@pytest.mark.postgres
+@_ON_POSTGRESQL
 async def test_a_write_transaction_has_the_tables_looked_at_once_an_interval(
-    pg: Database, probe: str
+    db: Database, probe: str
 ) -> None:
     """`Database.transaction` hands each commit to the statistics: the first one starts a look
     in the background; another within the interval does not."""
     now = [100.0]
-    stats = PlannerStatistics(pg, tables=[probe], clock=lambda: now[0])
-    pg.statistics = stats
-    await _grow(pg, probe, 20_000)
+    stats = PlannerStatistics(db, tables=[probe], clock=lambda: now[0])
+    db.statistics = stats
+    await _grow(db, probe, 20_000)
     deadline = time.monotonic() + _DEADLINE_S
-    while await _counted_pages(pg, probe) == 0:
+    while await _counted_pages(db, probe) == 0:
         assert time.monotonic() < deadline, "the committed growth was never analyzed"
         await asyncio.sleep(0.02)
-    counted = await _counted_pages(pg, probe)
-    await _grow(pg, probe, 60_000)  # outgrown again, but within the interval
+    counted = await _counted_pages(db, probe)
+    await _grow(db, probe, 60_000)  # outgrown again, but within the interval
     await stats.close()  # let nothing still running finish
-    assert await _counted_pages(pg, probe) == counted
+    assert await _counted_pages(db, probe) == counted
     now[0] += 5
-    await _grow(pg, probe, 1)
+    await _grow(db, probe, 1)
     deadline = time.monotonic() + _DEADLINE_S
-    while await _counted_pages(pg, probe) == counted:
+    while await _counted_pages(db, probe) == counted:
         assert time.monotonic() < deadline, "the next commit after the interval did not look"
         await asyncio.sleep(0.02)
 
