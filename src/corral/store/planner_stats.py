@@ -106,9 +106,7 @@ class PlannerStatistics:
     async def _look_quietly(self) -> list[str]:
         try:
             return await self.refresh()
-        except asyncio.CancelledError:
-            raise
-        except Exception:
+        except Exception:  # not a cancellation (a BaseException), which propagates
             # Statistics are an optimisation: a failed look (a closing pool, a lost connection)
             # must not disturb the write that asked for it. Autovacuum still runs.
             logger.warning("could not refresh the planner's statistics", exc_info=True)
