@@ -22,14 +22,9 @@ def _simulate(tmp_path: Path, *args: str) -> dict[str, object]:
     return output
 
 
-@pytest.mark.parametrize("processes", [1, 0])
-def test_every_session_ends_and_no_invariant_breaks(tmp_path: Path, processes: int) -> None:
-    """20 agents, 200 sessions: all terminal and successful, nothing over capacity or leaked;
-    the agents in a process of their own (the default) or in the manager's."""
-    output = _simulate(
-        tmp_path, "--agents", "20", "--sessions", "200", "--agent-processes", str(processes)
-    )
-    assert output["agent_processes"] == processes
+def test_every_session_ends_and_no_invariant_breaks(tmp_path: Path) -> None:
+    """20 agents, 200 sessions: all terminal and successful, nothing over capacity or leaked."""
+    output = _simulate(tmp_path, "--agents", "20", "--sessions", "200")
     assert output["terminal"] == output["sessions"] == 200
     assert output["by_status"] == {"TERMINATED": 200}
     assert output["invariant_violations"] == 0

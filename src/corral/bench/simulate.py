@@ -3,8 +3,7 @@
 Everything is the real thing except the kernels and the transport: the session controller
 submits, the coordinator's dual loops drive every phase, and each agent is the real agent daemon
 (registration, heartbeats, long-polled assignments, the progress machine per kernel, batched
-reports) with the simulated runtime (`_fleet.py`), in a process of their own that shares one Unix
-socket to the manager's agent controller, or in the manager's process calling it directly. It
+reports) with the simulated runtime, talking to the manager's agent controller in-process. It
 waits until every session is terminal and checks the invariants on the way and at the end:
 no agent over capacity at any moment (the ledger and the agents' own view, sampled), no slot
 left occupied, every session terminal, no transition in the history the tables forbid.
@@ -14,28 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import statistics
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
-from corral.bench._fleet import (
-    JOIN_TOKEN,
-    Fleet,
-    FleetFailedError,
-    FleetReport,
-    FleetSpec,
-    InProcessFleet,
-    ProcessFleet,
-    Violations,
-)
+from corral.agent.daemon import AgentConfig, AgentDaemon
+from corral.agent.kernel_worker import WorkerSettings
+from corral.agent.runtime.simulated import SimulatedRuntime, SimulationProfile
 from corral.bench._scratch import scratch_database
 from corral.bench.latency import backend_label, percentile
 from corral.controller.agents import AgentController, AgentTimings
@@ -43,6 +37,7 @@ from corral.controller.sessions import SessionController
 from corral.coordination.coordinator import SessionCoordinator
 from corral.coordination.manager import task_loops
 from corral.coordination.orchestrator import Orchestrator
+from corral.domain.slots import ResourceSlots
 from corral.domain.spec import SessionSpec
 from corral.domain.status import (
     KERNEL_TRANSITIONS,
@@ -53,13 +48,17 @@ from corral.domain.status import (
 )
 from corral.domain.types import UserId
 from corral.manager.backends import open_buses
+from corral.manager.inprocess import InProcessManagerClient
 from corral.store.agents import read_ledger
 from corral.store.database import Database
 from corral.store.tables import kernel_history, session_history, sessions, users
 
+JOIN_TOKEN = "simulate"
+AGENT_SLOTS = ResourceSlots({"cpu": 8, "mem": "32g"})
 KERNEL_RESOURCES = {"cpu": "1", "mem": "1g"}
 SUBMIT_BATCH = 1_000
 SAMPLE_EVERY_S = 1.0
+MAX_REPORTED_VIOLATIONS = 20
 # Counting the terminal sessions: every POLL_S, every POLL_NEAR_END_S once at most
 # NEAR_END_SHARE of them (or NEAR_END_MIN) are left.
 POLL_S = 1.0
@@ -84,21 +83,26 @@ class SimulationConfig:
     fail_rate: float = 0.0
     seed: int = 0
     timeout_s: float = 600.0
-    # Processes the agents run in, besides the manager's; 0: in the manager's own.
-    agent_processes: int = 1
+
+
+@dataclass
+class _Violations:
+    """Invariant violations seen so far (a few kept as examples)."""
+
+    count: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def add(self, what: str) -> None:
+        self.count += 1
+        if len(self.examples) < MAX_REPORTED_VIOLATIONS:
+            self.examples.append(what)
 
 
 async def run_simulation(
     config: SimulationConfig, progress: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
     """Run the simulation on a scratch database; the result as JSON-ready data."""
-    try:
-        return await _simulate(config, progress or (lambda _message: None))
-    except FleetFailedError as exc:
-        raise SimulationError(str(exc)) from exc
-
-
-async def _simulate(config: SimulationConfig, say: Callable[[str], None]) -> dict[str, Any]:
+    say = progress or (lambda _message: None)
     prefix = f"sim{uuid.uuid4().hex[:8]}"
     async with (
         scratch_database(config.database) as db,
@@ -110,35 +114,35 @@ async def _simulate(config: SimulationConfig, say: Callable[[str], None]) -> dic
             task_loops(coordinator.tasks(), buses.hints, buses.locks), grace_period_s=5
         )
         sessions_ctl = SessionController(db, buses.hints, buses.events)
-        violations = Violations()
+        violations = _Violations()
         with tempfile.TemporaryDirectory(prefix="corral-simulate-") as tmp:
-            fleet = _fleet(config, controller, Path(tmp))
+            daemons = _agents(config, controller, Path(tmp))
             side = [
                 asyncio.create_task(orchestrator.run(), name="sim-orchestrator"),
                 asyncio.create_task(controller.polls.run(), name="sim-watcher"),
+                *(asyncio.create_task(d.run(), name=f"sim-{d.config.agent_id}") for d in daemons),
             ]
-            seen = FleetReport()
             try:
-                await fleet.start()
-                say(f"{config.agents} agents registered; submitting {config.sessions} sessions")
+                await asyncio.gather(*(d.registered.wait() for d in daemons))
+                say(f"{len(daemons)} agents registered; submitting {config.sessions} sessions")
                 owner = await _add_user(db)
                 started = time.perf_counter()
                 await _submit(sessions_ctl, owner, config)
-                sampler = asyncio.create_task(_sample(db, violations))
+                sampler = asyncio.create_task(_sample(db, daemons, violations))
                 try:
-                    terminal = await _until_terminal(db, config, started, say, fleet.check)
+                    terminal = await _until_terminal(db, config, started, say)
                 finally:
                     sampler.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await sampler
                 elapsed_s = time.perf_counter() - started
             finally:
-                seen = await fleet.stop()
+                for daemon in daemons:
+                    await daemon.stop()
                 await orchestrator.stop()
                 for task in side[1:]:
                     task.cancel()
                 await asyncio.gather(*side, return_exceptions=True)
-            violations.merge(seen.violations)
             await _check_end(db, violations)
             summary = await _summary(db)
     running_ms = summary.pop("submit_to_running_ms")
@@ -146,7 +150,6 @@ async def _simulate(config: SimulationConfig, say: Callable[[str], None]) -> dic
         "benchmark": "simulate",
         "backend": backend_label(config.database, config.redis_url),
         "agents": config.agents,
-        "agent_processes": _processes(config),
         "sessions": config.sessions,
         "cluster_size": config.cluster_size,
         "fail_rate": config.fail_rate,
@@ -156,22 +159,40 @@ async def _simulate(config: SimulationConfig, say: Callable[[str], None]) -> dic
         "p50_submit_to_running_ms": round(percentile(running_ms, 0.5), 1) if running_ms else None,
         "p99_submit_to_running_ms": round(percentile(running_ms, 0.99), 1) if running_ms else None,
         **summary,
-        "reports": seen.sent,
+        "reports": sum(d.shipper.sent for d in daemons),
         "invariant_violations": violations.count,
         "violation_examples": violations.examples,
     }
 
 
-def _processes(config: SimulationConfig) -> int:
-    return min(config.agent_processes, config.agents)
-
-
-def _fleet(config: SimulationConfig, controller: AgentController, tmp: Path) -> Fleet:
-    spec = FleetSpec(first=0, count=config.agents, seed=config.seed, fail_rate=config.fail_rate)
-    processes = _processes(config)
-    if processes == 0:
-        return InProcessFleet(controller, spec, tmp)
-    return ProcessFleet(controller, spec, tmp, processes)
+def _agents(config: SimulationConfig, controller: AgentController, tmp: Path) -> list[AgentDaemon]:
+    profile = (
+        SimulationProfile.with_fail_rate(config.fail_rate)
+        if config.fail_rate
+        else SimulationProfile()
+    )
+    # Retries of a failed stage follow at once: simulated faults are not transient waits.
+    worker = WorkerSettings(stop_grace_s=0, retry_delay_s=0, ship_logs=False)
+    daemons = []
+    for index in range(config.agents):
+        agent_id = f"sim-{index:04d}"
+        rng = random.Random(f"{config.seed}-{agent_id}")
+        daemons.append(
+            AgentDaemon(
+                AgentConfig(
+                    agent_id=agent_id,
+                    token=JOIN_TOKEN,
+                    address=f"10.{index // 250}.{index % 250}.1",
+                    slots=AGENT_SLOTS,
+                    data_dir=tmp / agent_id,
+                    worker=worker,
+                ),
+                InProcessManagerClient(controller),
+                SimulatedRuntime(profile, rng=rng, host=agent_id),
+                rng=rng,
+            )
+        )
+    return daemons
 
 
 async def _add_user(db: Database) -> UserId:
@@ -200,13 +221,8 @@ async def _submit(controller: SessionController, owner: UserId, config: Simulati
 
 
 async def _until_terminal(
-    db: Database,
-    config: SimulationConfig,
-    started: float,
-    say: Callable[[str], None],
-    check: Callable[[], None],
+    db: Database, config: SimulationConfig, started: float, say: Callable[[str], None]
 ) -> int:
-    """Count the ended sessions until all have; `check` raises if the agents are gone."""
     terminal_values = [s.value for s in SESSION_TERMINAL]
     deadline = started + config.timeout_s
     last_said = 0.0
@@ -221,7 +237,6 @@ async def _until_terminal(
         now = time.perf_counter()
         if done >= config.sessions:
             return done
-        check()
         if now > deadline:
             raise SimulationError(
                 f"only {done} of {config.sessions} sessions ended within {config.timeout_s} s"
@@ -239,17 +254,29 @@ def _poll_interval_s(remaining: int, total: int) -> float:
     return POLL_NEAR_END_S if remaining <= max(NEAR_END_MIN, total * NEAR_END_SHARE) else POLL_S
 
 
-async def _sample(db: Database, violations: Violations) -> None:
-    """Check capacity in the ledger every sample (the fleet checks its agents' own view)."""
+async def _sample(db: Database, daemons: list[AgentDaemon], violations: _Violations) -> None:
+    """Check capacity every sample: in the ledger, and as each agent itself holds kernels."""
+    capacity = AGENT_SLOTS.to_milli()
     while True:
         for agent_id, slots in (await read_ledger(db)).items():
             for slot, (cap, occupied) in slots.items():
                 if not 0 <= occupied <= cap:
                     violations.add(f"ledger {agent_id} {slot}: {occupied} of {cap}")
+        for daemon in daemons:
+            held: Counter[str] = Counter()
+            for worker in daemon.workers.values():
+                if not worker.done:
+                    held.update(worker.launch.slots)
+            for slot, amount in held.items():
+                if amount > capacity.get(slot, 0):
+                    violations.add(
+                        f"agent {daemon.config.agent_id} runs {amount} of {slot} "
+                        f"(capacity {capacity.get(slot, 0)})"
+                    )
         await asyncio.sleep(SAMPLE_EVERY_S)
 
 
-async def _check_end(db: Database, violations: Violations) -> None:
+async def _check_end(db: Database, violations: _Violations) -> None:
     """Nothing occupied, nothing running, no forbidden move in any history."""
     for agent_id, slots in (await read_ledger(db)).items():
         for slot, (_, occupied) in slots.items():

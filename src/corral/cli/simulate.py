@@ -36,13 +36,6 @@ def simulate_command(
         str | None, typer.Option(help="redis:// URL for hints, locks, events.")
     ] = None,
     seed: Annotated[int, typer.Option(help="Seeds the simulated faults.")] = 0,
-    agent_processes: Annotated[
-        int,
-        typer.Option(
-            min=0,
-            help="Processes the agents run in, apart from the manager's; 0: in the manager's.",
-        ),
-    ] = 1,
     timeout: Annotated[float, typer.Option(min=1, help="Give up after this many seconds.")] = 600,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
@@ -56,7 +49,6 @@ def simulate_command(
         fail_rate=fail_rate,
         seed=seed,
         timeout_s=timeout,
-        agent_processes=agent_processes,
     )
     progress = None if as_json else (lambda message: _err.print(f"[dim]simulate: {message}[/]"))
     # The manager's warnings go to stderr as the daemons print them; the simulated agents' are
