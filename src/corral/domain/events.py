@@ -55,7 +55,11 @@ class Event:
     @classmethod
     def from_json(cls, text: str | bytes) -> Event:
         """The event `to_json` encoded (payload values come back as plain JSON values)."""
-        data = json.loads(text)
+        return cls.from_data(json.loads(text))
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> Event:
+        """The event whose `to_json` text decodes to `data`."""
         owner = data.get("owner_id")
         return cls(
             id=data.get("id"),

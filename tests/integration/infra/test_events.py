@@ -265,11 +265,12 @@ async def test_dead_listener_fails_subscriptions(
     """A listener that dies of an unexpected error ends subscriptions with EventBusError."""
     a, b = await open_bus(), await open_bus()
 
-    def broken(cls: type[Event], text: str | bytes) -> Event:
+    def broken(cls: type[Event], data: object) -> Event:
         raise RuntimeError("decoder bug")
 
     async with b.subscribe() as subscription:
-        monkeypatch.setattr(Event, "from_json", classmethod(broken))
+        # Every bus builds its events with `from_data` (`from_json` decodes, then calls it).
+        monkeypatch.setattr(Event, "from_data", classmethod(broken))
         await a.publish([ev(1)])
         with pytest.raises(EventBusError, match="decoder bug"):
             await take(subscription, 1)

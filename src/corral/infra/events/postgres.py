@@ -149,7 +149,7 @@ class PostgresEventBus(ListeningBus[_Listener]):
         for payload in payloads:
             try:
                 data = json.loads(payload)
-                decoded.append(data["id"] if data.keys() == {"id"} else Event.from_json(payload))
+                decoded.append(data["id"] if data.keys() == {"id"} else Event.from_data(data))
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 logger.error(
                     "events.bad_notification",
