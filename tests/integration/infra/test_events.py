@@ -120,6 +120,32 @@ async def test_every_subscriber_gets_every_event(open_bus: OpenBus) -> None:
         assert await take(first, 2) == await take(second, 2) == [ev(1), ev(2)]
 
 
+def revoked(n: int) -> Event:
+    """Event number `n`, of another kind than `ev`'s."""
+    return Event(
+        id=n, kind="token.revoked", entity_type="token", entity_id=f"t-{n}", created_at=NOW
+    )
+
+
+async def test_a_subscriber_of_some_kinds_gets_only_those(open_bus: OpenBus) -> None:
+    """`kinds` filters what a subscription gets; an unfiltered one still gets everything."""
+    a, b = await open_bus(), await open_bus()
+    async with b.subscribe(kinds={"token.revoked"}) as watcher, b.subscribe() as everything:
+        await a.publish([ev(1), revoked(2), ev(3), revoked(4)])
+        assert await take(everything, 4) == [ev(1), revoked(2), ev(3), revoked(4)]
+        assert await take(watcher, 2) == [revoked(2), revoked(4)]
+        await a.publish([ev(5), revoked(6)])
+        # The next one it gets is 6: 5 (and 1, 3) never reached its buffer.
+        assert await take(watcher, 1) == [revoked(6)]
+
+
+async def test_a_subscription_to_no_kinds_is_refused(open_bus: OpenBus) -> None:
+    bus = await open_bus()
+    with pytest.raises(ValueError, match="no kinds"):
+        async with bus.subscribe(kinds=[]):
+            pass
+
+
 async def test_events_published_before_subscribing_are_not_delivered(open_bus: OpenBus) -> None:
     """A subscription starts with the first event the bus receives after it subscribed."""
     a, b = await open_bus(), await open_bus()
@@ -242,11 +268,14 @@ async def test_reconnect_delivers_a_dropped_marker_then_resumes(
 ) -> None:
     """After losing its connection the bus reconnects, marks the gap, and delivers again."""
     a, b = await open_bus(), await open_bus()
-    async with b.subscribe() as subscription:
+    async with b.subscribe() as subscription, b.subscribe(kinds={"token.revoked"}) as watcher:
         await a.publish([ev(1)])
         assert await take(subscription, 1) == [ev(1)]
         await _sever_listeners(kind, pg_db, namespace)
         [marker] = await take(subscription, 1)
+        # A subscriber of other kinds gets the marker too: it may have missed some of them.
+        [watched] = await take(watcher, 1)
+        assert (watched.kind, watched.payload["reason"]) == (DROPPED_KIND, "reconnect")
         assert marker.kind == DROPPED_KIND
         assert marker.payload == {
             "reason": "reconnect",

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal
@@ -60,11 +60,21 @@ class Subscription:
     the events that were kept.
     """
 
-    def __init__(self, source: str, maxsize: int = DEFAULT_MAXSIZE) -> None:
+    def __init__(
+        self,
+        source: str,
+        maxsize: int = DEFAULT_MAXSIZE,
+        *,
+        kinds: Collection[str] | None = None,
+    ) -> None:
         if maxsize < 1:
             raise ValueError(f"a subscription needs room for at least one event, not {maxsize}")
+        if kinds is not None and not kinds:
+            raise ValueError("a subscription to no kinds of event would get nothing; give kinds")
         self._source = source
         self._maxsize = maxsize
+        # The kinds of event this subscriber wants (None: all); the bus's markers always come.
+        self.kinds: frozenset[str] | None = None if kinds is None else frozenset(kinds)
         self._buffer: deque[Event] = deque()
         self._dropped = 0
         self._overflowed = False
@@ -169,9 +179,13 @@ class EventBus(ABC):
 
     @abstractmethod
     def subscribe(
-        self, *, maxsize: int = DEFAULT_MAXSIZE
+        self, *, maxsize: int = DEFAULT_MAXSIZE, kinds: Collection[str] | None = None
     ) -> AbstractAsyncContextManager[Subscription]:
-        """Live events from now on, until the context exits (buffering at most `maxsize`)."""
+        """Live events from now on, until the context exits (buffering at most `maxsize`).
+
+        With `kinds`, only events of those kinds (and the bus's own "events.dropped" markers):
+        a subscriber that watches for a few kinds is not woken by every status change.
+        """
 
     @abstractmethod
     async def close(self) -> None:
@@ -190,11 +204,13 @@ class FanOutBus(EventBus):
         self._failure: BaseException | None = None
 
     @asynccontextmanager
-    async def _subscribe(self, maxsize: int) -> AsyncIterator[Subscription]:
+    async def _subscribe(
+        self, maxsize: int, kinds: Collection[str] | None
+    ) -> AsyncIterator[Subscription]:
         self._check_open()
         if self._failure is not None:
             raise EventBusError(f"event bus {self.prefix!r} is broken: {self._failure!r}")
-        subscription = Subscription(self.prefix, maxsize)
+        subscription = Subscription(self.prefix, maxsize, kinds=kinds)
         self._subscriptions.add(subscription)
         try:
             yield subscription
@@ -203,9 +219,9 @@ class FanOutBus(EventBus):
             subscription.end()
 
     def subscribe(
-        self, *, maxsize: int = DEFAULT_MAXSIZE
+        self, *, maxsize: int = DEFAULT_MAXSIZE, kinds: Collection[str] | None = None
     ) -> AbstractAsyncContextManager[Subscription]:
-        return self._subscribe(maxsize)
+        return self._subscribe(maxsize, kinds)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -213,8 +229,10 @@ class FanOutBus(EventBus):
 
     def _deliver(self, events: Sequence[Event]) -> None:
         for subscription in self._subscriptions:
+            wanted = subscription.kinds
             for event in events:
-                subscription.push(event)
+                if wanted is None or event.kind in wanted or event.kind == DROPPED_KIND:
+                    subscription.push(event)
 
     def _fail(self, error: BaseException) -> None:
         self._failure = error
@@ -276,7 +294,7 @@ async def forget_on_events(bus: EventBus, forget: Mapping[str, Callable[[], None
 
     while True:
         try:
-            async with bus.subscribe() as subscription:
+            async with bus.subscribe(kinds=set(forget)) as subscription:
                 everything()
                 async for event in subscription:
                     if event.kind == DROPPED_KIND:
