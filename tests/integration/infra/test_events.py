@@ -17,6 +17,7 @@ from corral.infra.events import (
     EventBusClosedError,
     EventBusError,
     Subscription,
+    forget_on_events,
     open_event_bus,
 )
 from corral.store.database import Database
@@ -144,6 +145,12 @@ async def test_a_subscription_to_no_kinds_is_refused(open_bus: OpenBus) -> None:
     with pytest.raises(ValueError, match="no kinds"):
         async with bus.subscribe(kinds=[]):
             pass
+
+
+async def test_a_watcher_of_nothing_returns_at_once(open_bus: OpenBus) -> None:
+    """`forget_on_events` with nothing to forget has no kinds to subscribe to: it ends."""
+    async with asyncio.timeout(DEADLINE_S):
+        await forget_on_events(await open_bus(), {})
 
 
 async def test_events_published_before_subscribing_are_not_delivered(open_bus: OpenBus) -> None:

@@ -286,6 +286,8 @@ async def forget_on_events(bus: EventBus, forget: Mapping[str, Callable[[], None
     changed while nobody listened), on a dropped marker, and when the bus fails (after which
     this subscribes again). Returns when the bus is closed.
     """
+    if not forget:
+        return  # nothing to watch for
     forget_all = list(dict.fromkeys(forget.values()))
 
     def everything() -> None:
