@@ -296,7 +296,9 @@ async def _write_notes(
         )
 
 
-def _noted(table: sa.Table, newest: sa.ColumnElement[Any]) -> sa.Update:
+def _noted(newest: sa.ColumnElement[Any]) -> sa.Update:
+    """The note put on the session history rows `newest` selects."""
+    table = session_history
     code = sa.bindparam("code", type_=sa.String())
     message = sa.bindparam("msg", type_=sa.Text())
     return (
@@ -312,7 +314,6 @@ def _noted(table: sa.Table, newest: sa.ColumnElement[Any]) -> sa.Update:
 
 _SHARED_NOTE = DirectStatement(
     lambda dialect: _noted(
-        session_history,
         sa.select(sa.func.max(session_history.c.id))
         .where(in_param(dialect, session_history.c.session_id, "ids"))
         .group_by(session_history.c.session_id)
@@ -321,7 +322,6 @@ _SHARED_NOTE = DirectStatement(
 )
 _OWN_NOTE = DirectStatement(
     lambda _dialect: _noted(
-        session_history,
         sa.select(sa.func.max(session_history.c.id))
         .where(session_history.c.session_id == sa.bindparam("k", type_=sessions.c.id.type))
         .scalar_subquery(),
