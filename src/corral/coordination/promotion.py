@@ -1,20 +1,24 @@
-"""Running a promotion handler: find its targets, match their kernels, promote, in batches."""
+"""Promotions: a handler's run over all its targets, and the chain of promotions that agents'
+reports make due for the sessions they concern."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import dataclasses
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.domain.results import ResultNote, SchedulingResult, TransitionStatus
-from corral.domain.status import SessionStatus
+from corral.domain.session import SessionProgress
+from corral.domain.status import SESSION_TERMINAL, SessionStatus
 from corral.domain.types import SessionId
 from corral.handlers.base import Ending, SessionPromotionHandler
 from corral.store.database import Database
 from corral.store.sessions import SessionRepository
-from corral.store.status_changes import AppliedChanges, StatusChange, apply_changes
+from corral.store.status_changes import AppliedChanges, StatusChange, apply_steps
 from corral.store.tables import sessions
 
 OnApplied = Callable[[AsyncConnection, AppliedChanges], Awaitable[None]]
@@ -29,41 +33,24 @@ async def run_promotion(
 ) -> AppliedChanges:
     """Promote every session of the handler's targets whose kernels meet its condition.
 
-    Two steps whatever the number of sessions: one query for the targets whose kernels match,
-    and the guarded promotion (with history); a session that moved meanwhile is left alone. A
-    handler with endings (PromoteToTerminated) also reads the promoted sessions' kernels, to
-    end each in its own terminal status with its result and exit code.
+    Three steps whatever the number of sessions: one query for the targets whose kernels
+    match, one for their statuses and kernels (`promote_sessions`; PromoteToTerminated ends
+    each in its own terminal status with its result and exit code), and the guarded promotion
+    (with history); a session that moved meanwhile is left alone. One move per session: the
+    next promotion is the next task's.
     """
-    repository = SessionRepository(db)
-    promoted = await repository.promotable(
+    promoted = await SessionRepository(db).promotable(
         handler.target_session_statuses, handler.check_kernel_statuses, handler.match_type
     )
     if not promoted:
         return AppliedChanges()
-    endings = handler.endings(await repository.get(promoted)) if _has_endings(handler) else {}
-    by_status: dict[SessionStatus, list[SessionId]] = {}
-    for sid in sorted(promoted):
-        ending = endings.get(sid)
-        status = ending.status if ending is not None else handler.success_session_status()
-        by_status.setdefault(status, []).append(sid)
-    changes = [
-        StatusChange(
-            ids,
-            handler.name(),
-            SchedulingResult.SUCCESS,
-            handler.target_session_statuses,
-            TransitionStatus(status),
-            notes={sid: note for sid in ids if (note := _note(endings, sid)) is not None},
-        )
-        for status, ids in by_status.items()
-    ]
 
-    async def finish(conn: AsyncConnection, applied: AppliedChanges) -> None:
-        await _write_endings(conn, endings, applied)
+    async def finish(conn: AsyncConnection, applied: AppliedChanges, _step: PromotionStep) -> None:
         if on_applied is not None:
             await on_applied(conn, applied)
 
-    return await apply_changes(db, changes, now, on_applied=finish)
+    applied = await promote_sessions(db, [handler], promoted, now, on_step=finish)
+    return applied[0] if applied else AppliedChanges()
 
 
 def _has_endings(handler: SessionPromotionHandler) -> bool:
@@ -91,3 +78,91 @@ async def _write_endings(
             .values(result=sa.bindparam("res"), exit_code=sa.bindparam("code")),
             rows,
         )
+
+
+@dataclass(slots=True)
+class PromotionStep:
+    """One round of a chain of promotions: every session's next move, applied together."""
+
+    changes: list[StatusChange] = field(default_factory=list)
+    phases: dict[SessionId, str] = field(default_factory=dict)  # session → the handler moving it
+    endings: dict[SessionId, Ending] = field(default_factory=dict)  # for those that end
+
+
+def plan_promotions(
+    handlers: Sequence[SessionPromotionHandler], targets: Sequence[SessionProgress], now: datetime
+) -> list[PromotionStep]:
+    """Every promotion due for `targets` as they stand, chained: round by round, the moves to
+    apply in order.
+
+    A session moves with the first handler (in `handlers`' order) whose rule holds for it,
+    then again from where that left it, until none holds or it ended: a session whose only
+    kernel went from CREATING to TERMINATED is promoted to RUNNING, then TERMINATING, then
+    ended, each move by its own handler, as the tasks would have done one after another. A
+    session promoted to RUNNING counts as started for its ending.
+    """
+    rounds: list[dict[tuple[SessionPromotionHandler, SessionStatus], list[SessionId]]] = []
+    steps: list[PromotionStep] = []
+    for session in targets:
+        current = session
+        for depth in range(len(handlers)):
+            handler = next((h for h in handlers if h.promotes(current)), None)
+            if handler is None:
+                break
+            if depth == len(steps):
+                steps.append(PromotionStep())
+                rounds.append({})
+            ending = handler.endings([current]).get(current.id) if _has_endings(handler) else None
+            to = ending.status if ending is not None else handler.success_session_status()
+            rounds[depth].setdefault((handler, to), []).append(current.id)
+            steps[depth].phases[current.id] = handler.name()
+            if ending is not None:
+                steps[depth].endings[current.id] = ending
+            if to in SESSION_TERMINAL:
+                break
+            started_at = now if to is SessionStatus.RUNNING else current.started_at
+            current = dataclasses.replace(current, status=to, started_at=started_at)
+    for step, moves in zip(steps, rounds, strict=True):
+        step.changes = [
+            StatusChange(
+                ids,
+                handler.name(),
+                SchedulingResult.SUCCESS,
+                handler.target_session_statuses,
+                TransitionStatus(to),
+                notes={sid: note for sid in ids if (note := _note(step.endings, sid)) is not None},
+            )
+            for (handler, to), ids in moves.items()
+        ]
+    return steps
+
+
+async def promote_sessions(
+    db: Database,
+    handlers: Sequence[SessionPromotionHandler],
+    session_ids: Collection[SessionId],
+    now: datetime,
+    *,
+    on_step: Callable[[AsyncConnection, AppliedChanges, PromotionStep], Awaitable[None]]
+    | None = None,
+) -> list[AppliedChanges]:
+    """Promote these sessions as far as their kernels allow now, in one transaction.
+
+    One query reads the sessions and their kernels, `plan_promotions` chains the moves, and
+    the rounds are applied in order, every write guarded by the status the handler expects (a
+    session that moved meanwhile is left alone). `on_step` runs inside the transaction after
+    each round.
+    """
+    targets = await SessionRepository(db).progress(session_ids)
+    steps = plan_promotions(handlers, targets, now)
+    if not steps:
+        return []
+    rounds = iter(steps)
+
+    async def finish(conn: AsyncConnection, applied: AppliedChanges) -> None:
+        step = next(rounds)
+        await _write_endings(conn, step.endings, applied)
+        if on_step is not None:
+            await on_step(conn, applied, step)
+
+    return await apply_steps(db, [step.changes for step in steps], now, on_step=finish)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 
@@ -84,3 +85,27 @@ class KernelMatchType(Enum):
     ALL = "all"
     ANY = "any"
     NOT_ANY = "not_any"
+
+    def holds(
+        self, kernel_statuses: Iterable[KernelStatus], check: Collection[KernelStatus]
+    ) -> bool:
+        """Whether kernels in `kernel_statuses` meet this match against `check`.
+
+        As the promotion query has it: ALL is "no kernel outside `check`", ANY "some kernel
+        inside it", NOT_ANY "no kernel inside it"; a session without kernels meets ALL and
+        NOT_ANY.
+        """
+        if self is KernelMatchType.ANY:
+            return any(status in check for status in kernel_statuses)
+        if self is KernelMatchType.ALL:
+            return all(status in check for status in kernel_statuses)
+        return not any(status in check for status in kernel_statuses)
+
+    def may_start_holding(
+        self, before: KernelStatus, after: KernelStatus, check: Collection[KernelStatus]
+    ) -> bool:
+        """Whether one kernel moving from `before` to `after` can make this match hold where it
+        did not: it entered `check` (ALL, ANY) or left it (NOT_ANY)."""
+        if self is KernelMatchType.NOT_ANY:
+            return before in check and after not in check
+        return after in check and before not in check

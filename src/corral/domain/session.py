@@ -49,6 +49,27 @@ class KernelRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class KernelState:
+    """A kernel as the promotions see it: where it stands and how it ended."""
+
+    cluster_role: str
+    cluster_index: int
+    status: KernelStatus
+    exit_code: int | None = None
+    failure_cause: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionProgress:
+    """A session as the promotions see it: its status, whether it ran, its kernels."""
+
+    id: SessionId
+    status: SessionStatus
+    started_at: datetime | None
+    kernels: tuple[KernelState, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class SessionWithKernels:
     """A session row with its kernels, the unit every handler works on."""
 

@@ -16,7 +16,7 @@ from typing import ClassVar
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.domain.results import HandlerResult, KernelMatchType, ResultNote, StatusTransitions
-from corral.domain.session import SessionWithKernels
+from corral.domain.session import SessionProgress, SessionWithKernels
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import SessionId
 from corral.store.status_changes import AppliedChanges
@@ -101,7 +101,18 @@ class SessionPromotionHandler(ABC):
     def success_session_status(cls) -> SessionStatus:
         """Where a promoted session goes."""
 
-    def endings(self, promoted: Sequence[SessionWithKernels]) -> Mapping[SessionId, Ending]:
+    def promotes(self, session: SessionProgress) -> bool:
+        """Whether this handler promotes `session` as it stands: its promotion query's rule."""
+        return session.status in self.target_session_statuses and self.match_type.holds(
+            (kernel.status for kernel in session.kernels), self.check_kernel_statuses
+        )
+
+    def may_become_due(self, before: KernelStatus, after: KernelStatus) -> bool:
+        """Whether a kernel moving from `before` to `after` can make a session of this
+        handler's targets promotable where it was not."""
+        return self.match_type.may_start_holding(before, after, self.check_kernel_statuses)
+
+    def endings(self, promoted: Sequence[SessionProgress]) -> Mapping[SessionId, Ending]:
         """Per promoted session, a different end than `success_session_status` (default none).
 
         Only PromoteToTerminated uses it: a session ends TERMINATED, ERROR or CANCELLED.

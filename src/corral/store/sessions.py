@@ -22,9 +22,11 @@ from corral.domain.results import KernelMatchType
 from corral.domain.session import (
     KernelIntent,
     KernelRecord,
+    KernelState,
     MilliSlots,
     NewSession,
     PendingSession,
+    SessionProgress,
     SessionWithKernels,
 )
 from corral.domain.status import KERNEL_TERMINAL, KernelStatus, SessionStatus
@@ -123,6 +125,33 @@ class SessionRepository:
             return await load_with_kernels(
                 conn, _BY_IDS, {"ids": payload(self.dialect, session_ids)}
             )
+
+    async def progress(
+        self, session_ids: Collection[SessionId], *, conn: AsyncConnection | None = None
+    ) -> list[SessionProgress]:
+        """The sessions' statuses and kernels as the promotions judge them, in one query
+        (missing ids are left out); in the caller's transaction, or in a read of its own."""
+        if not session_ids:
+            return []
+        params = {"ids": payload(self.dialect, session_ids)}
+        if conn is None:
+            async with self.db.read_statements() as own:  # one statement
+                rows = await _PROGRESS.rows(own, params)
+        else:
+            rows = await _PROGRESS.rows(conn, params)
+        found: dict[SessionId, tuple[SessionStatus, datetime | None, list[KernelState]]] = {}
+        for sid, status, started_at, role, index, kernel_status, exit_code, cause in rows:
+            session = found.get(sid)
+            if session is None:
+                session = found[sid] = (SessionStatus(status), started_at, [])
+            if role is not None:
+                session[2].append(
+                    KernelState(role, index, KernelStatus(kernel_status), exit_code, cause)
+                )
+        return [
+            SessionProgress(sid, status, started_at, tuple(states))
+            for sid, (status, started_at, states) in found.items()
+        ]
 
     async def promotable(
         self,
@@ -357,6 +386,25 @@ def _attention_query(
     return DirectStatement(lambda _dialect: with_kernels(where))
 
 
+# `SessionRepository.progress`: a row per kernel (one with no kernel columns for a session
+# without kernels), each session's rows together.
+_PROGRESS = DirectStatement(
+    lambda dialect: (
+        sa.select(
+            sessions.c.id,
+            sessions.c.status,
+            sessions.c.started_at,
+            kernels.c.cluster_role,
+            kernels.c.cluster_index,
+            kernels.c.status,
+            kernels.c.exit_code,
+            kernels.c.failure_cause,
+        )
+        .select_from(sessions.outerjoin(kernels, kernels.c.session_id == sessions.c.id))
+        .where(in_param(dialect, sessions.c.id, "ids"))
+        .order_by(sessions.c.id, kernels.c.cluster_index)
+    )
+)
 _BY_IDS = DirectStatement(lambda dialect: with_kernels(in_param(dialect, sessions.c.id, "ids")))
 
 

@@ -105,17 +105,36 @@ async def apply_changes(
     append the events that describe the change, so the change and its audit log commit together.
     With no session named at all, nothing is opened (and `on_applied` does not run).
     """
-    for change in changes:
-        change.validate()
-    applied = AppliedChanges()
-    if not any(change.session_ids for change in changes):
-        return applied
-    async with db.transaction() as conn:
-        for change in changes:
-            await _apply_one(conn, db.dialect, change, now, applied)
-        if on_applied is not None:
-            await on_applied(conn, applied)
+    (applied,) = await apply_steps(db, [changes], now, on_step=on_applied)
     return applied
+
+
+async def apply_steps(
+    db: Database,
+    steps: Sequence[Sequence[StatusChange]],
+    now: datetime,
+    *,
+    on_step: Callable[[AsyncConnection, AppliedChanges], Awaitable[None]] | None = None,
+) -> list[AppliedChanges]:
+    """Apply rounds of changes in one transaction, each round's guards seeing the rounds
+    before it (a session promoted twice in a row); what each round applied, in order.
+
+    `on_step` runs inside the transaction after each round, with what that round applied.
+    With no session named in any round, nothing is opened (and `on_step` does not run).
+    """
+    for changes in steps:
+        for change in changes:
+            change.validate()
+    results = [AppliedChanges() for _ in steps]
+    if not any(change.session_ids for changes in steps for change in changes):
+        return results
+    async with db.transaction() as conn:
+        for changes, applied in zip(steps, results, strict=True):
+            for change in changes:
+                await _apply_one(conn, db.dialect, change, now, applied)
+            if on_step is not None:
+                await on_step(conn, applied)
+    return results
 
 
 async def lock_sessions(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import sqlalchemy as sa
@@ -12,6 +13,7 @@ from corral.coordination.promotion import run_promotion
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import SessionId
 from corral.handlers.sessions.promotions import (
+    PROMOTION_HANDLERS,
     DetectTermination,
     PromoteToPrepared,
     PromoteToRunning,
@@ -119,3 +121,26 @@ async def test_a_start_wakes_termination_detection_only_for_a_kernel_already_end
     assert await hints.consume(Hint.DETECT_TERMINATION.value)
     await coordinator.run_promotion(DetectTermination())
     assert await statuses(db, [clean, early]) == [S.RUNNING, S.TERMINATING]
+
+
+async def test_the_promotion_query_and_its_rule_in_python_agree(db: Database) -> None:
+    """Each handler's promotion query (the tasks') and `promotes` (the reports' path) pick
+    the same sessions, over every session status a handler targets and every pair of kernel
+    statuses."""
+    pairs = list(itertools.combinations_with_replacement(list(K), 2))
+    targeted = sorted({s for h in PROMOTION_HANDLERS for s in h.target_session_statuses})
+    by_status = {status: await two_kernel_sessions(db, status, pairs) for status in targeted}
+    progress = {
+        p.id: p
+        for p in await SessionRepository(db).progress(
+            [sid for ids in by_status.values() for sid in ids]
+        )
+    }
+    assert len(progress) == len(targeted) * len(pairs)
+    for handler in PROMOTION_HANDLERS:
+        queried = await SessionRepository(db).promotable(
+            handler.target_session_statuses, handler.check_kernel_statuses, handler.match_type
+        )
+        in_python = {sid for sid, session in progress.items() if handler.promotes(session)}
+        assert queried == in_python, handler.name()
+        assert in_python, f"{handler.name()} promoted nothing: the test would prove nothing"

@@ -6,9 +6,9 @@ import dataclasses
 import uuid
 from datetime import UTC, datetime
 
-from corral.domain.session import KernelRecord, SessionWithKernels
+from corral.domain.session import KernelState, SessionProgress
 from corral.domain.status import KernelStatus, SessionStatus
-from corral.domain.types import KernelId, SessionId, UserId
+from corral.domain.types import SessionId
 from corral.handlers.sessions.promotions import session_ending
 
 K, S = KernelStatus, SessionStatus
@@ -18,48 +18,14 @@ SID = SessionId(uuid.uuid4())
 
 def kernel(
     index: int, status: K, exit_code: int | None = None, cause: str | None = None
-) -> KernelRecord:
+) -> KernelState:
     """Kernel `index` of one session (index 0 is the main kernel)."""
-    return KernelRecord(
-        id=KernelId(uuid.uuid4()),
-        session_id=SID,
-        cluster_role="main" if index == 0 else "sub",
-        cluster_index=index,
-        agent_id=None,
-        status=status,
-        status_changed_at=NOW,
-        requested_slots={},
-        occupied_slots=None,
-        exit_code=exit_code,
-        failure_cause=cause,
-    )
+    return KernelState("main" if index == 0 else "sub", index, status, exit_code, cause)
 
 
-def ended(*kernels: KernelRecord, started: bool = True) -> SessionWithKernels:
+def ended(*kernels: KernelState, started: bool = True) -> SessionProgress:
     """A TERMINATING session with these kernels."""
-    return SessionWithKernels(
-        id=SID,
-        name=None,
-        owner_id=UserId(uuid.uuid4()),
-        type="BATCH",
-        priority=0,
-        resource_group="default",
-        cluster_mode="multi-node",
-        cluster_size=len(kernels),
-        status=S.TERMINATING,
-        status_info=None,
-        status_changed_at=NOW,
-        created_at=NOW,
-        starts_at=None,
-        requeue_at=None,
-        requeue_active=True,
-        phase=None,
-        phase_attempts=0,
-        failed_agents=(),
-        creation_id=None,
-        kernels=kernels,
-        started_at=NOW if started else None,
-    )
+    return SessionProgress(SID, S.TERMINATING, NOW if started else None, kernels)
 
 
 def test_the_main_kernels_exit_code_decides_the_result() -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from corral.domain.results import KernelMatchType, ResultNote
-from corral.domain.session import SessionWithKernels
+from corral.domain.session import SessionProgress
 from corral.domain.status import (
     KERNEL_NON_TERMINAL,
     KERNEL_NOT_YET_PREPARED,
@@ -159,11 +159,11 @@ class PromoteToTerminated(SessionPromotionHandler):
     def success_session_status(cls) -> SessionStatus:
         return SessionStatus.TERMINATED
 
-    def endings(self, promoted: Sequence[SessionWithKernels]) -> Mapping[SessionId, Ending]:
+    def endings(self, promoted: Sequence[SessionProgress]) -> Mapping[SessionId, Ending]:
         return {session.id: session_ending(session) for session in promoted}
 
 
-def session_ending(session: SessionWithKernels) -> Ending:
+def session_ending(session: SessionProgress) -> Ending:
     """How a session whose kernels all ended ends (DESIGN.md "Lifecycles").
 
     ERROR if a kernel failed (with its cause); CANCELLED if nothing ever ran; else TERMINATED,
@@ -187,10 +187,12 @@ def session_ending(session: SessionWithKernels) -> Ending:
     return Ending(SessionStatus.TERMINATED, result, exit_code)
 
 
+# Where more than one would promote a session, the first wins (`plan_promotions`): a session
+# with a failed kernel goes to TERMINATING before it could be promoted past the failure.
 PROMOTION_HANDLERS: tuple[SessionPromotionHandler, ...] = (
+    DetectFailureBeforeRunning(),
     PromoteToPrepared(),
     PromoteToRunning(),
     DetectTermination(),
-    DetectFailureBeforeRunning(),
     PromoteToTerminated(),
 )
