@@ -346,7 +346,7 @@ async def run_latency_bench(
         orchestrator = session_orchestrator(coordinator, hints, buses.locks)
         for loop in orchestrator.loops:
             loop.task = recorder.timed(loop.task)
-        agent = TestAgent(db, agent_ids, hints=hints)
+        agent = TestAgent(db, agent_ids, hints=hints, promote=coordinator.promote_reported)
 
         def stepped(reports: int, elapsed_ms: float) -> None:
             if reports:

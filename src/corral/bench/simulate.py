@@ -108,8 +108,14 @@ async def run_simulation(
         scratch_database(config.database) as db,
         open_buses(db, config.redis_url, prefix) as buses,
     ):
-        controller = AgentController(db, buses.hints, join_token=JOIN_TOKEN, timings=AgentTimings())
         coordinator = SessionCoordinator(db, buses.hints, buses.events)
+        controller = AgentController(
+            db,
+            buses.hints,
+            join_token=JOIN_TOKEN,
+            timings=AgentTimings(),
+            promote=coordinator.promote_reported,
+        )
         orchestrator = Orchestrator(
             task_loops(coordinator.tasks(), buses.hints, buses.locks), grace_period_s=5
         )

@@ -10,16 +10,16 @@ from __future__ import annotations
 import hmac
 import logging
 import secrets
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
 from corral.controller._assignment_polls import AssignmentPolls, UnknownAgentError
 from corral.controller._group_commit import GroupCommit
-from corral.coordination.hints import Hint, hints_after_report
+from corral.coordination.hints import PROMOTION_HINTS, Hint, hints_after_report
 from corral.domain.slots import ResourceSlots
 from corral.domain.status import KernelStatus
-from corral.domain.types import AgentId, Clock, utcnow
+from corral.domain.types import AgentId, Clock, SessionId, utcnow
 from corral.infra.hints import HintBus
 from corral.store.agent_registry import (
     AgentRecord,
@@ -61,6 +61,13 @@ class AgentIdTakenError(ValueError):
     """A join-token registration named an agent id that already exists (HTTP 409)."""
 
 
+# Promotes the sessions whose kernels a committed report batch moved, given as (session,
+# kernel status before, after): `SessionCoordinator.promote_reported`.
+PromoteReported = Callable[
+    [Iterable[tuple[SessionId, KernelStatus, KernelStatus]]], Awaitable[object]
+]
+
+
 @dataclass(frozen=True, slots=True)
 class AgentTimings:
     """How long agents may stay silent, how often they should speak, how long a poll waits."""
@@ -97,12 +104,14 @@ class AgentController:
         join_token: str | None,
         timings: AgentTimings = AgentTimings(),
         clock: Clock = utcnow,
+        promote: PromoteReported | None = None,
     ) -> None:
         self.db = db
         self.hints = hints
         self.timings = timings
         self.clock = clock
         self._join_token = join_token
+        self._promote = promote
         self.polls = AssignmentPolls(db, hints, timings.poll_recheck_s)
         self._reports: GroupCommit[tuple[AgentId, Sequence[KernelReport]], ReportOutcome] = (
             GroupCommit(self._apply_reports)
@@ -218,15 +227,9 @@ class AgentController:
         self, batches: Sequence[tuple[AgentId, Sequence[KernelReport]]]
     ) -> list[ReportOutcome | KernelReportConflictError]:
         results = await apply_report_batches(self.db, batches, self.clock())
-        moved: set[KernelStatus] = set()
-        failed: list[KernelStatus] = []
-        for result in results:
-            if isinstance(result, ReportOutcome):
-                moved |= result.moved_to()
-                failed.extend(result.stage_failures.values())
-        hints = hints_after_report(moved, failed)
-        if hints:
-            await self.hints.set(*sorted(h.value for h in hints))
+        await after_reports(
+            self.hints, [r for r in results if isinstance(r, ReportOutcome)], self._promote
+        )
         return results
 
     async def _record_heartbeats(
@@ -236,6 +239,32 @@ class AgentController:
         return [
             statuses.get(a) or UnknownAgentError(f"no agent {a!r} is registered") for a in agent_ids
         ]
+
+
+async def after_reports(
+    hints: HintBus, outcomes: Sequence[ReportOutcome], promote: PromoteReported | None
+) -> None:
+    """What follows committed report batches: promote the sessions they concern at once
+    (with `promote`), and wake the tasks that come next.
+
+    Once `promote` did its work the promotion tasks need no hint; if it failed, the reports
+    stay applied and the tasks' hints are set instead, so the promotions come a run later.
+    """
+    moved: set[KernelStatus] = set()
+    failed: list[KernelStatus] = []
+    for outcome in outcomes:
+        moved |= outcome.moved_to()
+        failed.extend(outcome.stage_failures.values())
+    wake = hints_after_report(moved, failed)
+    if promote is not None and wake & PROMOTION_HINTS:
+        try:
+            await promote(move for outcome in outcomes for move in outcome.kernel_moves())
+        except Exception:
+            logger.exception("agent.reports.promotion_failed")
+        else:
+            wake -= PROMOTION_HINTS
+    if wake:
+        await hints.set(*sorted(h.value for h in wake))
 
 
 def _matches(bearer: str, token_hash: str | None) -> bool:

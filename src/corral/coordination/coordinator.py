@@ -10,7 +10,8 @@ promotes in one transaction. Locks and timing belong to the loops (`loop.py`), n
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from datetime import timedelta
 
@@ -19,13 +20,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from corral.coordination.hints import Hint, hints_after_moves
 from corral.coordination.judge import PhaseLimits, judge
 from corral.coordination.metrics import CoordinatorMetrics
-from corral.coordination.promotion import run_promotion
+from corral.coordination.promotion import PromotionStep, promote_sessions, run_promotion
 from corral.coordination.tasks import Task, TaskRun
 from corral.domain.events import Event
 from corral.domain.resource_group import ResourceGroupOptions
 from corral.domain.results import SchedulingResult
 from corral.domain.session import SessionWithKernels
-from corral.domain.status import SessionStatus
+from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import Clock, SessionId, UserId, utcnow
 from corral.handlers.base import LifecycleHandler, SessionPromotionHandler
 from corral.handlers.sessions.prepare import PrepareSessions
@@ -208,6 +209,44 @@ class SessionCoordinator:
             changed=len(moved),
             duration_ms=(time.perf_counter() - started) * 1000,
         )
+
+    async def promote_reported(
+        self, moves: Iterable[tuple[SessionId, KernelStatus, KernelStatus]]
+    ) -> set[SessionId]:
+        """Promote at once the sessions whose kernels agents just reported moving.
+
+        `moves`: (session, kernel status before, after) of every kernel a committed report
+        batch moved. Every session one of those moves can make promotable is read again and
+        promoted as far as its kernels allow, in one transaction (`promote_sessions`): the
+        promotion tasks would do the same a hint and a run later, one move per run. Returns
+        the sessions looked at: every promotion the reports made due for them is done (or
+        was not due once the reports committed), so the reports need not wake the tasks.
+        """
+        due = {
+            sid
+            for sid, before, after in moves
+            if any(handler.may_become_due(before, after) for handler in self.promotions)
+        }
+        if not due:
+            return due
+        appended: list[Event] = []
+        ended_in: dict[SessionId, SessionStatus] = {}  # where each promoted session stopped
+
+        async def record(
+            conn: AsyncConnection, applied: AppliedChanges, step: PromotionStep
+        ) -> None:
+            moved = applied.moved()
+            if self.metrics is not None:
+                for phase, count in Counter(step.phases[sid] for sid in moved).items():
+                    self.metrics.observe_result(phase, SchedulingResult.SUCCESS, count)
+            appended.extend(
+                await self._record_moves(conn, moved, step.phases, "promotion", applied.owners)
+            )
+            ended_in.update((sid, after) for sid, (_, after) in moved.items())
+
+        await promote_sessions(self.db, self.promotions, due, self.clock(), on_step=record)
+        await self._post_process(hints_after_moves(ended_in.values()), appended)
+        return due
 
     async def run_all(self) -> int:
         """Every task once, in lifecycle order; the number of sessions moved (for tests, tools)."""

@@ -24,6 +24,17 @@ class Hint(StrEnum):
     ASSIGNMENTS = "assignments"
 
 
+# The hints that wake promotion tasks.
+PROMOTION_HINTS = frozenset(
+    {
+        Hint.PROMOTE_PREPARED,
+        Hint.PROMOTE_RUNNING,
+        Hint.DETECT_TERMINATION,
+        Hint.DETECT_FAILURE,
+        Hint.PROMOTE_TERMINATED,
+    }
+)
+
 _AFTER_KERNEL_MOVE: dict[KernelStatus, frozenset[Hint]] = {
     KernelStatus.PULLING: frozenset({Hint.PROMOTE_PREPARED}),
     KernelStatus.PREPARED: frozenset({Hint.PROMOTE_PREPARED}),

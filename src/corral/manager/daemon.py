@@ -133,12 +133,17 @@ class ManagerDaemon:
 
     async def _serve(self, db: Database, buses: Buses) -> None:
         config = self.config
-        agents = AgentController(
-            db, buses.hints, join_token=config.join_token, timings=config.timings, clock=self.clock
-        )
         metrics = CoordinatorMetrics()
         coordinator = SessionCoordinator(
             db, buses.hints, buses.events, clock=self.clock, metrics=metrics
+        )
+        agents = AgentController(
+            db,
+            buses.hints,
+            join_token=config.join_token,
+            timings=config.timings,
+            clock=self.clock,
+            promote=coordinator.promote_reported,
         )
         loops = task_loops(coordinator.tasks(), buses.hints, buses.locks, config.intervals)
         loops.append(_sweep_loop(agents, buses, config))

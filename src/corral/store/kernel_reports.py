@@ -67,10 +67,15 @@ class ReportOutcome:
     passed: set[KernelStatus] = field(default_factory=set)
     stage_failures: dict[KernelId, KernelStatus] = field(default_factory=dict)
     sessions: set[SessionId] = field(default_factory=set)  # sessions of kernels that changed
+    session_of: dict[KernelId, SessionId] = field(default_factory=dict)  # of the `moved` kernels
 
     def moved_to(self) -> set[KernelStatus]:
         """Every status kernels moved into (RUNNING of a RUNNING-then-TERMINATED batch too)."""
         return set(self.passed)
+
+    def kernel_moves(self) -> list[tuple[SessionId, KernelStatus, KernelStatus]]:
+        """(session, status before, status after) of every kernel the batch moved."""
+        return [(self.session_of[kid], *move) for kid, move in self.moved.items()]
 
 
 async def apply_kernel_reports(
@@ -187,6 +192,7 @@ def _fold(
             continue
         first = outcome.moved.get(report.kernel_id, (before, before))[0]
         outcome.moved[report.kernel_id] = (first, report.status)
+        outcome.session_of[report.kernel_id] = SessionId(row[1])
         outcome.passed.add(report.status)
         history.append(_history_row(report, row[1], before, now))
         if report.status in KERNEL_TERMINAL and row[4]:

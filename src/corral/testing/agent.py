@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
-from corral.coordination.hints import Hint, hints_after_report
+from corral.controller.agents import PromoteReported, after_reports
+from corral.coordination.hints import Hint
 from corral.domain.session import KernelIntent
 from corral.domain.status import KernelStatus
 from corral.domain.types import AgentId, Clock, KernelId, utcnow
@@ -47,6 +48,9 @@ class TestAgent:
     unresponsive: set[AgentId] = field(default_factory=set)
     # The exit code a kernel ends with right after it started (None: it keeps running).
     exit_code: Callable[[AssignedKernel], int | None] = lambda kernel: None
+    # Promotes the sessions a report concerns at once, as the manager's agent controller does
+    # (`SessionCoordinator.promote_reported`); None leaves the promotions to their tasks.
+    promote: PromoteReported | None = None
     reports: int = 0  # reports applied so far
     # The assignment revision each agent last reconciled.
     _seen: dict[AgentId, int] = field(default_factory=dict, repr=False)
@@ -151,9 +155,7 @@ class TestAgent:
         outcome = await apply_kernel_reports(self.db, agent_id, reports, self.clock())
         self.reports += len(reports)
         if self.hints is not None:
-            hints = hints_after_report(outcome.moved_to(), outcome.stage_failures.values())
-            if hints:
-                await self.hints.set(*sorted(h.value for h in hints))
+            await after_reports(self.hints, [outcome], self.promote)
         return len(reports)
 
 
