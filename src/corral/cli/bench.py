@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 from redis.exceptions import ConnectionError as RedisConnectionError
 from rich.console import Console
 
+from corral.bench.endings import Path as EndingsPath
+from corral.bench.endings import run_endings_bench
 from corral.bench.latency import DEFAULT_TIMEOUT_S, LatencyBenchError, run_latency_bench
 from corral.bench.schedule import run_schedule_bench
 from corral.bench.store import run_store_bench
@@ -81,6 +83,60 @@ def schedule_command(
             f"{r['backend']:>10}: placed {r['placed']}/{r['sessions']} on {r['agents']} agents in "
             f"{r['seconds']} s = {r['sessions_per_s']}/s (load {r['load_ms']} ms, placement "
             f"{r['placement_ms']} ms, commit {r['commit_ms']} ms)"
+        )
+
+
+@app.command("endings")
+def endings_command(
+    database: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--database",
+            help="`sqlite` (a temporary file) or a postgresql:// URL whose server gets a "
+            "scratch database. Repeat to run on several backends.",
+        ),
+    ] = None,
+    running: Annotated[
+        int, typer.Option(min=1, help="RUNNING sessions, one kernel each.")
+    ] = 10_000,
+    ending: Annotated[int, typer.Option(min=1, help="How many of them end.")] = 2_000,
+    batch: Annotated[int, typer.Option(min=1, help="Kernels ended per report batch.")] = 20,
+    path: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--path",
+            help="`report` (promoted as each batch commits, as the manager does) or `tasks` "
+            "(the promotion tasks after each batch). Repeat to run both.",
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
+) -> None:
+    """Sessions ending by reports among many that keep running: the cost of an ending."""
+    paths = path or ["report"]
+    for p in paths:
+        if p not in ("report", "tasks"):
+            fail(f"--path: must be `report` or `tasks`, got {p!r}")
+    if ending > running:
+        fail(f"--ending: {ending} is more than the {running} --running sessions")
+    results = []
+    for url in database or ["sqlite"]:
+        for p in paths:
+            if not as_json:
+                _err.print(
+                    f"[dim]bench endings: {ending} of {running} end, path {p}, on "
+                    f"{url.split('@')[-1]} ...[/]"
+                )
+            run = run_endings_bench(
+                url, running=running, ending=ending, batch=batch, path=cast(EndingsPath, p)
+            )
+            results.append(asyncio.run(run).as_json())
+    if as_json:
+        typer.echo(json.dumps({"benchmark": "endings", "results": results}))
+        return
+    for r in results:
+        typer.echo(
+            f"{r['backend']:>10} ({r['path']}): {r['ending']} of {r['running']} RUNNING ended in "
+            f"{r['seconds']} s = {r['us_per_ending']} µs an ending (batches of {r['batch']})"
         )
 
 
