@@ -22,7 +22,7 @@ from corral.domain.types import AgentId, KernelId, SessionId
 from corral.store._sql import in_values
 from corral.store.agent_kernels import on_agent, on_agents
 from corral.store.agents import AGENT_ALIVE, NewAgent, apply_slot_deltas, insert_agents
-from corral.store.assignments import bump_revisions
+from corral.store.assignments import bump_revisions, update_agents_in_id_order
 from corral.store.database import Database
 from corral.store.tables import agent_slots, agents, kernel_history, kernels
 
@@ -184,8 +184,9 @@ async def record_heartbeats(
         return {}
     async with db.transaction() as conn:
         rows = await conn.execute(
-            agents.update()
-            .where(in_values(db.dialect, agents.c.id, sorted(set(agent_ids))))
+            update_agents_in_id_order(
+                db.dialect, in_values(db.dialect, agents.c.id, sorted(set(agent_ids)))
+            )
             .values(last_heartbeat_at=now)
             .returning(agents.c.id, agents.c.status)
         )
@@ -200,8 +201,9 @@ async def mark_lost_agents(db: Database, cutoff: datetime, now: datetime) -> Los
         ids = [
             AgentId(agent_id)
             for (agent_id,) in await conn.execute(
-                agents.update()
-                .where(agents.c.status == AGENT_ALIVE, silent)
+                update_agents_in_id_order(
+                    db.dialect, sa.and_(agents.c.status == AGENT_ALIVE, silent)
+                )
                 .values(status=AGENT_LOST, status_changed_at=now)
                 .returning(agents.c.id)
             )

@@ -89,12 +89,28 @@ async def bump_revisions(
 
 
 _BUMP_REVISIONS = DirectStatement(
-    lambda dialect: (
-        agents.update()
-        .where(in_param(dialect, agents.c.id, "ids"))
-        .values(assignment_revision=agents.c.assignment_revision + 1)
-    )
+    lambda dialect: update_agents_in_id_order(
+        dialect, in_param(dialect, agents.c.id, "ids")
+    ).values(assignment_revision=agents.c.assignment_revision + 1)
 )
+
+
+def update_agents_in_id_order(dialect: Dialect, where: sa.ColumnElement[bool]) -> sa.Update:
+    """`UPDATE agents` of the agents `where` selects; on PostgreSQL their rows are locked in
+    id order first (a locking CTE), whatever plan the update itself gets.
+
+    Every statement that writes many agent rows at once goes through here. Two of them that
+    share agents (a heartbeat group commit, a transaction telling agents their assignments
+    changed) otherwise take the row locks in the order each plan meets the rows, and can
+    deadlock: `corral simulate` on PostgreSQL met "deadlock detected" between exactly those
+    two, and the heartbeats lost. SQLite has one writer at a time and needs nothing.
+    """
+    if dialect != "postgresql":
+        return agents.update().where(where)
+    locked = (
+        sa.select(agents.c.id).where(where).order_by(agents.c.id).with_for_update().cte("locked")
+    )
+    return agents.update().where(agents.c.id == locked.c.id)
 
 
 async def agent_statuses(
