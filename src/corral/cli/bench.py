@@ -82,7 +82,8 @@ def schedule_command(
         typer.echo(
             f"{r['backend']:>10}: placed {r['placed']}/{r['sessions']} on {r['agents']} agents in "
             f"{r['seconds']} s = {r['sessions_per_s']}/s (load {r['load_ms']} ms, placement "
-            f"{r['placement_ms']} ms, commit {r['commit_ms']} ms)"
+            f"{r['placement_ms']} ms, commit {r['commit_ms']} ms); next pass over "
+            f"{r['next_pass_targets']} left: {r['next_pass_ms']} ms"
         )
 
 
