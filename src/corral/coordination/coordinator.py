@@ -31,7 +31,7 @@ from corral.domain.types import Clock, SessionId, UserId, utcnow
 from corral.handlers.base import LifecycleHandler, SessionPromotionHandler
 from corral.handlers.sessions.prepare import PrepareSessions
 from corral.handlers.sessions.promotions import PROMOTION_HANDLERS, DetectTermination
-from corral.handlers.sessions.schedule import ScheduleNewSessions
+from corral.handlers.sessions.schedule import QUEUE_PAGE, ScheduleNewSessions
 from corral.handlers.sessions.start import StartSessions
 from corral.handlers.sessions.terminate import TerminateSessions
 from corral.infra.events import EventBus
@@ -85,6 +85,7 @@ class SessionCoordinator:
         limits: Mapping[str, PhaseLimits] = DEFAULT_LIMITS,
         lock_prefix: str = "sessions",
         metrics: CoordinatorMetrics | None = None,
+        queue_page: int = QUEUE_PAGE,
     ) -> None:
         self.db = db
         self.metrics = metrics
@@ -100,6 +101,7 @@ class SessionCoordinator:
                 clock,
                 on_placed=self._record_placed,
                 on_pass=metrics.observe_placement if metrics is not None else None,
+                page_size=queue_page,
             ),
             PrepareSessions(db),
             StartSessions(db),
@@ -124,7 +126,9 @@ class SessionCoordinator:
         # other, so they need not come from one snapshot.
         async with self.db.read_statements() as conn:
             group_limits = await self._group_limits(conn, name)
-            if handler.watched_session_statuses:
+            if handler.reads_own_targets:
+                targets = await self._expiring(conn, handler, group_limits)
+            elif handler.watched_session_statuses:
                 targets = await self._needing_attention(conn, handler, group_limits)
             else:
                 targets = await self.repository.load(
@@ -132,16 +136,21 @@ class SessionCoordinator:
                     kernel_statuses=handler.target_kernel_statuses,
                     conn=conn,
                 )
-        if not targets:
+        if not targets and not handler.reads_own_targets:
             return TaskRun(name)
         placed_events: list[Event] = []
         # The scheduler's commit appends its events through `_record_placed`; each loop runs in
         # its own task, so the list is per run (a context variable), never shared between runs.
         token = _PLACED_EVENTS.set(placed_events)
         try:
-            result = await handler.execute(targets)
+            result = await handler.execute(() if handler.reads_own_targets else targets)
         finally:
             _PLACED_EVENTS.reset(token)
+        if handler.reads_own_targets:
+            read = {s.id for s in result.considered}
+            targets = [*result.considered, *(s for s in targets if s.id not in read)]
+            if not targets:
+                return TaskRun(name)
         now = self.clock()
         by_group, default = group_limits
 
@@ -335,6 +344,26 @@ class SessionCoordinator:
             handler.target_session_statuses,
             handler.watched_session_statuses,
             expiring_before,
+            conn=conn,
+        )
+
+    async def _expiring(
+        self, conn: AsyncConnection, handler: LifecycleHandler, group_limits: _GroupLimits
+    ) -> list[SessionWithKernels]:
+        """The handler's targets that entered their status long enough ago to have expired
+        under the shortest timeout of the default and any group's (none without a timeout)."""
+        by_group, default = group_limits
+        timeouts = [
+            limits.timeout_s
+            for limits in (default, *by_group.values())
+            if limits.timeout_s is not None
+        ]
+        if not timeouts:
+            return []
+        return await self.repository.load(
+            handler.target_session_statuses,
+            kernel_statuses=handler.target_kernel_statuses,
+            entered_before=self.clock() - timedelta(seconds=min(timeouts)),
             conn=conn,
         )
 

@@ -6,6 +6,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 
+from corral.domain.session import SessionWithKernels
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import SessionId
 
@@ -77,6 +78,9 @@ class HandlerResult:
     failures: list[SessionId] = field(default_factory=list)
     skipped: list[SessionId] = field(default_factory=list)
     notes: dict[SessionId, ResultNote] = field(default_factory=dict)
+    # A handler that reads its own targets (`LifecycleHandler.reads_own_targets`): the
+    # sessions it read, for the coordinator to judge.
+    considered: list[SessionWithKernels] = field(default_factory=list)
 
 
 class KernelMatchType(Enum):

@@ -59,6 +59,11 @@ class LifecycleHandler(ABC):
     # True when `execute` itself commits its successes (the scheduler's placement commit):
     # the coordinator then judges and applies only the rest.
     commits_successes: ClassVar[bool] = False
+    # True when `execute` reads its targets itself, as far as it needs to (the scheduler reads
+    # each group's queue a page at a time, until a session blocks the rest): the coordinator
+    # calls it with no targets, and judges the sessions it reports in `considered` together
+    # with those in the target statuses that may have expired (read by the coordinator).
+    reads_own_targets: ClassVar[bool] = False
 
     @abstractmethod
     async def execute(self, targets: Sequence[SessionWithKernels]) -> HandlerResult:

@@ -79,8 +79,9 @@ def place_sessions(
         if rows is None:
             shortage = _shortage(snapshot, chooser, request)
             plan.decisions[session.id] = _decision(session, Outcome.WAITING, position, shortage)
-            if options.ordering is Ordering.STRICT:
+            if options.ordering is Ordering.STRICT and blocker is None:
                 blocker = session
+                plan.blocker = session.id
             continue
         agent_ids = chooser.agent_ids(rows)
         plan.placements.append(

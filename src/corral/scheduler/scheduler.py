@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from corral.domain.results import HandlerResult, ResultNote
 from corral.domain.session import SessionWithKernels
 from corral.scheduler.planner import place_sessions
 from corral.scheduler.snapshot import load_snapshot
-from corral.scheduler.types import GroupSnapshot, Outcome, Plan
+from corral.scheduler.types import GroupSnapshot, Outcome, Plan, QueuePage
 from corral.store.database import Database
 from corral.store.placements import (
     OnCommitted,
@@ -21,6 +21,7 @@ from corral.store.placements import (
     commit_placement_batches,
     commit_placements,
 )
+from corral.store.scheduling import QueuePlace
 
 CHANGED_UNDER_US = "agent_changed"
 
@@ -50,6 +51,10 @@ class PassResult:
     # meanwhile), then from there to the end of the commit.
     placement_ms: float
     commit_ms: float
+    # A pass over a page of the queue (`schedule_group`'s `page`): the sessions it read, and
+    # the page to read next, None when the queue ended or a session blocked the rest of it.
+    considered: list[SessionWithKernels] = field(default_factory=list)
+    next_page: QueuePage | None = None
 
     def handler_result(self) -> HandlerResult:
         """The pass in the shape the coordinator judges: successes, failures, skipped, notes."""
@@ -83,15 +88,17 @@ async def schedule_group(
     *,
     limit: int | None = None,
     pending: Sequence[SessionWithKernels] | None = None,
+    page: QueuePage | None = None,
     on_committed: OnCommitted | None = None,
 ) -> PassResult:
     """Place what fits in `group` now and commit it; sessions that lost a race stay PENDING.
 
-    `pending`: the group's PENDING sessions, already loaded (see `load_snapshot`).
-    `on_committed` runs inside the commit's transaction with the sessions placed.
+    `pending`: the group's PENDING sessions, already loaded; `page`: the part of the queue to
+    read (see `load_snapshot`). `on_committed` runs inside the commit's transaction with the
+    sessions placed.
     """
     started = time.perf_counter()
-    snapshot = await load_snapshot(db, group, now, limit=limit, pending=pending)
+    snapshot = await load_snapshot(db, group, now, limit=limit, pending=pending, page=page)
     loaded = time.perf_counter()
     if not _worth_overlapping(snapshot):
         plan = place_sessions(snapshot)
@@ -106,7 +113,19 @@ async def schedule_group(
         load_ms=(loaded - started) * 1000,
         placement_ms=(planned - loaded) * 1000,
         commit_ms=(done - planned) * 1000,
+        considered=snapshot.read,
+        next_page=_next_page(page, snapshot, plan),
     )
+
+
+def _next_page(page: QueuePage | None, snapshot: GroupSnapshot, plan: Plan) -> QueuePage | None:
+    """The page after `page`, if the queue may go on and no session blocked what follows."""
+    if page is None or not snapshot.paged or len(snapshot.read) < page.size:
+        return None
+    if plan.blocker is not None or not plan.order:
+        return None
+    last = plan.order[-1]
+    return QueuePage(page.size, QueuePlace.of(next(s for s in snapshot.read if s.id == last)))
 
 
 def _worth_overlapping(snapshot: GroupSnapshot) -> bool:

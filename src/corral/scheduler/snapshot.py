@@ -7,11 +7,17 @@ from datetime import datetime
 
 import numpy as np
 
-from corral.domain.resource_group import ResourceGroupOptions, Sequencer
+from corral.domain.resource_group import Ordering, ResourceGroupOptions, Sequencer
 from corral.domain.session import PendingSession, SessionWithKernels
 from corral.domain.status import SessionStatus
 from corral.domain.types import AgentId, UserId
-from corral.scheduler.types import AgentPool, DependencyState, GroupSnapshot, OwnerUsage
+from corral.scheduler.types import (
+    AgentPool,
+    DependencyState,
+    GroupSnapshot,
+    OwnerUsage,
+    QueuePage,
+)
 from corral.store.database import Database
 from corral.store.scheduling import (
     AgentSlotRow,
@@ -20,6 +26,7 @@ from corral.store.scheduling import (
     read_dependencies,
     read_group_options,
     read_owner_usage,
+    read_queue_page,
 )
 
 
@@ -30,6 +37,7 @@ async def load_snapshot(
     *,
     limit: int | None = None,
     pending: Sequence[SessionWithKernels] | None = None,
+    page: QueuePage | None = None,
 ) -> GroupSnapshot:
     """Read everything placement needs for `group`.
 
@@ -45,12 +53,27 @@ async def load_snapshot(
     `pending`: PENDING sessions the caller has just loaded with their kernels (the scheduling
     handler's targets); the candidates are chosen among them instead of read again. The commit
     re-checks under lock that each is still PENDING, so an older read is never placed twice.
+    `page`: read that page of the queue, with the sessions' kernels (`GroupSnapshot.read`), if
+    the group's queue is read in pages (`pages_queue`), else the whole queue so.
     """
-    if pending is not None and limit is not None:
-        raise ValueError("give load_snapshot either `pending` or `limit`, not both")
+    if sum(x is not None for x in (limit, pending, page)) > 1:
+        raise ValueError("give load_snapshot one of `limit`, `pending` and `page`, not more")
+    read: list[SessionWithKernels] = []
+    paged = False
     async with db.read_statements() as conn:
         options = ResourceGroupOptions.model_validate(await read_group_options(db, conn, group))
-        if pending is None:
+        if page is not None:
+            paged = pages_queue(options)
+            read = await read_queue_page(
+                conn,
+                group,
+                now,
+                newest_first=options.sequencer is Sequencer.LIFO,
+                limit=page.size if paged else None,
+                after=page.after if paged else None,
+            )
+            candidates = [PendingSession.of(s) for s in read]
+        elif pending is None:
             candidates = await read_candidates(
                 conn,
                 db.dialect,
@@ -85,7 +108,20 @@ async def load_snapshot(
             for sid, deps in dependencies.items()
         },
         now=now,
+        read=read,
+        paged=paged,
     )
+
+
+def pages_queue(options: ResourceGroupOptions) -> bool:
+    """Whether a pass may read the group's queue a page at a time and stop at a blocker.
+
+    Under strict ordering with FIFO or LIFO, a session's place in the queue depends on itself
+    alone, and nothing after a session that waits for capacity can be placed. DRF orders by
+    what every owner holds and best-effort ordering lets later sessions pass: both need the
+    whole queue.
+    """
+    return options.ordering is Ordering.STRICT and options.sequencer is not Sequencer.DRF
 
 
 def is_candidate(session: SessionWithKernels | PendingSession, group: str, now: datetime) -> bool:

@@ -11,13 +11,23 @@ import numpy as np
 import numpy.typing as npt
 
 from corral.domain.resource_group import ResourceGroupOptions
-from corral.domain.session import PendingSession
+from corral.domain.session import PendingSession, SessionWithKernels
 from corral.domain.status import SessionStatus
 from corral.domain.types import AgentId, SessionId, UserId
 from corral.store.placements import SessionPlacement
+from corral.store.scheduling import QueuePlace
 
 Int64Array = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePage:
+    """Which part of a group's queue a pass reads: up to `size` sessions, in queue order,
+    after the session at `after` (from the head when None)."""
+
+    size: int
+    after: QueuePlace | None = None
 
 
 @dataclass(slots=True)
@@ -73,6 +83,10 @@ class GroupSnapshot:
     usage: dict[UserId, OwnerUsage]
     dependencies: dict[SessionId, list[DependencyState]]
     now: datetime
+    # Read as a page of the queue (`QueuePage`): the sessions read, with their kernels, and
+    # whether they are only part of the queue (a group that is not paged is read whole).
+    read: list[SessionWithKernels] = field(default_factory=list)
+    paged: bool = False
 
 
 class VerdictKind(StrEnum):
@@ -119,3 +133,6 @@ class Plan:
     placements: list[SessionPlacement] = field(default_factory=list)
     decisions: dict[SessionId, Decision] = field(default_factory=dict)
     order: list[SessionId] = field(default_factory=list)
+    # Under strict ordering, the first session that did not fit for lack of capacity: every
+    # session after it in `order` waits behind it (None when nothing blocked the queue).
+    blocker: SessionId | None = None

@@ -12,7 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from corral.domain.session import PendingSession
+from corral.domain.session import PendingSession, SessionWithKernels
 from corral.domain.status import SESSION_OCCUPYING, SessionStatus
 from corral.domain.types import AgentId, SessionId, UserId
 from corral.store._direct import DirectStatement
@@ -20,11 +20,12 @@ from corral.store._sql import in_constants, in_param, payload, slot_entries
 from corral.store.agents import AGENT_ALIVE
 from corral.store.database import Database, Dialect
 from corral.store.group_options import group_options_naming
-from corral.store.sessions import load_pending, pending_view
+from corral.store.sessions import load_pending, load_with_kernels, pending_view, with_kernels
 from corral.store.tables import (
     agent_slots,
     agents,
     kernels,
+    resource_groups,
     session_dependencies,
     sessions,
 )
@@ -81,30 +82,134 @@ async def read_candidates(
     return await load_pending(conn, dialect, query, params)
 
 
+# Per group, one probe of the queue index (`ix_sessions_pending_queue`): the cost is the number
+# of groups, not of PENDING sessions (a DISTINCT over them took 18 ms with 100,000 queued on
+# PostgreSQL). Every session's group is a row of `resource_groups` (a foreign key).
+_PENDING_GROUPS = DirectStatement(
+    lambda _dialect: (
+        sa.select(resource_groups.c.name)
+        .where(
+            sa.exists().where(
+                sessions.c.status == sa.literal_column(f"'{SessionStatus.PENDING.value}'"),
+                sessions.c.resource_group == resource_groups.c.name,
+            )
+        )
+        .order_by(resource_groups.c.name)
+    )
+)
+
+
+async def read_pending_groups(conn: AsyncConnection) -> list[str]:
+    """The resource groups with PENDING sessions, by name."""
+    return list(await _PENDING_GROUPS.scalars(conn))
+
+
 @functools.cache
 def _candidates_query(*, limited: bool, newest_first: bool) -> DirectStatement:
     """`read_candidates`' statement, built once per shape (parameters: group, now, limit)."""
 
     def build(_dialect: Dialect) -> sa.Select[Any]:
-        now = sa.bindparam("now", type_=sessions.c.created_at.type)
-        query = pending_view(
-            sa.and_(
-                sessions.c.status == SessionStatus.PENDING.value,
-                sessions.c.resource_group
-                == sa.bindparam("group", type_=sessions.c.resource_group.type),
-                sessions.c.requeue_active.is_(True),
-                sa.or_(sessions.c.requeue_at.is_(None), sessions.c.requeue_at <= now),
-                sa.or_(sessions.c.starts_at.is_(None), sessions.c.starts_at <= now),
-            )
-        )
+        query = pending_view(_is_candidate())
         if not limited:
             return query.order_by(sessions.c.created_at, sessions.c.id)
-        age = sessions.c.created_at.desc() if newest_first else sessions.c.created_at.asc()
-        return query.order_by(sessions.c.priority.desc(), age, sessions.c.id).limit(
+        return query.order_by(*_queue_order(newest_first)).limit(
             sa.bindparam("limit", type_=sa.Integer())
         )
 
     return DirectStatement(build)
+
+
+def _is_candidate() -> sa.ColumnElement[bool]:
+    """A PENDING session of the group (parameter `group`) that may be placed at `now`."""
+    now = sa.bindparam("now", type_=sessions.c.created_at.type)
+    return sa.and_(
+        sessions.c.status == sa.literal_column(f"'{SessionStatus.PENDING.value}'", sa.String()),
+        sessions.c.resource_group == sa.bindparam("group", type_=sessions.c.resource_group.type),
+        sessions.c.requeue_active.is_(True),
+        sa.or_(sessions.c.requeue_at.is_(None), sessions.c.requeue_at <= now),
+        sa.or_(sessions.c.starts_at.is_(None), sessions.c.starts_at <= now),
+    )
+
+
+def _queue_order(newest_first: bool) -> tuple[sa.ColumnElement[Any], ...]:
+    """A group's queue order, as the FIFO and LIFO sequencers order: priority (higher first),
+    then oldest (LIFO: newest) first, ties by id."""
+    age = sessions.c.created_at.desc() if newest_first else sessions.c.created_at.asc()
+    return (sessions.c.priority.desc(), age, sessions.c.id)
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePlace:
+    """Where a session stands in its group's queue (see `_queue_order`)."""
+
+    priority: int
+    created_at: datetime
+    id: SessionId
+
+    @classmethod
+    def of(cls, session: SessionWithKernels) -> QueuePlace:
+        return cls(session.priority, session.created_at, session.id)
+
+
+async def read_queue_page(
+    conn: AsyncConnection,
+    group: str,
+    now: datetime,
+    *,
+    newest_first: bool,
+    limit: int | None,
+    after: QueuePlace | None = None,
+) -> list[SessionWithKernels]:
+    """The group's candidates (what `read_candidates` selects) with their kernels: the first
+    `limit` in queue order that come after `after` (all of them with `limit` None).
+
+    A scheduling pass reads its queue a page at a time with it, each page after the last
+    session of the one before; the page comes back in no particular order.
+    """
+    params: dict[str, Any] = {"group": group, "now": now}
+    if limit is not None:
+        params["limit"] = limit
+    if after is not None:
+        params.update(
+            after_priority=after.priority, after_created=after.created_at, after_id=after.id
+        )
+    statement = _queue_page_query(
+        limited=limit is not None, newest_first=newest_first, paged=after is not None
+    )
+    return await load_with_kernels(conn, statement, params)
+
+
+@functools.cache
+def _queue_page_query(*, limited: bool, newest_first: bool, paged: bool) -> DirectStatement:
+    """`read_queue_page`'s statement, built once per shape (parameters: group, now, limit,
+    after_priority, after_created, after_id)."""
+    s = sessions.c
+    page = sa.select(s.id).where(_is_candidate())
+    if paged:
+        priority = sa.bindparam("after_priority", type_=s.priority.type)
+        created = sa.bindparam("after_created", type_=s.created_at.type)
+        later = s.created_at < created if newest_first else s.created_at > created
+        page = page.where(
+            sa.or_(
+                s.priority < priority,
+                sa.and_(
+                    s.priority == priority,
+                    sa.or_(
+                        later,
+                        sa.and_(
+                            s.created_at == created,
+                            s.id > sa.bindparam("after_id", type_=s.id.type),
+                        ),
+                    ),
+                ),
+            )
+        )
+    if limited:
+        page = page.order_by(*_queue_order(newest_first)).limit(
+            sa.bindparam("limit", type_=sa.Integer())
+        )
+    where = s.id.in_(page.scalar_subquery())
+    return DirectStatement(lambda _dialect: with_kernels(where))
 
 
 _AGENT_SLOTS = DirectStatement(

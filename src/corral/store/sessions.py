@@ -63,24 +63,29 @@ class SessionRepository:
         kernel_statuses: Collection[KernelStatus] | None = None,
         resource_group: str | None = None,
         limit: int | None = None,
+        entered_before: datetime | None = None,
         conn: AsyncConnection | None = None,
     ) -> list[SessionWithKernels]:
         """Sessions in `statuses` with all their kernels, oldest first, in one query.
 
-        With `kernel_statuses`, only sessions that have at least one kernel in one of them.
-        With `conn`, read in the caller's transaction.
+        With `kernel_statuses`, only sessions that have at least one kernel in one of them;
+        with `entered_before`, only those that entered their status before then. With `conn`,
+        read in the caller's transaction.
         """
         statement = _load_query(
             tuple(sorted(s.value for s in statuses)),
             None if kernel_statuses is None else tuple(sorted(k.value for k in kernel_statuses)),
             by_group=resource_group is not None,
             limited=limit is not None,
+            timed=entered_before is not None,
         )
         params: dict[str, Any] = {}
         if resource_group is not None:
             params["group"] = resource_group
         if limit is not None:
             params["limit"] = limit
+        if entered_before is not None:
+            params["entered_before"] = entered_before
         return await self._load(conn, statement, params)
 
     async def load_needing_attention(
@@ -338,9 +343,16 @@ def _load_query(
     *,
     by_group: bool,
     limited: bool,
+    timed: bool = False,
 ) -> DirectStatement:
-    """`SessionRepository.load`'s statement, built once per shape (parameters: group, limit)."""
+    """`SessionRepository.load`'s statement, built once per shape (parameters: group, limit,
+    entered_before)."""
     query = sa.select(sessions.c.id).where(in_constants(sessions.c.status, statuses))
+    if timed:
+        query = query.where(
+            sessions.c.status_changed_at
+            < sa.bindparam("entered_before", type_=sessions.c.status_changed_at.type)
+        )
     if by_group:
         query = query.where(
             sessions.c.resource_group == sa.bindparam("group", type_=sessions.c.resource_group.type)

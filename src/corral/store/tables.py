@@ -237,6 +237,18 @@ sessions = sa.Table(
     ),
 )
 
+# A group's queue in order, for a scheduling pass's pages (`scheduling.read_queue_page`);
+# only PENDING sessions are in it.
+sa.Index(
+    "ix_sessions_pending_queue",
+    sessions.c.resource_group,
+    sessions.c.priority.desc(),
+    sessions.c.created_at,
+    sessions.c.id,
+    postgresql_where=sa.text("status = 'PENDING'"),
+    sqlite_where=sa.text("status = 'PENDING'"),
+)
+
 session_dependencies = sa.Table(
     "session_dependencies",
     metadata,

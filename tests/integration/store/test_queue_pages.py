@@ -1,0 +1,98 @@
+"""A group's queue read a page at a time (`read_queue_page`), on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+
+import pytest
+
+from corral.domain.session import PendingSession, SessionWithKernels
+from corral.domain.types import SessionId
+from corral.scheduler.sequencers import newest_first, oldest_first
+from corral.store.database import Database
+from corral.store.scheduling import QueuePlace, read_pending_groups, read_queue_page
+from tests.integration.store._factories import (
+    NOW,
+    add_group,
+    add_session_ids,
+    add_user,
+    update_sessions,
+)
+
+
+async def queue(db: Database, count: int, seed: int) -> list[SessionId]:
+    """`count` PENDING sessions in `default` with priorities 0..2 and only three distinct
+    creation times, so that most ties are broken by id."""
+    rng = random.Random(seed)
+    ids = await add_session_ids(db, await add_user(db), count)
+    for sid in ids:
+        await update_sessions(
+            db,
+            [sid],
+            priority=rng.randint(0, 2),
+            created_at=NOW - timedelta(seconds=rng.randint(0, 2)),
+        )
+    return ids
+
+
+def in_queue_order(page: list[SessionWithKernels], newest: bool) -> list[SessionId]:
+    """The sessions as the FIFO (LIFO) sequencer orders them: priority first (a stable sort
+    after the sequencer's own order)."""
+    order = newest_first if newest else oldest_first
+    return [s.id for s in sorted(order([PendingSession.of(s) for s in page]),
+                                 key=lambda s: -s.priority)]  # fmt: skip
+
+
+async def read_all(db: Database, *, newest: bool, size: int | None) -> list[SessionWithKernels]:
+    """Every page in turn, each after the last session of the one before, as a pass reads."""
+    pages: list[SessionWithKernels] = []
+    after: QueuePlace | None = None
+    for _ in range(64):  # more pages than a 30-session queue has: the keyset is broken
+        async with db.read_statements() as conn:
+            page = await read_queue_page(
+                conn, "default", NOW, newest_first=newest, limit=size, after=after
+            )
+        pages.extend(page)
+        if size is None or len(page) < size:
+            return pages
+        last = in_queue_order(page, newest)[-1]
+        after = QueuePlace.of(next(s for s in page if s.id == last))
+    raise AssertionError("the pages never ended")
+
+
+@pytest.mark.parametrize("newest", [False, True], ids=["fifo", "lifo"])
+@pytest.mark.parametrize("size", [1, 4, 7, 30])
+async def test_pages_cover_the_queue_once_in_the_sequencers_order(
+    db: Database, newest: bool, size: int
+) -> None:
+    """Page after page gives every candidate exactly once, pages in the order the FIFO (LIFO)
+    sequencer sorts the whole queue: the SQL order and the Python one agree, ties included."""
+    await queue(db, 30, seed=size)
+    whole = await read_all(db, newest=newest, size=None)
+    assert len(whole) == 30
+    expected = in_queue_order(whole, newest)
+    paged = await read_all(db, newest=newest, size=size)
+    ids = [s.id for s in paged]
+    assert len(ids) == len(set(ids)) == 30
+    for start in range(0, 30, size):  # each page holds the next `size` of the queue
+        assert set(ids[start : start + size]) == set(expected[start : start + size])
+
+
+async def test_a_page_holds_only_candidates_of_its_group(db: Database) -> None:
+    """Not yet due, deactivated, other groups' and no longer PENDING sessions are left out."""
+    owner = await add_user(db)
+    await add_group(db, "other")
+    due, later, inactive, placed = await add_session_ids(db, owner, 4)
+    (elsewhere,) = await add_session_ids(db, owner, 1, group="other")
+    await update_sessions(db, [later], starts_at=NOW + timedelta(minutes=5))
+    await update_sessions(db, [inactive], requeue_active=False)
+    await update_sessions(db, [placed], status="SCHEDULED")
+    async with db.read_statements() as conn:
+        page = await read_queue_page(conn, "default", NOW, newest_first=False, limit=10)
+        assert await read_pending_groups(conn) == ["default", "other"]
+    assert [s.id for s in page] == [due]
+    assert [len(s.kernels) for s in page] == [1]
+    await update_sessions(db, [elsewhere], status="CANCELLED")
+    async with db.read_statements() as conn:
+        assert await read_pending_groups(conn) == ["default"]
