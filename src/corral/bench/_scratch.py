@@ -6,12 +6,21 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 
 import sqlalchemy as sa
 
+from corral.domain.session import NewSession
+from corral.domain.types import AgentId, SessionId, UserId
+from corral.store.agents import NewAgent, insert_agents
 from corral.store.database import Database, async_url
 from corral.store.migrate import upgrade
+from corral.store.placements import KernelPlacement, SessionPlacement, commit_placements
+from corral.store.sessions import SessionRepository
+from corral.store.tables import users
+
+SEED_AGENTS = 100
 
 
 @asynccontextmanager
@@ -61,3 +70,44 @@ class StatementCounter:
 
     def _on_execute(self, *_args: object) -> None:
         self.count += 1
+
+
+async def seed_placed_sessions(db: Database, count: int, now: datetime) -> list[SessionId]:
+    """`count` single-kernel one-cpu sessions of one owner, placed (SCHEDULED) round-robin on
+    `SEED_AGENTS` agents just large enough (`bench-NNN`, in group `default`)."""
+    owner = UserId(uuid.uuid4())
+    async with db.transaction() as conn:
+        await conn.execute(
+            users.insert(), [{"id": owner, "name": "bench", "role": "user", "created_at": now}]
+        )
+    agents = [AgentId(f"bench-{i:03d}") for i in range(SEED_AGENTS)]
+    per_agent = -(-count // SEED_AGENTS)
+    await insert_agents(
+        db,
+        [NewAgent(a, f"10.0.0.{i}", {"cpu": per_agent * 1000}) for i, a in enumerate(agents)],
+        now,
+    )
+    ids = [SessionId(uuid.uuid4()) for _ in range(count)]
+    await SessionRepository(db).insert(
+        [
+            NewSession(
+                id=sid,
+                owner_id=owner,
+                type="BATCH",
+                resource_group="default",
+                cluster_mode="single-node",
+                cluster_size=1,
+                spec={"image": "python", "command": ["true"]},
+                kernel_slots={"cpu": 1000},
+            )
+            for sid in ids
+        ],
+        now,
+    )
+    plan = [
+        SessionPlacement(sid, (KernelPlacement(0, agents[i % SEED_AGENTS], {"cpu": 1000}),))
+        for i, sid in enumerate(ids)
+    ]
+    placed = await commit_placements(db, plan, now)
+    assert len(placed.placed) == count, "bench setup: every session must be placed"
+    return ids

@@ -16,7 +16,6 @@ The others must still be RUNNING at the end, and the ended ones TERMINATED.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -24,26 +23,22 @@ from typing import Literal
 
 import sqlalchemy as sa
 
-from corral.bench._scratch import scratch_database
+from corral.bench._scratch import scratch_database, seed_placed_sessions
 from corral.controller.agents import after_reports
 from corral.coordination.coordinator import SessionCoordinator
 from corral.domain.results import SchedulingResult, TransitionStatus
-from corral.domain.session import NewSession
 from corral.domain.status import KernelStatus, SessionStatus
-from corral.domain.types import AgentId, KernelId, SessionId, UserId
+from corral.domain.types import AgentId, KernelId, SessionId
 from corral.handlers.sessions.promotions import DetectTermination, PromoteToTerminated
 from corral.infra.hints.memory import MemoryHintBus
-from corral.store.agents import NewAgent, insert_agents
 from corral.store.database import Database
 from corral.store.kernel_reports import KernelReport, ReportOutcome, apply_report_batches
-from corral.store.placements import KernelPlacement, SessionPlacement, commit_placements
 from corral.store.sessions import SessionRepository
 from corral.store.status_changes import StatusChange
-from corral.store.tables import kernels, users
+from corral.store.tables import kernels
 
 S, K = SessionStatus, KernelStatus
 Path = Literal["report", "tasks"]
-AGENTS = 100
 # The moves that take a placed session to RUNNING, one guarded apply each.
 _TO_RUNNING = (
     (S.SCHEDULED, S.PREPARING, K.PREPARING),
@@ -111,42 +106,10 @@ async def run_endings_bench(
 async def _seed_running(
     db: Database, count: int, now: datetime
 ) -> list[tuple[SessionId, KernelId, AgentId]]:
-    """`count` single-kernel sessions, RUNNING on `AGENTS` agents: (session, kernel, agent)."""
-    owner = UserId(uuid.uuid4())
-    async with db.transaction() as conn:
-        await conn.execute(
-            users.insert(), [{"id": owner, "name": "bench", "role": "user", "created_at": now}]
-        )
-    agents = [AgentId(f"bench-{i:03d}") for i in range(AGENTS)]
-    per_agent = -(-count // AGENTS)
-    await insert_agents(
-        db,
-        [NewAgent(a, f"10.0.0.{i}", {"cpu": per_agent * 1000}) for i, a in enumerate(agents)],
-        now,
-    )
+    """`count` single-kernel sessions, RUNNING on `SEED_AGENTS` agents: (session, kernel,
+    agent)."""
+    ids = await seed_placed_sessions(db, count, now)
     repo = SessionRepository(db)
-    ids = [SessionId(uuid.uuid4()) for _ in range(count)]
-    await repo.insert(
-        [
-            NewSession(
-                id=sid,
-                owner_id=owner,
-                type="BATCH",
-                resource_group="default",
-                cluster_mode="single-node",
-                cluster_size=1,
-                spec={"image": "python", "command": ["true"]},
-                kernel_slots={"cpu": 1000},
-            )
-            for sid in ids
-        ],
-        now,
-    )
-    plan = [
-        SessionPlacement(sid, (KernelPlacement(0, agents[i % AGENTS], {"cpu": 1000}),))
-        for i, sid in enumerate(ids)
-    ]
-    assert len((await commit_placements(db, plan, now)).placed) == count, "bench: setup placement"
     for step, (before, after, kernel) in enumerate(_TO_RUNNING, start=1):
         change = StatusChange(
             ids,

@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from corral.bench._scratch import StatementCounter, scratch_database
+from corral.bench._scratch import StatementCounter, scratch_database, seed_placed_sessions
 from corral.domain.results import SchedulingResult, TransitionStatus
-from corral.domain.session import NewSession
 from corral.domain.status import KernelStatus, SessionStatus
-from corral.domain.types import AgentId, SessionId, UserId
-from corral.store.agents import NewAgent, insert_agents, read_ledger
-from corral.store.placements import KernelPlacement, SessionPlacement, commit_placements
+from corral.store.agents import read_ledger
 from corral.store.sessions import SessionRepository
 from corral.store.status_changes import StatusChange
-from corral.store.tables import users
 
 S, K, R = SessionStatus, KernelStatus, SchedulingResult
 
@@ -70,42 +65,8 @@ async def run_store_bench(database: str, sessions: int) -> StoreBenchResult:
     """Create `sessions` single-kernel sessions, place them, then time three guarded phases."""
     async with scratch_database(database) as db:
         now = datetime.now(UTC)
-        owner = UserId(uuid.uuid4())
-        async with db.transaction() as conn:
-            await conn.execute(
-                users.insert(), [{"id": owner, "name": "bench", "role": "user", "created_at": now}]
-            )
-        agents = [AgentId(f"bench-{i:04d}") for i in range(100)]
-        per_agent = -(-sessions // len(agents))
-        await insert_agents(
-            db,
-            [NewAgent(a, f"10.0.0.{i}", {"cpu": per_agent * 1000}) for i, a in enumerate(agents)],
-            now,
-        )
+        ids = await seed_placed_sessions(db, sessions, now)
         repo = SessionRepository(db)
-        ids = [SessionId(uuid.uuid4()) for _ in range(sessions)]
-        await repo.insert(
-            [
-                NewSession(
-                    id=sid,
-                    owner_id=owner,
-                    type="BATCH",
-                    resource_group="default",
-                    cluster_mode="single-node",
-                    cluster_size=1,
-                    spec={"image": "python", "command": ["true"]},
-                    kernel_slots={"cpu": 1000},
-                )
-                for sid in ids
-            ],
-            now,
-        )
-        plan = [
-            SessionPlacement(sid, (KernelPlacement(0, agents[i % len(agents)], {"cpu": 1000}),))
-            for i, sid in enumerate(ids)
-        ]
-        placed = await commit_placements(db, plan, now)
-        assert len(placed.placed) == sessions, "bench setup: every session must be placed"
 
         counter = StatementCounter(db)
         phase_ms: dict[str, float] = {}

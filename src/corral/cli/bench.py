@@ -18,19 +18,21 @@ from corral.bench.store import run_store_bench
 from corral.cli._common import fail, fail_unreachable
 
 app = typer.Typer(help="Performance benchmarks (JSON output).", no_args_is_help=True)
+# Where a bench runs, for the benches that can run on several backends in turn.
+Databases = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--database",
+        help="Where to run: `sqlite` (a temporary file) or a postgresql:// URL whose server "
+        "gets a scratch database. Repeat to run on several backends.",
+    ),
+]
 _err = Console(stderr=True)
 
 
 @app.command("store")
 def store_command(
-    database: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--database",
-            help="Where to run: `sqlite` (a temporary file) or a postgresql:// URL whose "
-            "server gets a scratch database. Repeat to run on several backends.",
-        ),
-    ] = None,
+    database: Databases = None,
     sessions: Annotated[int, typer.Option(min=1, help="Sessions, one kernel each.")] = 10_000,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
@@ -53,14 +55,7 @@ def store_command(
 
 @app.command("schedule")
 def schedule_command(
-    database: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--database",
-            help="`sqlite` (a temporary file) or a postgresql:// URL whose server gets a "
-            "scratch database. Repeat to run on several backends.",
-        ),
-    ] = None,
+    database: Databases = None,
     agents: Annotated[int, typer.Option(min=1, help="Agents (64 cpu, 256 GiB each).")] = 1000,
     sessions: Annotated[int, typer.Option(min=1, help="Pending sessions.")] = 10_000,
     cluster_size: Annotated[
@@ -89,14 +84,7 @@ def schedule_command(
 
 @app.command("endings")
 def endings_command(
-    database: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--database",
-            help="`sqlite` (a temporary file) or a postgresql:// URL whose server gets a "
-            "scratch database. Repeat to run on several backends.",
-        ),
-    ] = None,
+    database: Databases = None,
     running: Annotated[
         int, typer.Option(min=1, help="RUNNING sessions, one kernel each.")
     ] = 10_000,
