@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -333,17 +333,10 @@ class SessionCoordinator:
         self, conn: AsyncConnection, handler: LifecycleHandler, group_limits: _GroupLimits
     ) -> list[SessionWithKernels]:
         """The handler's targets; in its watched statuses, only the sessions that need it."""
-        by_group, default = group_limits
-        timeouts = [
-            limits.timeout_s
-            for limits in (default, *by_group.values())
-            if limits.timeout_s is not None
-        ]
-        expiring_before = self.clock() - timedelta(seconds=min(timeouts)) if timeouts else None
         return await self.repository.load_needing_attention(
             handler.target_session_statuses,
             handler.watched_session_statuses,
-            expiring_before,
+            self._expiring_before(group_limits),
             conn=conn,
         )
 
@@ -351,21 +344,27 @@ class SessionCoordinator:
         self, conn: AsyncConnection, handler: LifecycleHandler, group_limits: _GroupLimits
     ) -> list[SessionWithKernels]:
         """The handler's targets that entered their status long enough ago to have expired
-        under the shortest timeout of the default and any group's (none without a timeout)."""
+        (none without a timeout)."""
+        entered_before = self._expiring_before(group_limits)
+        if entered_before is None:
+            return []
+        return await self.repository.load(
+            handler.target_session_statuses,
+            kernel_statuses=handler.target_kernel_statuses,
+            entered_before=entered_before,
+            conn=conn,
+        )
+
+    def _expiring_before(self, group_limits: _GroupLimits) -> datetime | None:
+        """Sessions that entered their status before this may have expired: now minus the
+        shortest timeout of the default and any group's (None when none sets a timeout)."""
         by_group, default = group_limits
         timeouts = [
             limits.timeout_s
             for limits in (default, *by_group.values())
             if limits.timeout_s is not None
         ]
-        if not timeouts:
-            return []
-        return await self.repository.load(
-            handler.target_session_statuses,
-            kernel_statuses=handler.target_kernel_statuses,
-            entered_before=self.clock() - timedelta(seconds=min(timeouts)),
-            conn=conn,
-        )
+        return self.clock() - timedelta(seconds=min(timeouts)) if timeouts else None
 
     async def _group_limits(self, conn: AsyncConnection, phase: str) -> _GroupLimits:
         """Limits per resource group for `phase`, where a group overrides the default; and
