@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -87,18 +87,16 @@ async def schedule_group(
     now: datetime,
     *,
     limit: int | None = None,
-    pending: Sequence[SessionWithKernels] | None = None,
     page: QueuePage | None = None,
     on_committed: OnCommitted | None = None,
 ) -> PassResult:
     """Place what fits in `group` now and commit it; sessions that lost a race stay PENDING.
 
-    `pending`: the group's PENDING sessions, already loaded; `page`: the part of the queue to
-    read (see `load_snapshot`). `on_committed` runs inside the commit's transaction with the
-    sessions placed.
+    `limit` or `page`: the part of the queue to read (see `load_snapshot`). `on_committed` runs
+    inside the commit's transaction with the sessions placed.
     """
     started = time.perf_counter()
-    snapshot = await load_snapshot(db, group, now, limit=limit, pending=pending, page=page)
+    snapshot = await load_snapshot(db, group, now, limit=limit, page=page)
     loaded = time.perf_counter()
     if not _worth_overlapping(snapshot):
         plan = place_sessions(snapshot)

@@ -36,7 +36,6 @@ async def load_snapshot(
     now: datetime,
     *,
     limit: int | None = None,
-    pending: Sequence[SessionWithKernels] | None = None,
     page: QueuePage | None = None,
 ) -> GroupSnapshot:
     """Read everything placement needs for `group`.
@@ -50,14 +49,11 @@ async def load_snapshot(
 
     `limit` caps the candidates at the first sessions in the group's order; a DRF group's
     window is taken oldest first within each priority, since its order depends on usage.
-    `pending`: PENDING sessions the caller has just loaded with their kernels (the scheduling
-    handler's targets); the candidates are chosen among them instead of read again. The commit
-    re-checks under lock that each is still PENDING, so an older read is never placed twice.
     `page`: read that page of the queue, with the sessions' kernels (`GroupSnapshot.read`), if
     the group's queue is read in pages (`pages_queue`), else the whole queue so.
     """
-    if sum(x is not None for x in (limit, pending, page)) > 1:
-        raise ValueError("give load_snapshot one of `limit`, `pending` and `page`, not more")
+    if limit is not None and page is not None:
+        raise ValueError("give load_snapshot either `limit` or `page`, not both")
     read: list[SessionWithKernels] = []
     paged = False
     async with db.read_statements() as conn:
@@ -73,7 +69,7 @@ async def load_snapshot(
                 after=page.after if paged else None,
             )
             candidates = [PendingSession.of(s) for s in read]
-        elif pending is None:
+        else:
             candidates = await read_candidates(
                 conn,
                 db.dialect,
@@ -82,8 +78,6 @@ async def load_snapshot(
                 limit=limit,
                 newest_first=options.sequencer is Sequencer.LIFO,
             )
-        else:
-            candidates = [PendingSession.of(s) for s in pending if is_candidate(s, group, now)]
         pool = build_pool(await read_agent_slots(conn, group))
         counts: dict[UserId, int] = {}
         slots: dict[UserId, dict[str, int]] = {}
@@ -122,17 +116,6 @@ def pages_queue(options: ResourceGroupOptions) -> bool:
     whole queue.
     """
     return options.ordering is Ordering.STRICT and options.sequencer is not Sequencer.DRF
-
-
-def is_candidate(session: SessionWithKernels | PendingSession, group: str, now: datetime) -> bool:
-    """Whether `session` may be placed in `group` at `now`: what `read_candidates` selects."""
-    return (
-        session.status is SessionStatus.PENDING
-        and session.resource_group == group
-        and session.requeue_active
-        and (session.requeue_at is None or session.requeue_at <= now)
-        and (session.starts_at is None or session.starts_at <= now)
-    )
 
 
 def _reads_owner_usage(options: ResourceGroupOptions) -> bool:

@@ -8,12 +8,11 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from corral.domain.session import SessionWithKernels
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import AgentId, SessionId
 from corral.scheduler.planner import NO_CAPACITY, WAITING_BEHIND
 from corral.scheduler.scheduler import schedule_group
-from corral.scheduler.types import Outcome
+from corral.scheduler.types import Outcome, QueuePage
 from corral.scheduler.validators import (
     DEPENDENCY_FAILED,
     DEPENDENCY_PENDING,
@@ -94,17 +93,18 @@ async def test_pass_places_what_fits_and_commits_it(db: Database) -> None:
     assert sorted(rows) == sorted([(pair.id, *PLACED_ROW), (single.id, *PLACED_ROW)])
 
 
-async def pending_given(db: Database, given: bool) -> list[SessionWithKernels] | None:
-    """Every PENDING session as the scheduling handler hands them over, or None (pass reads)."""
-    return await SessionRepository(db).load([S.PENDING]) if given else None
+def queue_page(paged: bool) -> QueuePage | None:
+    """A first page of the queue, as the scheduling handler reads it, or None (the pass reads
+    every candidate)."""
+    return QueuePage(100) if paged else None
 
 
-@pytest.mark.parametrize("given", [False, True], ids=["read", "given"])
+@pytest.mark.parametrize("paged", [False, True], ids=["read", "paged"])
 async def test_sessions_not_due_or_deactivated_are_not_candidates(
-    db: Database, given: bool
+    db: Database, paged: bool
 ) -> None:
     """A future starts_at or requeue_at, or requeue_active false, keeps a session out, whether
-    the pass reads its candidates or picks them from PENDING sessions it is given."""
+    the pass reads all its candidates or a page of its queue."""
     owner = await add_user(db)
     await add_agents(db, [{"cpu": 10000}])
     ids = await add_session_ids(db, owner, 6)
@@ -115,7 +115,7 @@ async def test_sessions_not_due_or_deactivated_are_not_candidates(
     await update_sessions(db, [started], starts_at=LATER)
     await update_sessions(db, [requeued], requeue_at=NOW)
 
-    result = await schedule_group(db, "default", LATER, pending=await pending_given(db, given))
+    result = await schedule_group(db, "default", LATER, page=queue_page(paged))
 
     assert sorted(result.plan.order) == sorted([started, requeued, plain])
     assert sorted(result.committed.placed) == sorted([started, requeued, plain])
@@ -123,10 +123,10 @@ async def test_sessions_not_due_or_deactivated_are_not_candidates(
     assert [found[sid] for sid in (late_start, late_requeue, deactivated)] == [S.PENDING] * 3
 
 
-@pytest.mark.parametrize("given", [False, True], ids=["read", "given"])
-async def test_other_groups_sessions_and_agents_are_left_alone(db: Database, given: bool) -> None:
-    """A pass over one group neither places another group's sessions nor uses its agents, also
-    when it is given every group's PENDING sessions."""
+@pytest.mark.parametrize("paged", [False, True], ids=["read", "paged"])
+async def test_other_groups_sessions_and_agents_are_left_alone(db: Database, paged: bool) -> None:
+    """A pass over one group neither places another group's sessions nor uses its agents,
+    whether it reads all its candidates or a page of its queue."""
     await add_group(db, "other")
     owner = await add_user(db)
     [home] = await add_agents(db, [{"cpu": 2000}])
@@ -137,7 +137,7 @@ async def test_other_groups_sessions_and_agents_are_left_alone(db: Database, giv
     fits, too_large = await add_sessions(db, owner, [(1, {"cpu": 1000}), (1, {"cpu": 8000})])
     [foreign] = await add_session_ids(db, owner, 1, group="other")
 
-    result = await schedule_group(db, "default", LATER, pending=await pending_given(db, given))
+    result = await schedule_group(db, "default", LATER, page=queue_page(paged))
 
     assert result.committed.placed == [fits.id]
     assert result.plan.decisions[too_large.id].code == REQUEST_TOO_LARGE
