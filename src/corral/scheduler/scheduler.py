@@ -11,7 +11,7 @@ from datetime import datetime
 from corral.domain.results import HandlerResult, ResultNote
 from corral.domain.session import SessionWithKernels
 from corral.scheduler.planner import place_sessions
-from corral.scheduler.snapshot import load_snapshot
+from corral.scheduler.snapshot import load_snapshot, pages_queue
 from corral.scheduler.types import GroupSnapshot, Outcome, Plan, QueuePage
 from corral.store.database import Database
 from corral.store.placements import (
@@ -118,7 +118,7 @@ async def schedule_group(
 
 def _next_page(page: QueuePage | None, snapshot: GroupSnapshot, plan: Plan) -> QueuePage | None:
     """The page after `page`, if the queue may go on and no session blocked what follows."""
-    if page is None or not snapshot.paged or len(snapshot.read) < page.size:
+    if page is None or not pages_queue(snapshot.options) or len(snapshot.read) < page.size:
         return None
     if plan.blocker is not None or not plan.order:
         return None

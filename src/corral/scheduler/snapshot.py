@@ -55,7 +55,6 @@ async def load_snapshot(
     if limit is not None and page is not None:
         raise ValueError("give load_snapshot either `limit` or `page`, not both")
     read: list[SessionWithKernels] = []
-    paged = False
     async with db.read_statements() as conn:
         options = ResourceGroupOptions.model_validate(await read_group_options(db, conn, group))
         if page is not None:
@@ -103,7 +102,6 @@ async def load_snapshot(
         },
         now=now,
         read=read,
-        paged=paged,
     )
 
 

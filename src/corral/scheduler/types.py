@@ -83,10 +83,9 @@ class GroupSnapshot:
     usage: dict[UserId, OwnerUsage]
     dependencies: dict[SessionId, list[DependencyState]]
     now: datetime
-    # Read as a page of the queue (`QueuePage`): the sessions read, with their kernels, and
-    # whether they are only part of the queue (a group that is not paged is read whole).
+    # Read for a page of the queue (`QueuePage`): the sessions read, with their kernels (the
+    # whole queue for a group that is not read in pages, `snapshot.pages_queue`).
     read: list[SessionWithKernels] = field(default_factory=list)
-    paged: bool = False
 
 
 class VerdictKind(StrEnum):
