@@ -66,7 +66,6 @@ class ReportOutcome:
     # every status some kernel moved into, the intermediate ones of a batch included
     passed: set[KernelStatus] = field(default_factory=set)
     stage_failures: dict[KernelId, KernelStatus] = field(default_factory=dict)
-    sessions: set[SessionId] = field(default_factory=set)  # sessions of kernels that changed
     session_of: dict[KernelId, SessionId] = field(default_factory=dict)  # of the `moved` kernels
 
     def moved_to(self) -> set[KernelStatus]:
@@ -186,7 +185,6 @@ def _fold(
         if values is None:
             continue
         updates.setdefault(report.kernel_id, {"kid": report.kernel_id}).update(values)
-        outcome.sessions.add(SessionId(row[1]))
         if report.stage_failed:
             outcome.stage_failures[report.kernel_id] = before
             continue
