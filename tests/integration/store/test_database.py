@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 from corral.store._sql import in_param
-from corral.store.database import Database
+from corral.store.database import SQLITE_WAL_AUTOCHECKPOINT_PAGES, Database
 from corral.store.tables import agents
 from tests.integration.store._factories import NOW, add_user
 
@@ -31,6 +31,18 @@ async def test_autocommit_commits_each_statement_at_once(db: Database) -> None:
                 sa.text("SELECT name FROM users WHERE id = :id"), {"id": user_id}
             )
         assert seen == "auto"
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_sqlite_connections_checkpoint_their_wal_seldom(db: Database) -> None:
+    """Every pooled SQLite connection, reading or writing, is in WAL mode and copies the WAL
+    back only once it holds SQLITE_WAL_AUTOCHECKPOINT_PAGES pages (SQLite's own is 1,000)."""
+    assert SQLITE_WAL_AUTOCHECKPOINT_PAGES > 1_000
+    async with db.read() as reading, db.transaction() as writing:
+        for conn in (reading, writing):
+            assert await conn.scalar(sa.text("PRAGMA journal_mode")) == "wal"
+            pages = await conn.scalar(sa.text("PRAGMA wal_autocheckpoint"))
+            assert pages == SQLITE_WAL_AUTOCHECKPOINT_PAGES
 
 
 async def _driver_identity(conn: sa.ext.asyncio.AsyncConnection) -> object:
