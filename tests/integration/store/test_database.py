@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import uuid
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from corral.store._sql import in_param
-from corral.store.database import SQLITE_WAL_AUTOCHECKPOINT_PAGES, Database
+from corral.store.database import (
+    SQLITE_PAGE_SIZE,
+    SQLITE_WAL_CHECKPOINT_BYTES,
+    Database,
+)
 from corral.store.tables import agents
 from tests.integration.store._factories import NOW, add_user
 
@@ -34,15 +41,37 @@ async def test_autocommit_commits_each_statement_at_once(db: Database) -> None:
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-async def test_sqlite_connections_checkpoint_their_wal_seldom(db: Database) -> None:
-    """Every pooled SQLite connection, reading or writing, is in WAL mode and copies the WAL
-    back only once it holds SQLITE_WAL_AUTOCHECKPOINT_PAGES pages (SQLite's own is 1,000)."""
-    assert SQLITE_WAL_AUTOCHECKPOINT_PAGES > 1_000
+async def test_sqlite_databases_get_large_pages_and_seldom_checkpoints(db: Database) -> None:
+    """A database corral creates has SQLITE_PAGE_SIZE pages; every pooled connection, reading
+    or writing, is in WAL mode and copies the WAL back only once it holds
+    SQLITE_WAL_CHECKPOINT_BYTES (SQLite's own default is 1,000 pages)."""
     async with db.read() as reading, db.transaction() as writing:
         for conn in (reading, writing):
+            assert await conn.scalar(sa.text("PRAGMA page_size")) == SQLITE_PAGE_SIZE
             assert await conn.scalar(sa.text("PRAGMA journal_mode")) == "wal"
             pages = await conn.scalar(sa.text("PRAGMA wal_autocheckpoint"))
-            assert pages == SQLITE_WAL_AUTOCHECKPOINT_PAGES
+            assert pages == SQLITE_WAL_CHECKPOINT_BYTES // SQLITE_PAGE_SIZE > 1_000
+
+
+async def test_an_existing_sqlite_database_keeps_its_page_size(tmp_path: Path) -> None:
+    """A database made with SQLite's default 4 KiB pages opens as it is (its page size is
+    fixed), and its checkpoints still come every SQLITE_WAL_CHECKPOINT_BYTES."""
+    path = tmp_path / "old.db"
+    with contextlib.closing(sqlite3.connect(path)) as old:
+        old.execute("PRAGMA page_size=4096")
+        old.execute("PRAGMA journal_mode=WAL")
+        old.execute("CREATE TABLE kept (n INTEGER)")
+        old.execute("INSERT INTO kept VALUES (7)")
+        old.commit()
+    db = Database.open(f"sqlite:///{path}")
+    try:
+        async with db.transaction() as conn:
+            assert await conn.scalar(sa.text("SELECT n FROM kept")) == 7
+            assert await conn.scalar(sa.text("PRAGMA page_size")) == 4096
+            pages = await conn.scalar(sa.text("PRAGMA wal_autocheckpoint"))
+            assert pages == SQLITE_WAL_CHECKPOINT_BYTES // 4096
+    finally:
+        await db.close()
 
 
 async def _driver_identity(conn: sa.ext.asyncio.AsyncConnection) -> object:
