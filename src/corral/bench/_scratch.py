@@ -12,7 +12,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from corral.domain.session import NewSession
-from corral.domain.types import AgentId, SessionId, UserId
+from corral.domain.types import AgentId, SessionId, UserId, new_session_id
 from corral.store.agents import NewAgent, insert_agents
 from corral.store.database import Database, async_url
 from corral.store.migrate import upgrade
@@ -87,7 +87,7 @@ async def seed_placed_sessions(db: Database, count: int, now: datetime) -> list[
         [NewAgent(a, f"10.0.0.{i}", {"cpu": per_agent * 1000}) for i, a in enumerate(agents)],
         now,
     )
-    ids = [SessionId(uuid.uuid4()) for _ in range(count)]
+    ids = [new_session_id() for _ in range(count)]
     await SessionRepository(db).insert(
         [
             NewSession(

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from corral.bench._scratch import scratch_database
 from corral.coordination.coordinator import SessionCoordinator
 from corral.domain.session import NewSession
-from corral.domain.types import AgentId, SessionId, UserId
+from corral.domain.types import AgentId, UserId, new_session_id
 from corral.infra.hints.memory import MemoryHintBus
 from corral.scheduler.scheduler import schedule_group
 from corral.store.agents import NewAgent, insert_agents, read_ledger
@@ -93,7 +93,7 @@ async def run_schedule_bench(
         await SessionRepository(db).insert(
             [
                 NewSession(
-                    id=SessionId(uuid.uuid4()),
+                    id=new_session_id(),
                     owner_id=rng.choice(owners),
                     type="BATCH",
                     resource_group="default",

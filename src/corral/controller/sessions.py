@@ -8,7 +8,6 @@ the rows anyway.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -24,7 +23,7 @@ from corral.domain.results import ResultNote, SchedulingResult, TransitionStatus
 from corral.domain.session import NewSession
 from corral.domain.spec import SessionSpec
 from corral.domain.status import KernelStatus, SessionStatus
-from corral.domain.types import Clock, SessionId, UserId, utcnow
+from corral.domain.types import Clock, SessionId, UserId, new_session_id, utcnow
 from corral.infra.events import EventBus
 from corral.infra.hints import HintBus
 from corral.store._direct import DirectStatement
@@ -289,7 +288,7 @@ class SessionController:
 
 def _new_session(spec: SessionSpec, owner: UserId) -> NewSession:
     return NewSession(
-        id=SessionId(uuid.uuid4()),
+        id=new_session_id(),
         owner_id=owner,
         type=spec.type.value,
         resource_group=spec.resource_group,

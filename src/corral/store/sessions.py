@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,7 +29,7 @@ from corral.domain.session import (
     SessionWithKernels,
 )
 from corral.domain.status import KERNEL_TERMINAL, KernelStatus, SessionStatus
-from corral.domain.types import AgentId, KernelId, SessionId, UserId
+from corral.domain.types import AgentId, KernelId, SessionId, UserId, new_kernel_id
 from corral.store._direct import DirectStatement, insert_columns
 from corral.store._sql import in_constants, in_param, in_values, payload
 from corral.store.agents import AGENT_ALIVE
@@ -224,7 +223,7 @@ def _session_row(s: NewSession, now: datetime) -> dict[str, Any]:
 def _kernel_rows(s: NewSession, now: datetime) -> list[dict[str, Any]]:
     return [
         {
-            "id": uuid.uuid4(),
+            "id": new_kernel_id(),
             "session_id": s.id,
             "cluster_role": "main" if index == 0 else "sub",
             "cluster_index": index,
