@@ -16,6 +16,9 @@ DeploymentId = NewType("DeploymentId", uuid.UUID)
 RouteId = NewType("RouteId", uuid.UUID)
 UserId = NewType("UserId", uuid.UUID)
 
+_MILLIS_MASK = (1 << 48) - 1  # a UUID v7's time: milliseconds since 1970, 48 bits
+_RANDOM_MASK = (1 << 62) - 1  # and its random tail
+
 
 def time_ordered_uuid(now_ns: int | None = None) -> uuid.UUID:
     """A fresh UUID version 7 (RFC 9562): the Unix time in milliseconds, then 12 bits of the
@@ -35,10 +38,6 @@ def time_ordered_uuid(now_ns: int | None = None) -> uuid.UUID:
     return uuid.UUID(
         int=(millis & _MILLIS_MASK) << 80 | 0x7 << 76 | fraction << 64 | 0b10 << 62 | random_bits
     )
-
-
-_MILLIS_MASK = (1 << 48) - 1
-_RANDOM_MASK = (1 << 62) - 1
 
 
 def new_session_id() -> SessionId:

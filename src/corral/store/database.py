@@ -26,10 +26,10 @@ _PG_READ_OPTIONS: dict[str, Any] = {
 }
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # Pages of 8 KiB instead of SQLite's 4 KiB, for the databases corral creates (a database's page
-# size is fixed when its first table is made; an existing one keeps its own). The tables and
-# indexes that take a row at every step of every session (history, events) are written at
-# random places, by session id: a larger page holds twice the entries of each, so a batch
-# dirties fewer pages, and a commit appends fewer to the WAL (a 20,000-session
+# size is fixed when its first table is made; an existing one keeps its own). The indexes that
+# take an entry at every step of every session (history and events, by session id) hold twice
+# the entries a page, so a batch dirties fewer pages and a commit appends fewer to the WAL
+# (measured with random session ids, before they were ordered by time; a 20,000-session
 # `corral simulate`: medians 4 and 9 % faster in two interleaved comparisons, 3 and 6 % less
 # CPU; benchmarks.md, session 16).
 SQLITE_PAGE_SIZE = 8192
