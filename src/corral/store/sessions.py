@@ -130,19 +130,13 @@ class SessionRepository:
                 conn, _BY_IDS, {"ids": payload(self.dialect, session_ids)}
             )
 
-    async def progress(
-        self, session_ids: Collection[SessionId], *, conn: AsyncConnection | None = None
-    ) -> list[SessionProgress]:
+    async def progress(self, session_ids: Collection[SessionId]) -> list[SessionProgress]:
         """The sessions' statuses and kernels as the promotions judge them, in one query
-        (missing ids are left out); in the caller's transaction, or in a read of its own."""
+        (missing ids are left out)."""
         if not session_ids:
             return []
-        params = {"ids": payload(self.dialect, session_ids)}
-        if conn is None:
-            async with self.db.read_statements() as own:  # one statement
-                rows = await _PROGRESS.rows(own, params)
-        else:
-            rows = await _PROGRESS.rows(conn, params)
+        async with self.db.read_statements() as conn:  # one statement
+            rows = await _PROGRESS.rows(conn, {"ids": payload(self.dialect, session_ids)})
         found: dict[SessionId, tuple[SessionStatus, datetime | None, list[KernelState]]] = {}
         for sid, status, started_at, role, index, kernel_status, exit_code, cause in rows:
             session = found.get(sid)
