@@ -32,3 +32,8 @@ def settings_from_flags(**flags: Any) -> Settings:
             for e in exc.errors()
         )
         fail(f"invalid setting — {problems}")
+
+
+def without_credentials(url: str) -> str:
+    """`url` from its host on (what follows the last `@`), for progress lines: no password."""
+    return url.split("@")[-1]

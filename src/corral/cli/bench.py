@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Annotated, cast
+from collections.abc import Callable
+from typing import Annotated, Any, cast
 
 import typer
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -15,7 +16,7 @@ from corral.bench.endings import run_endings_bench
 from corral.bench.latency import DEFAULT_TIMEOUT_S, LatencyBenchError, run_latency_bench
 from corral.bench.schedule import run_schedule_bench
 from corral.bench.store import run_store_bench
-from corral.cli._common import fail, fail_unreachable
+from corral.cli._common import fail, fail_unreachable, without_credentials
 
 app = typer.Typer(help="Performance benchmarks (JSON output).", no_args_is_help=True)
 # Where a bench runs, for the benches that can run on several backends in turn.
@@ -30,6 +31,20 @@ Databases = Annotated[
 _err = Console(stderr=True)
 
 
+def _print_results(
+    benchmark: str,
+    results: list[dict[str, Any]],
+    as_json: bool,
+    line: Callable[[dict[str, Any]], str],
+) -> None:
+    """The runs of a bench on several backends: one JSON document, or a `line` each."""
+    if as_json:
+        typer.echo(json.dumps({"benchmark": benchmark, "results": results}))
+        return
+    for result in results:
+        typer.echo(line(result))
+
+
 @app.command("store")
 def store_command(
     database: Databases = None,
@@ -40,17 +55,18 @@ def store_command(
     results = []
     for url in database or ["sqlite"]:
         if not as_json:
-            _err.print(f"[dim]bench store: {sessions} sessions on {url.split('@')[-1]} ...[/]")
+            where = without_credentials(url)
+            _err.print(f"[dim]bench store: {sessions} sessions on {where} ...[/]")
         results.append(asyncio.run(run_store_bench(url, sessions)).as_json())
-    output = {"benchmark": "store", "results": results}
-    if as_json:
-        typer.echo(json.dumps(output))
-        return
-    for r in results:
-        typer.echo(
+    _print_results(
+        "store",
+        results,
+        as_json,
+        lambda r: (
             f"{r['backend']:>10}: {r['status_updates']} status updates in {r['seconds']} s = "
             f"{r['status_updates_per_s']}/s over {r['statements']} statements  {r['phase_ms']}"
-        )
+        ),
+    )
 
 
 @app.command("schedule")
@@ -67,19 +83,23 @@ def schedule_command(
     results = []
     for url in database or ["sqlite"]:
         if not as_json:
-            _err.print(f"[dim]bench schedule: {sessions} sessions, {agents} agents on {url} ...[/]")
+            _err.print(
+                f"[dim]bench schedule: {sessions} sessions, {agents} agents on "
+                f"{without_credentials(url)} ...[/]"
+            )
         run = run_schedule_bench(url, agents=agents, sessions=sessions, cluster_size=cluster_size)
         results.append(asyncio.run(run).as_json())
-    if as_json:
-        typer.echo(json.dumps({"benchmark": "schedule", "results": results}))
-        return
-    for r in results:
-        typer.echo(
+    _print_results(
+        "schedule",
+        results,
+        as_json,
+        lambda r: (
             f"{r['backend']:>10}: placed {r['placed']}/{r['sessions']} on {r['agents']} agents in "
             f"{r['seconds']} s = {r['sessions_per_s']}/s (load {r['load_ms']} ms, placement "
             f"{r['placement_ms']} ms, commit {r['commit_ms']} ms); next pass over "
             f"{r['next_pass_targets']} left: {r['next_pass_ms']} ms"
-        )
+        ),
+    )
 
 
 @app.command("endings")
@@ -113,20 +133,21 @@ def endings_command(
             if not as_json:
                 _err.print(
                     f"[dim]bench endings: {ending} of {running} end, path {p}, on "
-                    f"{url.split('@')[-1]} ...[/]"
+                    f"{without_credentials(url)} ...[/]"
                 )
             run = run_endings_bench(
                 url, running=running, ending=ending, batch=batch, path=cast(EndingsPath, p)
             )
             results.append(asyncio.run(run).as_json())
-    if as_json:
-        typer.echo(json.dumps({"benchmark": "endings", "results": results}))
-        return
-    for r in results:
-        typer.echo(
+    _print_results(
+        "endings",
+        results,
+        as_json,
+        lambda r: (
             f"{r['backend']:>10} ({r['path']}): {r['ending']} of {r['running']} RUNNING ended in "
             f"{r['seconds']} s = {r['us_per_ending']} µs an ending (batches of {r['batch']})"
-        )
+        ),
+    )
 
 
 @app.command("latency")

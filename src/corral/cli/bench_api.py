@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from corral.bench.api import ApiBenchError, ApiLoad, run_api_bench
-from corral.cli._common import fail, fail_unreachable
+from corral.cli._common import fail, fail_unreachable, without_credentials
 
 _err = Console(stderr=True)
 
@@ -58,7 +58,7 @@ def api_command(
             _err.print(f"[dim]bench api: {line}[/]")
 
     if not as_json:
-        _err.print(f"[dim]bench api: {sessions} sessions on {database.split('@')[-1]} ...[/]")
+        _err.print(f"[dim]bench api: {sessions} sessions on {without_credentials(database)} ...[/]")
     try:
         result = asyncio.run(
             run_api_bench(database, load, agents=agents, progress=progress)
