@@ -147,7 +147,7 @@ class KernelWorker:
         self._sleep = sleep
         self._desired = kernel.desired_state
         self._changed = asyncio.Event()
-        self._stage: asyncio.Future[Any] | None = None  # the stage `_interruptible` awaits
+        self._stage: asyncio.Task[Any] | None = None  # this worker's task while in a stage
         self._stage_stopped = False  # `update()` cancelled that stage for a STOP
         self._reported: KernelStatus = kernel.status
         self._running: RunningKernel | None = None
@@ -417,21 +417,25 @@ class KernelWorker:
     async def _interruptible(self, work: Callable[[], Awaitable[_T]]) -> _T:
         """Await `work()`, unless the manager asks the kernel to stop first (it is cancelled).
 
-        The stage runs as a task of its own, which `update()` cancels when STOP arrives: one
-        task a stage, not two and an `asyncio.wait` (a tenth of `corral simulate`'s agents).
-        If the manager takes the STOP back before this worker runs again, the latest desired
-        state wins, as before: the stage starts over.
+        The stage runs in this worker's own task, which `update()` cancels when STOP arrives
+        (and this method uncancels): no task of its own for a stage, which was a tenth of
+        `corral simulate`'s agents. A cancellation from anywhere else propagates. If the
+        manager takes the STOP back before this worker runs again, the latest desired state
+        wins, as before: the stage starts over.
         """
+        task = asyncio.current_task()
+        assert task is not None
         while True:
             if self._stop_asked():
                 raise _StopRequested
-            task = asyncio.ensure_future(work())
             self._stage, self._stage_stopped = task, False
             try:
-                return await task
+                result = await work()
+                if self._stage_stopped:
+                    task.uncancel()  # the stage swallowed the STOP's cancellation and ended
+                return result
             except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if not self._stage_stopped or (current is not None and current.cancelling()):
+                if not self._stage_stopped or task.uncancel() > 0:
                     raise  # this worker itself is being cancelled
                 # update() cancelled the stage for a STOP: stop, or start over if taken back.
             except Exception:
@@ -440,7 +444,6 @@ class KernelWorker:
                 raise
             finally:
                 self._stage = None
-                task.cancel()  # nothing when it is done
 
     def _stop_asked(self) -> bool:
         # A method, not an inline test: `update()` changes `_desired` while a stage is awaited.

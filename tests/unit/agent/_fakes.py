@@ -258,6 +258,7 @@ class FakeRuntime:
         preload_failures: Iterable[StageFailure] = (),
         preload_fails_forever: StageFailure | None = None,
         preload_gate: asyncio.Event | None = None,
+        preload_swallows_cancel: bool = False,
         start_failure: StageFailure | None = None,
         exit_with: KernelExit | None = None,
         logs: Mapping[str, bytes] | None = None,
@@ -268,6 +269,8 @@ class FakeRuntime:
         self.preload_failures = deque(preload_failures)  # raised by the first preloads, in order
         self.preload_fails_forever = preload_fails_forever
         self.preload_gate = preload_gate  # each preload waits for it
+        # A cancelled preload returns normally (as one finishing its work regardless would).
+        self.preload_swallows_cancel = preload_swallows_cancel
         self.start_failure = start_failure
         self.exit_with = exit_with  # None: kernels run until exit() or terminate()
         self.logs = dict(logs if logs is not None else {"stdout": b"hello\n", "stderr": b"warn\n"})
@@ -288,7 +291,8 @@ class FakeRuntime:
             except asyncio.CancelledError:
                 self.preloads_cancelled += 1
                 self.watch.changed()
-                raise
+                if not self.preload_swallows_cancel:
+                    raise
         if self.preload_failures:
             raise self.preload_failures.popleft()
         if self.preload_fails_forever is not None:

@@ -363,6 +363,38 @@ async def test_a_stop_taken_back_before_the_worker_runs_starts_the_stage_over(
     assert not h.worker.progress.terminal
 
 
+async def test_a_stop_whose_stage_ends_anyway_is_honoured_at_the_next_stage(
+    make: Callable[..., Harness],
+) -> None:
+    """A preload that finishes despite the STOP's cancellation: the stop is honoured before
+    the next stage, and the worker's task is left with no cancellation pending."""
+    h = make(FakeRuntime(preload_gate=asyncio.Event(), preload_swallows_cancel=True))
+    await h.watch.until(lambda: len(h.runtime.preload_calls) == 1)
+    h.desire(KernelIntent.STOP)
+    await h.finished()
+
+    assert h.runtime.preloads_cancelled == 1
+    assert h.worker.progress.state is P.USER_ABORT_COMPLETE
+    assert h.task.cancelling() == 0
+
+
+async def test_cancelling_the_worker_while_a_stop_cancels_its_stage_cancels_the_worker(
+    make: Callable[..., Harness],
+) -> None:
+    """A STOP and the worker's own cancellation at once: the worker is cancelled (the STOP's
+    handling does not swallow the other cancellation), and it reports nothing more."""
+    h = make(FakeRuntime(preload_gate=asyncio.Event()))
+    await h.watch.until(lambda: len(h.runtime.preload_calls) == 1)
+    reports_before = list(h.shipper.events)
+    h.desire(KernelIntent.STOP)
+    h.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await h.task
+
+    assert h.runtime.preloads_cancelled == 1
+    assert h.shipper.events == reports_before
+
+
 async def test_stop_during_a_retry_backoff_ends_terminated(make: Callable[..., Harness]) -> None:
     """STOP while a failed preload waits out its retry delay still ends the kernel TERMINATED."""
     h = make(FakeRuntime(preload_failures=[PULL_FAILURE]), park=(LOG_INTERVAL_S, RETRY_DELAY_S))
