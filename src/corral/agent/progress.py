@@ -263,6 +263,13 @@ def rule_targets(
     return forward.get(state, frozenset()) | EXCEPTION_STATES
 
 
+def _targets_by_state(
+    forward: Mapping[Progress, frozenset[Progress]],
+) -> Mapping[Progress, frozenset[Progress]]:
+    """`rule_targets` of every state, worked out once (a move checks its source's)."""
+    return MappingProxyType({state: rule_targets(state, forward) for state in P})
+
+
 def _closure(
     start: Progress, forward: Mapping[Progress, frozenset[Progress]], *, leave_error: bool = True
 ) -> set[Progress]:
@@ -303,6 +310,10 @@ def check_tables() -> None:
         raise ValueError("kernel progress tables are inconsistent: " + "; ".join(problems))
 
 
+_NORMAL_TARGETS = _targets_by_state(NORMAL_TRANSITIONS)
+_BLACK_BOX_TARGETS = _targets_by_state(BLACK_BOX_TRANSITIONS)
+
+
 @dataclass(frozen=True, slots=True)
 class ProgressStep:
     """One entry into a state: when, and why (the cause of a failure or abort)."""
@@ -324,8 +335,11 @@ class KernelProgress:
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self._black_box = black_box
-        self._forward = BLACK_BOX_TRANSITIONS if black_box else NORMAL_TRANSITIONS
-        self._limits = merge_error_limits(error_limits)
+        self._targets = _BLACK_BOX_TARGETS if black_box else _NORMAL_TARGETS
+        # The defaults are shared (read-only); only overrides make a mapping of their own.
+        self._limits = (
+            DEFAULT_ERROR_LIMITS if not error_limits else merge_error_limits(error_limits)
+        )
         self._clock = clock
         self._state = P.NOT_STARTED
         self._origin: Progress | None = None
@@ -424,7 +438,7 @@ class KernelProgress:
                 return RepeatedErrorError(self._origin)
             if to != self._origin and to not in ERROR_EXITS:
                 return ErrorOriginError(self._origin, to)
-        elif to not in (allowed := rule_targets(source, self._forward)):
+        elif to not in (allowed := self._targets[source]):
             return IllegalTransitionError(
                 source, to, allowed, "black-box" if self._black_box else "normal"
             )
