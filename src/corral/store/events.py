@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from corral.domain.events import Event, jsonable_payload
 from corral.domain.status import SessionStatus
 from corral.domain.types import SessionId, UserId
-from corral.store._direct import DirectStatement
+from corral.store._direct import DirectStatement, insert_columns
 from corral.store._sql import in_values
 from corral.store.database import Database, Dialect
 from corral.store.tables import events as events_table
@@ -37,31 +37,27 @@ _PG_APPEND = (
 )
 
 
-def _bulk_insert(dialect: Dialect) -> sa.TextualSelect:
-    """One INSERT of a whole batch from one parameter per column, returning the new ids.
-
-    The rows arrive as one JSON array on SQLite and as one array per column on PostgreSQL, so
-    the statement is the same for any batch size: built and compiled once, run directly. Rows
-    are inserted in parameter order (ORDER BY), and ids are numbered in insertion order (one
-    writer at a time on SQLite; one sequence, drawn row by row, on PostgreSQL), so the sorted
-    ids are in parameter order.
+def _pg_insert(_dialect: Dialect) -> sa.TextualSelect:
+    """PostgreSQL: one INSERT of a whole batch from one array parameter per column, returning
+    the new ids. The statement is the same for any batch size: built and compiled once, run
+    directly. Rows are inserted in parameter order (ORDER BY) and the sequence is drawn row by
+    row, so the sorted ids are in parameter order.
     """
     now = sa.bindparam("now", type_=_c.created_at.type)
-    if dialect == "postgresql":
-        return sa.text(_PG_APPEND + " RETURNING id").bindparams(now).columns(id=_c.id.type)
-    # Stored as SQLAlchemy stores them: owner ids as 32 hex digits, payloads as JSON text.
-    return (
-        sa.text(
-            "INSERT INTO events (kind, entity_type, entity_id, owner_id, payload, created_at) "
-            "SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value -> 4, :now "
-            "FROM json_each(:rows) ORDER BY key RETURNING id"
-        )
-        .bindparams(now)
-        .columns(id=_c.id.type)
-    )
+    return sa.text(_PG_APPEND + " RETURNING id").bindparams(now).columns(id=_c.id.type)
 
 
-_INSERT = DirectStatement(_bulk_insert)
+_INSERT = DirectStatement(_pg_insert)
+# SQLite: the batch with ids of its own, numbered on from the newest event's. A writer holds
+# SQLite's write lock for its whole transaction, so nothing else appends in between; and SQLite
+# would number the rows so itself (a rowid table takes the largest rowid plus one). Knowing the
+# ids, the rows go in one executemany, with no RETURNING to step through: 25 % less time than
+# one INSERT ... SELECT from a JSON array returning the ids (160,000 events in batches of
+# 4,000, ids ordered by time as session ids are: 0.69 s against 0.89 s).
+_NEWEST_ID = DirectStatement(lambda _dialect: sa.select(sa.func.coalesce(sa.func.max(_c.id), 0)))
+_INSERT_ROWS = insert_columns(
+    events_table, ("id", "kind", "entity_type", "entity_id", "owner_id", "payload", "created_at")
+)
 
 # The largest notification sent whole; a larger one carries only the event's id, and listeners
 # read the row (PostgreSQL's own limit is 8,000 bytes).
@@ -69,7 +65,7 @@ NOTIFY_LIMIT_BYTES = 7_000
 
 
 def _bulk_insert_notifying(_dialect: Dialect) -> sa.TextualSelect:
-    """PostgreSQL: `_bulk_insert` that also NOTIFYs `:channel` of each event, in id order.
+    """PostgreSQL: `_pg_insert` that also NOTIFYs `:channel` of each event, in id order.
 
     The notifications go out when the transaction commits, as the event bus would have sent
     them after it, each the event's JSON as `Event.to_json` writes it, or `{"id": N}` when that
@@ -110,33 +106,38 @@ async def append_events(
     if not events:
         return []
     payloads = [jsonable_payload(event.payload) for event in events]
-    params: dict[str, Any] = {"now": now}
-    statement = _INSERT
     if conn.dialect.name == "postgresql":
+        params: dict[str, Any] = {
+            "now": now,
+            "kinds": [event.kind for event in events],
+            "types": [event.entity_type for event in events],
+            "entities": [event.entity_id for event in events],
+            "owners": [event.owner_id for event in events],
+            "payloads": [json.dumps(p) for p in payloads],
+        }
+        statement = _INSERT
         if notify is not None:
             statement = _INSERT_NOTIFYING
             params["channel"] = notify
-        params.update(
-            kinds=[event.kind for event in events],
-            types=[event.entity_type for event in events],
-            entities=[event.entity_id for event in events],
-            owners=[event.owner_id for event in events],
-            payloads=[json.dumps(p) for p in payloads],
-        )
+        ids = sorted(await statement.scalars(conn, params))
     else:
-        params["rows"] = json.dumps(
+        first = (await _NEWEST_ID.scalars(conn))[0] + 1
+        ids = list(range(first, first + len(events)))
+        await _INSERT_ROWS.run_many(
+            conn,
             [
-                [
-                    event.kind,
-                    event.entity_type,
-                    event.entity_id,
-                    event.owner_id.hex if event.owner_id is not None else None,
-                    p,
-                ]
-                for event, p in zip(events, payloads, strict=True)
-            ]
+                {
+                    "id": event_id,
+                    "kind": event.kind,
+                    "entity_type": event.entity_type,
+                    "entity_id": event.entity_id,
+                    "owner_id": event.owner_id,
+                    "payload": p,
+                    "created_at": now,
+                }
+                for event, event_id, p in zip(events, ids, payloads, strict=True)
+            ],
         )
-    ids = sorted(await statement.scalars(conn, params))
     return [
         Event(
             id=event_id,
