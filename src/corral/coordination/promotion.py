@@ -8,7 +8,6 @@ from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.domain.results import ResultNote, SchedulingResult, TransitionStatus
@@ -18,8 +17,7 @@ from corral.domain.types import SessionId
 from corral.handlers.base import Ending, SessionPromotionHandler
 from corral.store.database import Database
 from corral.store.sessions import SessionRepository
-from corral.store.status_changes import AppliedChanges, StatusChange, apply_steps
-from corral.store.tables import sessions
+from corral.store.status_changes import AppliedChanges, ChainedMoves, StatusChange, apply_chains
 
 OnApplied = Callable[[AsyncConnection, AppliedChanges], Awaitable[None]]
 
@@ -60,24 +58,6 @@ def _has_endings(handler: SessionPromotionHandler) -> bool:
 def _note(endings: Mapping[SessionId, Ending], sid: SessionId) -> ResultNote | None:
     ending = endings.get(sid)
     return ending.note if ending is not None else None
-
-
-async def _write_endings(
-    conn: AsyncConnection, endings: Mapping[SessionId, Ending], applied: AppliedChanges
-) -> None:
-    """Result and exit code of the sessions that ended (those that passed their guard)."""
-    rows = [
-        {"sid": sid, "res": endings[sid].result, "code": endings[sid].exit_code}
-        for sid in applied.sessions
-        if sid in endings
-    ]
-    if rows:
-        await conn.execute(
-            sessions.update()
-            .where(sessions.c.id == sa.bindparam("sid"))
-            .values(result=sa.bindparam("res"), exit_code=sa.bindparam("code")),
-            rows,
-        )
 
 
 @dataclass(slots=True)
@@ -149,9 +129,10 @@ async def promote_sessions(
     """Promote these sessions as far as their kernels allow now, in one transaction.
 
     One query reads the sessions and their kernels, `plan_promotions` chains the moves, and
-    the rounds are applied in order, every write guarded by the status the handler expects (a
-    session that moved meanwhile is left alone). `on_step` runs inside the transaction after
-    each round.
+    the chains are applied (`apply_chains`), each guarded by the status its first handler
+    expects (a session that moved meanwhile is left alone): every move gets its history, and
+    a session's row is written once, where its chain ends, with the result and exit code of an
+    ending. `on_step` runs inside the transaction for each round, in order.
     """
     targets = await SessionRepository(db).progress(session_ids)
     steps = plan_promotions(handlers, targets, now)
@@ -161,8 +142,44 @@ async def promote_sessions(
 
     async def finish(conn: AsyncConnection, applied: AppliedChanges) -> None:
         step = next(rounds)
-        await _write_endings(conn, step.endings, applied)
         if on_step is not None:
             await on_step(conn, applied, step)
 
-    return await apply_steps(db, [step.changes for step in steps], now, on_step=finish)
+    return await apply_chains(db, chains_of(steps), now, on_step=finish)
+
+
+def chains_of(steps: Sequence[PromotionStep]) -> list[ChainedMoves]:
+    """The rounds of `plan_promotions` as chains: the sessions moved alike in every round (the
+    same phases to the same statuses), each chain guarded as its first round was."""
+    paths: dict[SessionId, list[tuple[str, SessionStatus]]] = {}
+    guards: dict[SessionId, frozenset[SessionStatus]] = {}
+    notes: dict[SessionId, ResultNote] = {}
+    for depth, step in enumerate(steps):
+        for change in step.changes:
+            assert change.target is not None and change.target.session is not None
+            move = (change.phase, change.target.session)
+            for sid in change.session_ids:
+                paths.setdefault(sid, []).append(move)
+                if depth == 0:
+                    guards[sid] = change.expected
+            notes.update(change.notes)
+    endings = {
+        sid: (ending.result, ending.exit_code)
+        for step in steps
+        for sid, ending in step.endings.items()
+    }
+    alike: dict[
+        tuple[frozenset[SessionStatus], tuple[tuple[str, SessionStatus], ...]], list[SessionId]
+    ] = {}
+    for sid, path in paths.items():
+        alike.setdefault((guards[sid], tuple(path)), []).append(sid)
+    return [
+        ChainedMoves(
+            sids,
+            expected,
+            moves,
+            notes={sid: notes[sid] for sid in sids if sid in notes},
+            endings={sid: endings[sid] for sid in sids if sid in endings},
+        )
+        for (expected, moves), sids in alike.items()
+    ]

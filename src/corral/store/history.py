@@ -44,10 +44,13 @@ async def record_session_history(
     now: datetime,
     moving: bool,
     notes: Mapping[Any, ResultNote] | None = None,
+    left: str | None = None,
 ) -> None:
     """Record one outcome for these sessions; `to_status` None means "stays where it is".
 
-    `moving` says every one of them is changing status now (so none can merge).
+    `moving` says every one of them is changing status now (so none can merge). `left`: the
+    status they all leave, where their rows do not hold it (a later move of a chain written
+    before the rows are); by default it is read from the rows.
     """
     if not session_ids:
         return
@@ -67,7 +70,7 @@ async def record_session_history(
         )
     fresh = session_ids if not merged else [sid for sid in session_ids if sid not in merged]
     if fresh:
-        await _session_insert(stays=to_status is None).run(
+        await _session_insert(stays=to_status is None, left=left is not None).run(
             conn,
             {
                 "ids": payload(dialect, fresh),
@@ -75,6 +78,7 @@ async def record_session_history(
                 "result": result,
                 "to": to_status,
                 "now": now,
+                "left": left,
             },
         )
     if notes:
@@ -124,20 +128,22 @@ async def record_kernel_history(
 
 
 @functools.cache
-def _session_insert(*, stays: bool) -> DirectStatement:
+def _session_insert(*, stays: bool, left: bool) -> DirectStatement:
     """The INSERT ... SELECT of `record_session_history`, built once per shape.
 
-    Parameters: ids, phase, result, to (unless the sessions stay where they are), now.
+    Parameters: ids, phase, result, to (unless the sessions stay where they are), now, and
+    `left` (the status left) where the rows do not hold it.
     """
 
     def build(dialect: Dialect) -> sa.Insert:
         to_expr = sessions.c.status if stays else sa.bindparam("to", type_=sa.String())
+        from_expr = sa.bindparam("left", type_=sa.String()) if left else sessions.c.status
         return session_history.insert().from_select(
             [*_COLUMNS, "session_id"],
             sa.select(
                 *_new_row(
                     sa.bindparam("phase", type_=sa.String()),
-                    sessions.c.status,
+                    from_expr,
                     to_expr,
                     sa.bindparam("result", type_=sa.String()),
                     sa.bindparam("now", type_=session_history.c.created_at.type),

@@ -105,36 +105,124 @@ async def apply_changes(
     append the events that describe the change, so the change and its audit log commit together.
     With no session named at all, nothing is opened (and `on_applied` does not run).
     """
-    (applied,) = await apply_steps(db, [changes], now, on_step=on_applied)
+    for change in changes:
+        change.validate()
+    applied = AppliedChanges()
+    if not any(change.session_ids for change in changes):
+        return applied
+    async with db.transaction() as conn:
+        for change in changes:
+            await _apply_one(conn, db.dialect, change, now, applied)
+        if on_applied is not None:
+            await on_applied(conn, applied)
     return applied
 
 
-async def apply_steps(
+@dataclass(frozen=True, slots=True)
+class ChainedMoves:
+    """Sessions moved several times in a row, each move by its own phase: a promotion chain
+    (CREATING → RUNNING → TERMINATING → TERMINATED when a kernel ran and ended at once).
+
+    Guarded like a StatusChange, by `expected` for the first move only: each later move starts
+    where the one before left the sessions. Every move gets its history row, and the session
+    rows are written once, with where the chain ends. `notes` belong to the last move (an
+    ending's cause); `endings` are the (result, exit code) of sessions the chain ends.
+    """
+
+    session_ids: Sequence[SessionId]
+    expected: frozenset[SessionStatus]
+    moves: Sequence[tuple[str, SessionStatus]]  # (phase, status moved to), in order
+    notes: Mapping[SessionId, ResultNote] = field(default_factory=dict)
+    endings: Mapping[SessionId, tuple[str, int | None]] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Raise IllegalTransitionError if a move breaks the session table (a move that would
+        leave a session where it is counts as one); ValueError if there is no move."""
+        if not self.moves:
+            raise ValueError("a chain of moves needs at least one move")
+        sources = self.expected
+        for _, to in self.moves:
+            SESSION_TRANSITIONS.check(sources, to)
+            sources = frozenset({to})
+
+
+async def apply_chains(
     db: Database,
-    steps: Sequence[Sequence[StatusChange]],
+    chains: Sequence[ChainedMoves],
     now: datetime,
     *,
     on_step: Callable[[AsyncConnection, AppliedChanges], Awaitable[None]] | None = None,
 ) -> list[AppliedChanges]:
-    """Apply rounds of changes in one transaction, each round's guards seeing the rounds
-    before it (a session promoted twice in a row); what each round applied, in order.
+    """Apply chains of moves in one transaction; what each round applied, in order (round i:
+    the i-th move of every chain that has one).
 
-    `on_step` runs inside the transaction after each round, with what that round applied.
-    With no session named in any round, nothing is opened (and `on_step` does not run).
+    One lock for every session, one history insert per move, one update per way a chain ends:
+    a chain of three moves writes its session rows once instead of three times (and locks them
+    once). A session belongs to one chain. `on_step` runs for each round, in order, after
+    everything is written.
     """
-    for changes in steps:
-        for change in changes:
-            change.validate()
-    results = [AppliedChanges() for _ in steps]
-    if not any(change.session_ids for changes in steps for change in changes):
+    for chain in chains:
+        chain.validate()
+    results = [AppliedChanges() for _ in range(max((len(c.moves) for c in chains), default=0))]
+    named = id_batch(db.dialect, dict.fromkeys(sid for c in chains for sid in c.session_ids))
+    if not named:
         return results
+    owners = results[0].owners
+    for applied in results[1:]:
+        applied.owners = owners
+    guards = frozenset().union(*(c.expected for c in chains))
     async with db.transaction() as conn:
-        for changes, applied in zip(steps, results, strict=True):
-            for change in changes:
-                await _apply_one(conn, db.dialect, change, now, applied)
-            if on_step is not None:
+        current = await lock_sessions(conn, db.dialect, named, guards, owners=owners)
+        for chain in chains:
+            passed = [sid for sid in chain.session_ids if current.get(sid) in chain.expected]
+            if len(passed) < len(chain.session_ids):
+                results[0].stale.update(set(chain.session_ids).difference(passed))
+            if not passed:
+                continue
+            await _write_chain(conn, db.dialect, chain, id_batch(db.dialect, passed), now)
+            before = {sid: current[sid] for sid in passed}
+            for applied, (_, to) in zip(results, chain.moves, strict=False):
+                applied.sessions.update((sid, (before[sid], to)) for sid in passed)
+                before = dict.fromkeys(passed, to)
+        if on_step is not None:
+            for applied in results:
                 await on_step(conn, applied)
     return results
+
+
+async def _write_chain(
+    conn: AsyncConnection, dialect: Dialect, chain: ChainedMoves, ids: IdBatch, now: datetime
+) -> None:
+    """History of every move (the first reads the status left from the rows, still unwritten;
+    each later one leaves where the one before went), then the rows, once per ending."""
+    left: SessionStatus | None = None
+    last = len(chain.moves) - 1
+    for index, (phase, to) in enumerate(chain.moves):
+        await record_session_history(
+            conn,
+            dialect,
+            ids,
+            phase=phase,
+            result=SchedulingResult.SUCCESS.value,
+            to_status=to.value,
+            now=now,
+            moving=True,
+            notes=chain.notes if index == last else None,
+            left=left.value if left is not None else None,
+        )
+        left = to
+    final = chain.moves[-1][1]
+    started = any(to is SessionStatus.RUNNING for _, to in chain.moves)
+    by_ending: dict[tuple[str, int | None] | None, list[SessionId]] = {}
+    for sid in ids.values:
+        by_ending.setdefault(chain.endings.get(sid), []).append(sid)
+    for ending, sids in by_ending.items():
+        batch = ids if len(sids) == len(ids) else id_batch(dialect, sids)
+        result, code = ending if ending is not None else (None, None)
+        await _chain_move(final, started=started, ending=ending is not None).run(
+            conn, {"ids": batch.payload, "now": now, "result": result, "code": code}
+        )
+    await _write_notes(conn, dialect, chain.notes, ids.values, ends=final in SESSION_TERMINAL)
 
 
 async def lock_sessions(
@@ -253,21 +341,22 @@ async def _apply_one(
         await _session_move(to).run(conn, {"ids": moving.payload, "now": now})
     if change.count_attempt and staying:
         await _COUNT_ATTEMPT.run(conn, {"ids": staying.payload, "phase": change.phase})
-    await _write_notes(conn, dialect, change, current, target)
+    await _write_notes(conn, dialect, change.notes, current, ends=to in SESSION_TERMINAL)
     applied.sessions.update({sid: (status, to or status) for sid, status in current.items()})
 
 
 async def _write_notes(
     conn: AsyncConnection,
     dialect: Dialect,
-    change: StatusChange,
-    current: Mapping[SessionId, SessionStatus],
-    target: TransitionStatus,
+    notes: Mapping[SessionId, ResultNote],
+    noted: Collection[SessionId],
+    *,
+    ends: bool,
 ) -> None:
-    if not change.notes:
+    """The notes of the `noted` sessions on their rows; the cause too if they `ends`."""
+    if not notes:
         return
-    ends = target.session in SESSION_TERMINAL
-    shared, rest = by_note(current, change.notes)
+    shared, rest = by_note(noted, notes)
     for note, sids in shared.items():
         await _shared_notes_update(ends).run(
             conn, {"ids": payload(dialect, sids), "info": note.message[:512], "cause": note.code}
@@ -276,11 +365,7 @@ async def _write_notes(
         await _notes_update(ends).run_many(
             conn,
             [
-                {
-                    "sid": sid,
-                    "info": change.notes[sid].message[:512],
-                    "cause": change.notes[sid].code,
-                }
+                {"sid": sid, "info": notes[sid].message[:512], "cause": notes[sid].code}
                 for sid in rest
             ],
         )
@@ -384,6 +469,31 @@ def _session_move(to: SessionStatus) -> DirectStatement:
             values["started_at"] = now
         if to in SESSION_TERMINAL:
             values["terminated_at"] = now
+        return sessions.update().where(in_param(dialect, sessions.c.id, "ids")).values(**values)
+
+    return DirectStatement(build)
+
+
+@functools.cache
+def _chain_move(to: SessionStatus, *, started: bool, ending: bool) -> DirectStatement:
+    """The one write of a chain's sessions (parameters: ids, now; result and code with an
+    ending): where it ends, started if it passed RUNNING, ended if `to` is terminal."""
+
+    def build(dialect: Dialect) -> sa.Update:
+        now = sa.bindparam("now", type_=sessions.c.status_changed_at.type)
+        values: dict[str, Any] = {
+            "status": to.value,
+            "status_changed_at": now,
+            "phase": None,
+            "phase_attempts": 0,
+        }
+        if started:
+            values["started_at"] = now
+        if to in SESSION_TERMINAL:
+            values["terminated_at"] = now
+        if ending:
+            values["result"] = sa.bindparam("result", type_=sessions.c.result.type)
+            values["exit_code"] = sa.bindparam("code", type_=sessions.c.exit_code.type)
         return sessions.update().where(in_param(dialect, sessions.c.id, "ids")).values(**values)
 
     return DirectStatement(build)
