@@ -175,7 +175,12 @@ def _args_many(compiled: _Compiled, rows: Sequence[Mapping[str, Any]]) -> list[l
 
 def _positional(compiled: _Compiled, params: Mapping[str, Any] | None) -> list[Any]:
     """The statement's parameter values in SQL order, unconverted; a missing one is named."""
-    values = {**compiled.defaults, **params} if params else compiled.defaults
+    if not params:
+        values = compiled.defaults
+    elif compiled.defaults:
+        values = {**compiled.defaults, **params}
+    else:
+        values = params
     try:
         return [values[name] for name in compiled.names]
     except KeyError as missing:

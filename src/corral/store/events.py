@@ -105,7 +105,15 @@ async def append_events(
     """
     if not events:
         return []
-    payloads = [jsonable_payload(event.payload) for event in events]
+    # Events often share a payload object (`append_session_moves`: one per kind of move); each
+    # is made plain once, and shared on, so the insert encodes it to JSON once.
+    plain: dict[int, dict[str, Any]] = {}
+    payloads = []
+    for event in events:
+        found = plain.get(id(event.payload))
+        if found is None:
+            found = plain[id(event.payload)] = jsonable_payload(event.payload)
+        payloads.append(found)
     if conn.dialect.name == "postgresql":
         params: dict[str, Any] = {
             "now": now,
@@ -113,7 +121,7 @@ async def append_events(
             "types": [event.entity_type for event in events],
             "entities": [event.entity_id for event in events],
             "owners": [event.owner_id for event in events],
-            "payloads": [json.dumps(p) for p in payloads],
+            "payloads": _json_texts(payloads),
         }
         statement = _INSERT
         if notify is not None:
@@ -150,6 +158,18 @@ async def append_events(
         )
         for event, event_id, p in zip(events, ids, payloads, strict=True)
     ]
+
+
+def _json_texts(payloads: Sequence[dict[str, Any]]) -> list[str]:
+    """Each payload as JSON text, a payload object shared by several events encoded once."""
+    texts: dict[int, str] = {}
+    out = []
+    for p in payloads:
+        text = texts.get(id(p))
+        if text is None:
+            text = texts[id(p)] = json.dumps(p)
+        out.append(text)
+    return out
 
 
 async def read_events(
@@ -222,19 +242,26 @@ async def append_session_moves(
             )
         )
         owners = {SessionId(sid): owner for sid, owner in rows}
-    return await append_events(
-        conn,
-        [
+    # One payload object per kind of move, shared by its events (read-only, as every payload).
+    payloads: dict[tuple[SessionStatus, SessionStatus, str], dict[str, str]] = {}
+    events = []
+    for sid, (before, after) in moves.items():
+        reason = reasons.get(sid, "")
+        found = payloads.get((before, after, reason))
+        if found is None:
+            found = payloads[before, after, reason] = {
+                "from": before.value,
+                "to": after.value,
+                "reason": reason,
+            }
+        events.append(
             Event(
                 kind=SESSION_STATUS_CHANGED,
                 entity_type="session",
                 entity_id=str(sid),
                 owner_id=owners.get(sid),
-                payload={"from": before.value, "to": after.value, "reason": reasons.get(sid, "")},
+                payload=found,
                 created_at=now,
             )
-            for sid, (before, after) in moves.items()
-        ],
-        now,
-        notify=notify,
-    )
+        )
+    return await append_events(conn, events, now, notify=notify)

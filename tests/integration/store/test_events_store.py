@@ -117,3 +117,18 @@ async def test_payload_round_trips_as_json(db: Database) -> None:
     assert read.created_at == NOW and read.created_at.tzinfo is not None
     assert Event.from_json(read.to_json()) == read
     assert await read_events_by_id(db, [read.id or 0, 10**9]) == {read.id: read}
+
+
+async def test_events_sharing_a_payload_object_each_store_their_own(db: Database) -> None:
+    """Events that share one payload object (a batch of alike moves) and events with their
+    own payloads, interleaved, each read back with the right payload."""
+    shared: dict[str, object] = {"from": "CREATING", "to": "RUNNING", "reason": "r"}
+    batch = [
+        dataclasses.replace(event(0), payload=shared),
+        event(1),
+        dataclasses.replace(event(0), payload=shared, entity_id="s-2"),
+        event(2),
+    ]
+    appended = await append(db, batch)
+    assert [e.payload for e in await read_events(db)] == [shared, {"n": 1}, shared, {"n": 2}]
+    assert [e.payload for e in appended] == [shared, {"n": 1}, shared, {"n": 2}]
