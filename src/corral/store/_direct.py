@@ -87,6 +87,18 @@ class DirectStatement:
         compiled = self._compile(conn)
         await _run_many(conn, compiled, _args_many(compiled, rows))
 
+    async def run_rows(
+        self, conn: AsyncConnection, names: tuple[str, ...], rows: Sequence[Sequence[Any]]
+    ) -> None:
+        """`run_many` with each row's values in the order of `names`, which must be the order
+        the statement takes its parameters (checked): no mapping made and read per row."""
+        if not rows:
+            return
+        compiled = self._compile(conn)
+        if names != compiled.names:
+            raise ValueError(f"the statement takes {compiled.names}, not {names}")
+        await _run_many(conn, compiled, _convert_rows(compiled, [list(row) for row in rows]))
+
     def _compile(self, conn: AsyncConnection) -> _Compiled:
         dialect = conn.dialect
         found = self._compiled.get(dialect.name)
@@ -156,21 +168,25 @@ def _args(compiled: _Compiled, params: Mapping[str, Any] | None) -> list[Any]:
 
 def _args_many(compiled: _Compiled, rows: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
     """`_args` of every row, converting a value the rows share (a batch's timestamp) once."""
+    return _convert_rows(compiled, [_positional(compiled, params) for params in rows])
+
+
+def _convert_rows(compiled: _Compiled, rows: list[list[Any]]) -> list[list[Any]]:
+    """Rows of values in SQL order converted for the driver, in place; a value the rows share
+    (the same object: a batch's timestamp, an owner) converted once."""
     converted: dict[tuple[int, int], Any] = {}  # (position, id of the value) → converted
-    out = []
-    for params in rows:
-        args = _positional(compiled, params)
+    for args in rows:
         for position, convert in compiled.binds:
             value = args[position]
             if value is None:
                 continue
-            key = (position, id(value))  # the rows hold every value, so ids stay unique
+            # The caller's rows still hold every original value, so no id is reused meanwhile.
+            key = (position, id(value))
             found = converted.get(key, _MISSING)
             if found is _MISSING:
                 found = converted[key] = convert(value)
             args[position] = found
-        out.append(args)
-    return out
+    return rows
 
 
 def _positional(compiled: _Compiled, params: Mapping[str, Any] | None) -> list[Any]:

@@ -55,9 +55,8 @@ _INSERT = DirectStatement(_pg_insert)
 # one INSERT ... SELECT from a JSON array returning the ids (160,000 events in batches of
 # 4,000, ids ordered by time as session ids are: 0.69 s against 0.89 s).
 _NEWEST_ID = DirectStatement(lambda _dialect: sa.select(sa.func.coalesce(sa.func.max(_c.id), 0)))
-_INSERT_ROWS = insert_columns(
-    events_table, ("id", "kind", "entity_type", "entity_id", "owner_id", "payload", "created_at")
-)
+_ROW_COLUMNS = ("id", "kind", "entity_type", "entity_id", "owner_id", "payload", "created_at")
+_INSERT_ROWS = insert_columns(events_table, _ROW_COLUMNS)
 
 # The largest notification sent whole; a larger one carries only the event's id, and listeners
 # read the row (PostgreSQL's own limit is 8,000 bytes).
@@ -103,6 +102,22 @@ async def append_events(
     `notify`: on PostgreSQL, the event bus's `commit_channel`, which then delivers the events at
     commit (the caller must not publish them); ignored on SQLite.
     """
+    return await _append(
+        conn,
+        [(e.kind, e.entity_type, e.entity_id, e.owner_id, e.payload) for e in events],
+        now,
+        notify,
+    )
+
+
+# An event to append: kind, entity type, entity id, owner id, payload.
+_NewEvent = tuple[str, str, str, uuid.UUID | None, Mapping[str, Any]]
+
+
+async def _append(
+    conn: AsyncConnection, events: Sequence[_NewEvent], now: datetime, notify: str | None
+) -> list[Event]:
+    """`append_events` of events given as tuples (an Event is made once, with its id)."""
     if not events:
         return []
     # Events often share a payload object (`append_session_moves`: one per kind of move); each
@@ -110,17 +125,17 @@ async def append_events(
     plain: dict[int, dict[str, Any]] = {}
     payloads = []
     for event in events:
-        found = plain.get(id(event.payload))
+        found = plain.get(id(event[4]))
         if found is None:
-            found = plain[id(event.payload)] = jsonable_payload(event.payload)
+            found = plain[id(event[4])] = jsonable_payload(event[4])
         payloads.append(found)
     if conn.dialect.name == "postgresql":
         params: dict[str, Any] = {
             "now": now,
-            "kinds": [event.kind for event in events],
-            "types": [event.entity_type for event in events],
-            "entities": [event.entity_id for event in events],
-            "owners": [event.owner_id for event in events],
+            "kinds": [event[0] for event in events],
+            "types": [event[1] for event in events],
+            "entities": [event[2] for event in events],
+            "owners": [event[3] for event in events],
             "payloads": _json_texts(payloads),
         }
         statement = _INSERT
@@ -131,32 +146,27 @@ async def append_events(
     else:
         first = (await _NEWEST_ID.scalars(conn))[0] + 1
         ids = list(range(first, first + len(events)))
-        await _INSERT_ROWS.run_many(
+        await _INSERT_ROWS.run_rows(
             conn,
+            _ROW_COLUMNS,
             [
-                {
-                    "id": event_id,
-                    "kind": event.kind,
-                    "entity_type": event.entity_type,
-                    "entity_id": event.entity_id,
-                    "owner_id": event.owner_id,
-                    "payload": p,
-                    "created_at": now,
-                }
-                for event, event_id, p in zip(events, ids, payloads, strict=True)
+                (event_id, kind, etype, entity, owner, p, now)
+                for (kind, etype, entity, owner, _), event_id, p in zip(
+                    events, ids, payloads, strict=True
+                )
             ],
         )
     return [
         Event(
             id=event_id,
-            kind=event.kind,
-            entity_type=event.entity_type,
-            entity_id=event.entity_id,
-            owner_id=event.owner_id,
+            kind=kind,
+            entity_type=etype,
+            entity_id=entity,
+            owner_id=owner,
             payload=p,
             created_at=now,
         )
-        for event, event_id, p in zip(events, ids, payloads, strict=True)
+        for (kind, etype, entity, owner, _), event_id, p in zip(events, ids, payloads, strict=True)
     ]
 
 
@@ -244,7 +254,7 @@ async def append_session_moves(
         owners = {SessionId(sid): owner for sid, owner in rows}
     # One payload object per kind of move, shared by its events (read-only, as every payload).
     payloads: dict[tuple[SessionStatus, SessionStatus, str], dict[str, str]] = {}
-    events = []
+    events: list[_NewEvent] = []
     for sid, (before, after) in moves.items():
         reason = reasons.get(sid, "")
         found = payloads.get((before, after, reason))
@@ -254,14 +264,5 @@ async def append_session_moves(
                 "to": after.value,
                 "reason": reason,
             }
-        events.append(
-            Event(
-                kind=SESSION_STATUS_CHANGED,
-                entity_type="session",
-                entity_id=str(sid),
-                owner_id=owners.get(sid),
-                payload=found,
-                created_at=now,
-            )
-        )
-    return await append_events(conn, events, now, notify=notify)
+        events.append((SESSION_STATUS_CHANGED, "session", str(sid), owners.get(sid), found))
+    return await _append(conn, events, now, notify)

@@ -107,7 +107,7 @@ async def apply_report_batches(
         current: dict[KernelId, tuple[Any, ...]] = {KernelId(row[0]): tuple(row) for row in rows}
         # One update per kernel, folding its reports in order (a later value wins).
         updates: dict[KernelId, dict[str, Any]] = {}
-        history: list[dict[str, Any]] = []
+        history: list[tuple[Any, ...]] = []
         releases: dict[AgentId, dict[str, int]] = {}
         for agent_id, reports in batches:
             conflicts = _conflicts(agent_id, reports, current)
@@ -116,7 +116,7 @@ async def apply_report_batches(
                 continue
             results.append(_fold(agent_id, reports, current, updates, history, releases, now))
         await _write(conn, list(updates.values()))
-        await _ADD_HISTORY.run_many(conn, history)
+        await _ADD_HISTORY.run_rows(conn, _HISTORY_COLUMNS, history)
         await apply_slot_deltas(conn, releases)
     return results
 
@@ -149,8 +149,9 @@ _HISTORY_COLUMNS = (
     "created_at",
     "updated_at",
 )
-# The keys of `_history_row`, every one of them in every row.
+# The values of `_history_row`, in this order.
 _ADD_HISTORY = insert_columns(kernel_history, _HISTORY_COLUMNS)
+_SUCCESS = SchedulingResult.SUCCESS.value
 
 
 def _conflicts(
@@ -172,7 +173,7 @@ def _fold(
     reports: Sequence[KernelReport],
     current: dict[KernelId, tuple[Any, ...]],
     updates: dict[KernelId, dict[str, Any]],
-    history: list[dict[str, Any]],
+    history: list[tuple[Any, ...]],
     releases: dict[AgentId, dict[str, int]],
     now: datetime,
 ) -> ReportOutcome:
@@ -277,17 +278,18 @@ def _update_statement(columns: tuple[str, ...]) -> DirectStatement:
 
 def _history_row(
     report: KernelReport, session_id: Any, before: KernelStatus, now: datetime
-) -> dict[str, Any]:
-    return {
-        "kernel_id": report.kernel_id,
-        "session_id": session_id,
-        "phase": PHASE_AGENT,
-        "from_status": before.value,
-        "to_status": report.status.value,
-        "result": SchedulingResult.SUCCESS.value,
-        "error_code": report.failure_cause,
-        "message": report.message or "",
-        "attempts": 1,
-        "created_at": now,
-        "updated_at": now,
-    }
+) -> tuple[Any, ...]:
+    """A kernel history row of a report's move, in `_HISTORY_COLUMNS` order."""
+    return (
+        report.kernel_id,
+        session_id,
+        PHASE_AGENT,
+        before.value,
+        report.status.value,
+        _SUCCESS,
+        report.failure_cause,
+        report.message or "",
+        1,
+        now,
+        now,
+    )

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from corral.store._direct import DirectStatement
+from corral.store._direct import DirectStatement, insert_columns
 from corral.store._sql import in_param, payload
 from corral.store.database import Database
 from corral.store.tables import events, users
@@ -116,6 +116,32 @@ async def test_run_many_writes_every_row(db: Database) -> None:
         await _ADD_USER.run_many(conn, [{"id": i, "name": f"many-{i.hex}", "at": NOW} for i in ids])
     async with db.read() as conn:
         assert sorted(await _USERS.scalars(conn, {"ids": payload(db.dialect, ids)})) == sorted(ids)
+
+
+async def test_run_rows_writes_rows_given_in_parameter_order(db: Database) -> None:
+    """`run_rows` takes each row's values in the statement's parameter order, converted as
+    `run_many` converts them (ids, timestamps); another order is refused before anything is
+    sent."""
+    statement = insert_columns(users, ("id", "name", "role", "created_at"))
+    ids = [uuid.uuid4() for _ in range(3)]
+    later = NOW + timedelta(seconds=1)
+    with pytest.raises(ValueError, match="takes"):
+        async with db.transaction() as conn:
+            await statement.run_rows(conn, ("name", "id", "role", "created_at"), [])
+            await statement.run_rows(
+                conn, ("name", "id", "role", "created_at"), [("x", ids[0], "user", NOW)]
+            )
+    async with db.transaction() as conn:
+        await statement.run_rows(
+            conn,
+            ("id", "name", "role", "created_at"),
+            [(i, f"rows-{n}", "user", later) for n, i in enumerate(ids)],
+        )
+    async with db.read() as conn:
+        found = await _USERS.rows(conn, {"ids": payload(db.dialect, ids)})
+    assert [(row.id, row.name, row.created_at) for row in found] == [
+        (i, f"rows-{n}", later) for n, i in enumerate(ids)
+    ]
 
 
 async def test_driver_errors_are_sqlalchemys(db: Database) -> None:
