@@ -10,6 +10,7 @@ nothing and bumps nothing, so handlers may repeat a request freely.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
@@ -183,7 +184,8 @@ async def read_assignment(db: Database, agent_id: AgentId) -> Assignment | None:
 async def read_assignments(
     db: Database, agent_ids: Collection[AgentId]
 ) -> dict[AgentId, Assignment]:
-    """Each agent's revision and non-terminal kernels, in three queries for all of them.
+    """Each agent's revision and non-terminal kernels, in two queries for all of them (a third
+    for the hosts of multi-kernel sessions).
 
     Unknown agents are left out. The queries need not share a snapshot, as long as the revisions
     are read first: a change committed in between is then in the kernels read but not in the
@@ -194,17 +196,22 @@ async def read_assignments(
         return {}
     async with db.read_statements() as conn:
         ids = payload(db.dialect, sorted(set(agent_ids)))
-        revisions = {
-            AgentId(agent_id): int(revision)
-            for agent_id, revision in await _REVISIONS.rows(conn, {"ids": ids})
-        }
-        if not revisions:
+        known = await _AGENT_REVISIONS.rows(conn, {"ids": ids})
+        if not known:
             return {}
         rows = await _ASSIGNED_KERNELS.rows(conn, {"ids": ids})
-        hosts = await _cluster_hosts(conn, db.dialect, {SessionId(row[1]) for row in rows})
-    held: dict[AgentId, list[AssignedKernel]] = {agent_id: [] for agent_id in revisions}
+        # A single-kernel session's only host is the agent it is assigned to.
+        hosts = await _cluster_hosts(conn, db.dialect, {row[1] for row in rows if row[4] > 1})
+    addresses = {AgentId(agent_id): (address or "",) for agent_id, _, address in known}
+    held: dict[AgentId, list[AssignedKernel]] = {AgentId(row[0]): [] for row in known}
+    # Decoded once per distinct text (the kernels of a session share it), shared: read-only.
+    specs: dict[str, dict[str, Any]] = {}
     for row in rows:
-        held[AgentId(row[11])].append(
+        agent_id = AgentId(row[11])
+        spec = specs.get(row[10])
+        if spec is None:
+            spec = specs[row[10]] = json.loads(row[10])
+        held[agent_id].append(
             AssignedKernel(
                 id=KernelId(row[0]),
                 session_id=SessionId(row[1]),
@@ -216,14 +223,23 @@ async def read_assignments(
                 desired_generation=row[7],
                 stage_failure=row[8],
                 occupied_slots=row[9] or {},
-                spec=row[10],
-                cluster_hosts=hosts.get(SessionId(row[1]), ()),
+                spec=spec,
+                cluster_hosts=addresses[agent_id] if row[4] == 1 else hosts.get(row[1], ()),
             )
         )
     return {
-        agent_id: Assignment(agent_id=agent_id, revision=revision, kernels=tuple(held[agent_id]))
-        for agent_id, revision in revisions.items()
+        agent_id: Assignment(
+            agent_id=agent_id, revision=int(revision), kernels=tuple(held[agent_id])
+        )
+        for agent_id, revision, _ in known
     }
+
+
+_AGENT_REVISIONS = DirectStatement(
+    lambda dialect: sa.select(agents.c.id, agents.c.assignment_revision, agents.c.address).where(
+        in_param(dialect, agents.c.id, "ids")
+    )
+)
 
 
 def _assigned_kernels_query(dialect: Dialect) -> sa.Select[Any]:
@@ -239,7 +255,7 @@ def _assigned_kernels_query(dialect: Dialect) -> sa.Select[Any]:
             kernels.c.desired_generation,
             kernels.c.stage_failure,
             kernels.c.occupied_slots,
-            sessions.c.spec,
+            sa.cast(sessions.c.spec, sa.Text),  # decoded by the reader, once per distinct text
             kernels.c.agent_id,
         )
         .select_from(kernels.join(sessions, sessions.c.id == kernels.c.session_id))

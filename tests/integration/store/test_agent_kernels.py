@@ -8,9 +8,10 @@ from corral.domain.status import KernelStatus
 from corral.domain.types import AgentId
 from corral.store import tables
 from corral.store.agents import NewAgent, insert_agents
-from corral.store.assignments import read_assignment
+from corral.store.assignments import read_assignment, read_assignments
 from corral.store.database import Database
 from corral.store.migrate import downgrade, upgrade
+from corral.store.placements import commit_placements
 from corral.store.session_views import delete_session
 from corral.store.sessions import SessionRepository
 from tests.integration.store._factories import (
@@ -24,6 +25,7 @@ from tests.integration.store._factories import (
     add_user,
     on,
     place_all,
+    placement,
 )
 
 
@@ -111,3 +113,45 @@ async def test_the_migration_lists_the_kernels_already_placed(db: Database) -> N
     await downgrade(db, "0006")
     await upgrade(db)
     assert await _listed(db) == {("a1", kernel.id)}
+
+
+async def test_assignments_name_every_kernels_hosts_and_the_sessions_spec(db: Database) -> None:
+    """A two-kernel session across two agents: each agent's kernel lists both agents'
+    addresses in rank order; a single-kernel session lists its own agent's; every kernel
+    carries its session's spec as submitted."""
+    await insert_agents(
+        db,
+        [
+            NewAgent(AgentId("a1"), "10.0.0.1", {"cpu": 8000}),
+            NewAgent(AgentId("a2"), "10.0.0.2", {"cpu": 8000}),
+        ],
+        NOW,
+    )
+    owner = await add_user(db)
+    [pair] = await add_session_ids(db, owner, 1, cpu_milli=1000, cluster_size=2)
+    [single] = await add_session_ids(db, owner, 1, cpu_milli=1000)
+    repo = SessionRepository(db)
+    found = {s.id: s for s in await repo.get([pair, single])}
+    outcome = await commit_placements(
+        db,
+        [
+            placement(found[pair], [AgentId("a2"), AgentId("a1")]),
+            placement(found[single], [AgentId("a2")]),
+        ],
+        NOW,
+    )
+    assert sorted(outcome.placed) == sorted([pair, single])
+    assignments = await read_assignments(db, [AgentId("a1"), AgentId("a2")])
+    first, second = assignments.values()
+    hosts = {
+        (k.session_id, k.cluster_index): k.cluster_hosts
+        for assignment in (first, second)
+        for k in assignment.kernels
+    }
+    assert hosts == {
+        (pair, 0): ("10.0.0.2", "10.0.0.1"),
+        (pair, 1): ("10.0.0.2", "10.0.0.1"),
+        (single, 0): ("10.0.0.2",),
+    }
+    submitted = {"image": "python", "command": ["true"]}
+    assert all(k.spec == submitted for a in (first, second) for k in a.kernels)
