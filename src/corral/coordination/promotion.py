@@ -3,7 +3,6 @@ reports make due for the sessions they concern."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -101,7 +100,7 @@ def plan_promotions(
             if to in SESSION_TERMINAL:
                 break
             started_at = now if to is SessionStatus.RUNNING else current.started_at
-            current = dataclasses.replace(current, status=to, started_at=started_at)
+            current = SessionProgress(current.id, to, started_at, current.kernels)
     for step, moves in zip(steps, rounds, strict=True):
         step.changes = [
             StatusChange(

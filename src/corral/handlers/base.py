@@ -108,9 +108,22 @@ class SessionPromotionHandler(ABC):
 
     def promotes(self, session: SessionProgress) -> bool:
         """Whether this handler promotes `session` as it stands: its promotion query's rule."""
-        return session.status in self.target_session_statuses and self.match_type.holds(
-            (kernel.status for kernel in session.kernels), self.check_kernel_statuses
+        targets, check, match = self._rule()
+        return session.status in targets and match.holds(
+            (kernel.status for kernel in session.kernels), check
         )
+
+    def _rule(self) -> tuple[frozenset[SessionStatus], frozenset[KernelStatus], KernelMatchType]:
+        """The handler's rule, read from its properties once: a handler's rule never changes,
+        and `plan_promotions` asks every handler of every session on every report."""
+        rule = self.__dict__.get("_cached_rule")
+        if rule is None:
+            rule = self.__dict__["_cached_rule"] = (
+                self.target_session_statuses,
+                self.check_kernel_statuses,
+                self.match_type,
+            )
+        return rule
 
     def may_become_due(self, before: KernelStatus, after: KernelStatus) -> bool:
         """Whether a kernel moving from `before` to `after` can make a session of this
