@@ -231,11 +231,16 @@ class SessionCoordinator:
         the sessions looked at: every promotion the reports made due for them is done (or
         was not due once the reports committed), so the reports need not wake the tasks.
         """
-        due = {
-            sid
-            for sid, before, after in moves
-            if any(handler.may_become_due(before, after) for handler in self.promotions)
-        }
+        due: set[SessionId] = set()
+        judged: dict[tuple[KernelStatus, KernelStatus], bool] = {}  # few kinds of move
+        for sid, before, after in moves:
+            may = judged.get((before, after))
+            if may is None:
+                may = judged[before, after] = any(
+                    handler.may_become_due(before, after) for handler in self.promotions
+                )
+            if may:
+                due.add(sid)
         if not due:
             return due
         appended: list[Event] = []

@@ -128,7 +128,8 @@ class SessionPromotionHandler(ABC):
     def may_become_due(self, before: KernelStatus, after: KernelStatus) -> bool:
         """Whether a kernel moving from `before` to `after` can make a session of this
         handler's targets promotable where it was not."""
-        return self.match_type.may_start_holding(before, after, self.check_kernel_statuses)
+        _, check, match = self._rule()
+        return match.may_start_holding(before, after, check)
 
     def endings(self, promoted: Sequence[SessionProgress]) -> Mapping[SessionId, Ending]:
         """Per promoted session, a different end than `success_session_status` (default none).
