@@ -219,7 +219,7 @@ async def _write_chain(
     for ending, sids in by_ending.items():
         batch = ids if len(sids) == len(ids) else id_batch(dialect, sids)
         result, code = ending if ending is not None else (None, None)
-        await _chain_move(final, started=started, ending=ending is not None).run(
+        await _session_move(final, started=started, ending=ending is not None).run(
             conn, {"ids": batch.payload, "now": now, "result": result, "code": code}
         )
     await _write_notes(conn, dialect, chain.notes, ids.values, ends=final in SESSION_TERMINAL)
@@ -338,7 +338,8 @@ async def _apply_one(
             conn, dialect, passed, target.kernel, change, now
         )
     if to is not None and moving:
-        await _session_move(to).run(conn, {"ids": moving.payload, "now": now})
+        started = to is SessionStatus.RUNNING
+        await _session_move(to, started=started).run(conn, {"ids": moving.payload, "now": now})
     if change.count_attempt and staying:
         await _COUNT_ATTEMPT.run(conn, {"ids": staying.payload, "phase": change.phase})
     await _write_notes(conn, dialect, change.notes, current, ends=to in SESSION_TERMINAL)
@@ -456,28 +457,9 @@ async def _remember_failed_agents(
 
 
 @functools.cache
-def _session_move(to: SessionStatus) -> DirectStatement:
-    def build(dialect: Dialect) -> sa.Update:
-        now = sa.bindparam("now", type_=sessions.c.status_changed_at.type)
-        values: dict[str, Any] = {
-            "status": to.value,
-            "status_changed_at": now,
-            "phase": None,
-            "phase_attempts": 0,
-        }
-        if to is SessionStatus.RUNNING:
-            values["started_at"] = now
-        if to in SESSION_TERMINAL:
-            values["terminated_at"] = now
-        return sessions.update().where(in_param(dialect, sessions.c.id, "ids")).values(**values)
-
-    return DirectStatement(build)
-
-
-@functools.cache
-def _chain_move(to: SessionStatus, *, started: bool, ending: bool) -> DirectStatement:
-    """The one write of a chain's sessions (parameters: ids, now; result and code with an
-    ending): where it ends, started if it passed RUNNING, ended if `to` is terminal."""
+def _session_move(to: SessionStatus, *, started: bool, ending: bool = False) -> DirectStatement:
+    """Sessions moved to `to` (parameters: ids, now; result and code with an `ending`): started
+    now if they entered (or a chain passed) RUNNING, ended now if `to` is terminal."""
 
     def build(dialect: Dialect) -> sa.Update:
         now = sa.bindparam("now", type_=sessions.c.status_changed_at.type)
