@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -122,13 +122,7 @@ async def _append(
         return []
     # Events often share a payload object (`append_session_moves`: one per kind of move); each
     # is made plain once, and shared on, so the insert encodes it to JSON once.
-    plain: dict[int, dict[str, Any]] = {}
-    payloads = []
-    for event in events:
-        found = plain.get(id(event[4]))
-        if found is None:
-            found = plain[id(event[4])] = jsonable_payload(event[4])
-        payloads.append(found)
+    payloads = _each_once([event[4] for event in events], jsonable_payload)
     if conn.dialect.name == "postgresql":
         params: dict[str, Any] = {
             "now": now,
@@ -136,7 +130,7 @@ async def _append(
             "types": [event[1] for event in events],
             "entities": [event[2] for event in events],
             "owners": [event[3] for event in events],
-            "payloads": _json_texts(payloads),
+            "payloads": _each_once(payloads, json.dumps),
         }
         statement = _INSERT
         if notify is not None:
@@ -170,16 +164,20 @@ async def _append(
     ]
 
 
-def _json_texts(payloads: Sequence[dict[str, Any]]) -> list[str]:
-    """Each payload as JSON text, a payload object shared by several events encoded once."""
-    texts: dict[int, str] = {}
+def _each_once(values: Sequence[Any], convert: Callable[[Any], Any]) -> list[Any]:
+    """`convert` of each value, run once per distinct object (a payload several events share);
+    `values` holds every object meanwhile, so no id is reused."""
+    done: dict[int, Any] = {}
     out = []
-    for p in payloads:
-        text = texts.get(id(p))
-        if text is None:
-            text = texts[id(p)] = json.dumps(p)
-        out.append(text)
+    for value in values:
+        found = done.get(id(value), _NOT_YET)
+        if found is _NOT_YET:
+            found = done[id(value)] = convert(value)
+        out.append(found)
     return out
+
+
+_NOT_YET = object()
 
 
 async def read_events(
