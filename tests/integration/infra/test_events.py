@@ -263,6 +263,35 @@ async def test_events_appended_with_the_commit_channel_arrive_at_commit(
     assert appended[0].payload["at"] == NOW.isoformat()
 
 
+@pytest.mark.parametrize("kind", [POSTGRES])
+async def test_events_no_subscriber_wants_are_never_read(
+    open_bus: OpenBus, pg_db: Database
+) -> None:
+    """PostgreSQL: appended events arrive as notices of their kinds; a bus reads a notice's
+    events from the table only when a subscriber of its wants one of those kinds."""
+    a, b = await open_bus(), await open_bus()
+    reads: list[str] = []
+
+    def count_reads(_conn: object, _cursor: object, sql: str, *_rest: object) -> None:
+        if sql.startswith("SELECT events.") and "unnest" in sql:
+            reads.append(sql)
+
+    revoked = Event(
+        kind="token.revoked", entity_type="token", entity_id="t-1", payload={}, created_at=NOW
+    )
+    sa.event.listen(pg_db.engine.sync_engine, "before_cursor_execute", count_reads)
+    try:
+        async with b.subscribe(kinds={"token.revoked"}) as watcher:
+            async with pg_db.transaction() as conn:
+                await append_events(conn, [ev(0), ev(0)], NOW, notify=a.commit_channel)
+            async with pg_db.transaction() as conn:
+                [appended] = await append_events(conn, [revoked], NOW, notify=a.commit_channel)
+            assert await take(watcher, 1) == [appended]
+    finally:
+        sa.event.remove(pg_db.engine.sync_engine, "before_cursor_execute", count_reads)
+    assert len(reads) == 1  # b, for the revoked token; a has no subscriber at all
+
+
 @pytest.mark.parametrize("kind", ["memory", REDIS])
 async def test_buses_without_a_commit_channel_say_so(open_bus: OpenBus) -> None:
     """Events on other buses must be published after the commit."""

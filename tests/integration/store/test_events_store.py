@@ -10,7 +10,7 @@ import pytest
 
 from corral.domain.events import Event
 from corral.store.database import Database
-from corral.store.events import append_events, read_events, read_events_by_id
+from corral.store.events import EventNotice, append_events, read_events, read_noticed_events
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -116,7 +116,23 @@ async def test_payload_round_trips_as_json(db: Database) -> None:
     assert datetime.fromisoformat(read.payload["at"]) == stamp
     assert read.created_at == NOW and read.created_at.tzinfo is not None
     assert Event.from_json(read.to_json()) == read
-    assert await read_events_by_id(db, [read.id or 0, 10**9]) == {read.id: read}
+
+
+@pytest.mark.postgres
+async def test_noticed_events_are_read_by_their_runs_of_ids(postgres_database_url: str) -> None:
+    """PostgreSQL: the events in any run of a notice, by id; ids without a row are left out."""
+    db = Database.open(postgres_database_url)
+    try:
+        appended = await append(db, [event(n) for n in range(6)])
+        ids = [e.id or 0 for e in appended]
+        notices = [
+            EventNotice(((ids[0], ids[1]), (ids[3], ids[3])), None),
+            EventNotice(((ids[5], ids[5] + 10),), frozenset({"session.status_changed"})),
+        ]
+        found = await read_noticed_events(db, notices)
+    finally:
+        await db.close()
+    assert found == {e.id: e for e in (appended[0], appended[1], appended[3], appended[5])}
 
 
 async def test_events_sharing_a_payload_object_each_store_their_own(db: Database) -> None:

@@ -227,6 +227,14 @@ class FanOutBus(EventBus):
         if self._closed:
             raise EventBusClosedError(f"event bus {self.prefix!r} is closed")
 
+    def _wanted(self, kinds: Collection[str] | None) -> bool:
+        """Whether a subscriber wants any of `kinds` (None: unknown, any kind)."""
+        for subscription in self._subscriptions:
+            wanted = subscription.kinds
+            if wanted is None or kinds is None or not wanted.isdisjoint(kinds):
+                return True
+        return False
+
     def _deliver(self, events: Sequence[Event]) -> None:
         for subscription in self._subscriptions:
             wanted = subscription.kinds

@@ -51,9 +51,14 @@ class ListeningBus(FanOutBus, Generic[_Conn]):
 
     def _deliver(self, events: Sequence[Event]) -> None:
         for event in events:
-            if event.id is not None and (self._last_seen_id or 0) < event.id:
-                self._last_seen_id = event.id
+            if event.id is not None:
+                self._saw(event.id)
         super()._deliver(events)
+
+    def _saw(self, event_id: int) -> None:
+        """Note an event as seen (delivered, or passed over as no subscriber wanted it)."""
+        if (self._last_seen_id or 0) < event_id:
+            self._last_seen_id = event_id
 
     async def _listen(self) -> None:
         while True:

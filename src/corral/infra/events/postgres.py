@@ -1,8 +1,10 @@
 """The PostgreSQL event bus: NOTIFY on publish, LISTEN on one dedicated asyncpg connection.
 
-A notification carries the event's JSON, or only {"id": N} when the JSON is too large for a
-NOTIFY payload (the server's limit is 8,000 bytes); the listener then reads the row from the
-events table, so such events must have been appended (and committed) before publish().
+A notification carries either an event's JSON, or a notice of appended events (their ids and
+kinds, `store.events.EventNotice`): what appending with the commit channel sends, and what
+publish() sends for an event too large for a NOTIFY payload (the server's limit is 8,000
+bytes), which must then have been appended (and committed) first. The listener reads the
+events of a notice from the table only if a subscriber wants one of its kinds.
 """
 
 from __future__ import annotations
@@ -22,18 +24,18 @@ from corral.domain.events import Event
 from corral.infra.events import PING_INTERVAL_S
 from corral.infra.events._listener import ListeningBus
 from corral.store.database import Database
-from corral.store.events import NOTIFY_LIMIT_BYTES, read_events_by_id
+from corral.store.events import (
+    NOTIFY_LIMIT_BYTES,
+    EventNotice,
+    event_notices,
+    read_noticed_events,
+    send_notifications,
+)
 
 logger = logging.getLogger(__name__)
 
 _IDENTIFIER_MAX = 63  # PostgreSQL truncates longer identifiers
 _PLAIN = re.compile(r"[a-z_][a-z0-9_]*")
-
-# One statement, one transaction: the notifications go out on commit, in this order.
-_NOTIFY = sa.text(
-    "SELECT pg_notify(:channel, payload)"
-    " FROM unnest(CAST(:payloads AS text[])) WITH ORDINALITY AS t(payload, n) ORDER BY n"
-)
 
 
 def channel_name(prefix: str) -> str:
@@ -105,7 +107,7 @@ class PostgresEventBus(ListeningBus[_Listener]):
             return
         payloads = [_notification(event) for event in events]
         async with self._db.autocommit() as conn:
-            await conn.execute(_NOTIFY, {"channel": self.channel, "payloads": payloads})
+            await send_notifications(conn, self.channel, payloads)
 
     async def close(self) -> None:
         await self._stop_listening()
@@ -144,27 +146,40 @@ class PostgresEventBus(ListeningBus[_Listener]):
                 return
 
     async def _decode(self, payloads: list[str]) -> list[Event]:
-        """Events of these notifications, in order, fetching the ones sent by id only."""
-        decoded: list[Event | int] = []
+        """Events of these notifications, in order; a notice's read from the table if some
+        subscriber wants one of its kinds, else only noted as seen."""
+        decoded: list[Event | EventNotice] = []
         for payload in payloads:
             try:
                 data = json.loads(payload)
-                decoded.append(data["id"] if data.keys() == {"id"} else Event.from_data(data))
+                decoded.append(
+                    EventNotice.from_data(data) if "ids" in data else Event.from_data(data)
+                )
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 logger.error(
                     "events.bad_notification",
                     extra={"bus": self.prefix, "error": type(exc).__name__, "size": len(payload)},
                 )
-        wanted = [item for item in decoded if isinstance(item, int)]
-        fetched = await read_events_by_id(self._db, wanted) if wanted else {}
+        wanted = [
+            item for item in decoded if isinstance(item, EventNotice) and self._wanted(item.kinds)
+        ]
+        fetched = await read_noticed_events(self._db, wanted) if wanted else {}
+        read = {id(notice) for notice in wanted}
         events: list[Event] = []
         for item in decoded:
             if isinstance(item, Event):
                 events.append(item)
-            elif item in fetched:
-                events.append(fetched[item])
+            elif id(item) not in read:
+                self._saw(item.last_id)
             else:
-                logger.error("events.row_missing", extra={"bus": self.prefix, "event_id": item})
+                found = [fetched[i] for a, b in item.runs for i in range(a, b + 1) if i in fetched]
+                if len(found) < item.count:
+                    logger.error(
+                        "events.rows_missing",
+                        extra={"bus": self.prefix, "missing": item.count - len(found)},
+                    )
+                self._saw(item.last_id)
+                events.extend(found)
         return events
 
     async def _disconnect(self, listener: _Listener) -> None:
@@ -184,4 +199,5 @@ def _notification(event: Event) -> str:
             f"event {event.kind!r} is too large for NOTIFY ({len(text.encode())} bytes) and has "
             "no id; append it with append_events and publish the returned event"
         )
-    return json.dumps({"id": event.id})
+    [notice] = event_notices([event.id], [event.kind])
+    return notice
