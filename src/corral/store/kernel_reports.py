@@ -104,7 +104,11 @@ async def apply_report_batches(
         return [ReportOutcome() for _ in batches]
     async with db.transaction() as conn:
         rows = await _LOCK_KERNELS.rows(conn, {"ids": payload(db.dialect, ids)})
-        current: dict[KernelId, tuple[Any, ...]] = {KernelId(row[0]): tuple(row) for row in rows}
+        # id, session, agent, status (a KernelStatus), slots held, stage failure
+        current: dict[KernelId, tuple[Any, ...]] = {
+            KernelId(row[0]): (row[0], row[1], row[2], _STATUSES[row[3]], row[4], row[5])
+            for row in rows
+        }
         # One update per kernel, folding its reports in order (a later value wins).
         updates: dict[KernelId, dict[str, Any]] = {}
         history: list[tuple[Any, ...]] = []
@@ -152,6 +156,7 @@ _HISTORY_COLUMNS = (
 # The values of `_history_row`, in this order.
 _ADD_HISTORY = insert_columns(kernel_history, _HISTORY_COLUMNS)
 _SUCCESS = SchedulingResult.SUCCESS.value
+_STATUSES = {status.value: status for status in KernelStatus}  # faster than KernelStatus(value)
 
 
 def _conflicts(
@@ -181,7 +186,7 @@ def _fold(
     outcome = ReportOutcome()
     for report in reports:
         row = current[report.kernel_id]
-        before = KernelStatus(row[3])
+        before: KernelStatus = row[3]
         values = _report_values(report, before, now)
         if values is None:
             continue
@@ -200,7 +205,7 @@ def _fold(
                 held[slot] = held.get(slot, 0) - int(amount)
         # A later report (of this batch or the next) starts where this one left the kernel.
         held_after = None if report.status in KERNEL_TERMINAL else row[4]
-        current[report.kernel_id] = (*row[:3], report.status.value, held_after, None)
+        current[report.kernel_id] = (*row[:3], report.status, held_after, None)
     return outcome
 
 
@@ -214,7 +219,7 @@ def _refusal(
         return "no such kernel"
     if row[2] != agent_id:
         return f"not placed on agent {agent_id}"
-    before = status_now.get(report.kernel_id, KernelStatus(row[3]))
+    before = status_now.get(report.kernel_id, row[3])
     if report.stage_failed:
         if report.status is not before or before not in RETRYABLE_STAGES:
             return (
