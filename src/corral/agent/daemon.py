@@ -26,7 +26,7 @@ import json
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Literal
 
@@ -49,6 +49,7 @@ from corral.agent.runtime import (
     Runtime,
 )
 from corral.agent.shipper import Backoff, ReportShipper
+from corral.domain.record import record
 from corral.domain.session import KernelIntent
 from corral.domain.slots import ResourceSlots
 from corral.domain.status import KernelStatus
@@ -69,7 +70,7 @@ TOKEN_FILE = "agent-token"
 KERNELS_DIR = "kernels"  # under the data directory: one work directory per kernel
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AgentConfig:
     """Who the agent is and how it behaves."""
 

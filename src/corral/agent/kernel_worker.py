@@ -28,7 +28,6 @@ import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol, TypeVar
 
 from corral.agent.client import ManagerRejectedError, ManagerUnavailableError
@@ -49,6 +48,7 @@ from corral.agent.runtime import (
     Runtime,
     StageFailure,
 )
+from corral.domain.record import record
 from corral.domain.session import KernelIntent
 from corral.domain.status import KERNEL_TRANSITIONS, KernelStatus
 from corral.domain.types import Clock, utcnow
@@ -103,7 +103,7 @@ class Shipper(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class WorkerSettings:
     """How a worker paces itself."""
 

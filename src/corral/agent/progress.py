@@ -20,11 +20,11 @@ USER_REQUESTED_ABORT → ERROR → ABORTED, so every run is finite.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 from types import MappingProxyType
 
+from corral.domain.record import record
 from corral.domain.status import KernelStatus
 from corral.domain.types import utcnow
 
@@ -314,7 +314,7 @@ _NORMAL_TARGETS = _targets_by_state(NORMAL_TRANSITIONS)
 _BLACK_BOX_TARGETS = _targets_by_state(BLACK_BOX_TRANSITIONS)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ProgressStep:
     """One entry into a state: when, and why (the cause of a failure or abort)."""
 

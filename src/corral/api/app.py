@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from fastapi import FastAPI
 
@@ -15,11 +15,12 @@ from corral.controller.agents import AgentController
 from corral.controller.sessions import SessionController
 from corral.coordination.loop import DualLoop
 from corral.coordination.metrics import CoordinatorMetrics
+from corral.domain.record import record
 from corral.infra.events import EventBus
 from corral.store.database import Database
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ApiContext:
     """What the routes work with: the manager's store, controllers and buses."""
 

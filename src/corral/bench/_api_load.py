@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from corral.bench._http import Http, HttpError, KeepAliveClient, Reply
+from corral.domain.record import record
 
 SESSIONS_PATH = "/v1/sessions"
 SESSION_BODY: dict[str, Any] = {"image": "python", "command": ["true"], "resources": {"cpu": 1}}
@@ -40,7 +41,7 @@ class ApiBenchError(RuntimeError):
         self.status = status
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ApiLoad:
     """What the load generator sends."""
 

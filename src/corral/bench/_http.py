@@ -17,19 +17,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httpx
 
+from corral.domain.record import record
+
 
 class HttpError(Exception):
     """A request got no answer: refused, cut, timed out, or an answer that is not HTTP."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Reply:
     """An HTTP answer, read whole."""
 

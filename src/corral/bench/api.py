@@ -27,7 +27,7 @@ import math
 import sys
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from corral.bench._api_load import (
@@ -42,6 +42,7 @@ from corral.bench._scratch import scratch_database
 from corral.bench.latency import AGENT_CPU_MILLI, AGENT_MEM_MILLI, percentile
 from corral.controller.agents import AgentTimings
 from corral.coordination.loop import DualLoop
+from corral.domain.record import record
 from corral.domain.types import AgentId, utcnow
 from corral.manager.daemon import ManagerConfig, ManagerDaemon
 from corral.store.agents import NewAgent, insert_agents
@@ -68,7 +69,7 @@ _STDERR_TAIL_LINES = 20
 _LINE_LIMIT_BYTES = 64 * 1024 * 1024  # its answer is one JSON line with every latency
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ApiBenchResult:
     """Figures of one run."""
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
@@ -26,6 +25,7 @@ import sqlalchemy as sa
 from corral.bench._scratch import scratch_database, seed_placed_sessions
 from corral.controller.agents import after_reports
 from corral.coordination.coordinator import SessionCoordinator
+from corral.domain.record import record
 from corral.domain.results import SchedulingResult, TransitionStatus
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import AgentId, KernelId, SessionId
@@ -48,7 +48,7 @@ _TO_RUNNING = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class EndingsBenchResult:
     """Figures of one run."""
 

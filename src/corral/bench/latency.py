@@ -31,6 +31,7 @@ from corral.coordination.manager import session_orchestrator
 from corral.coordination.orchestrator import Orchestrator
 from corral.coordination.tasks import Task, TaskRun
 from corral.domain.events import DROPPED_KIND
+from corral.domain.record import record
 from corral.domain.spec import SessionSpec
 from corral.domain.status import SessionStatus
 from corral.domain.types import AgentId, UserId
@@ -86,7 +87,7 @@ def _summary(values: Sequence[float]) -> dict[str, float | int]:
     }
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TimedRun:
     """One run of a coordinator task, as the bench saw it (perf_counter seconds)."""
 
@@ -175,7 +176,7 @@ class _TimedHints(HintBus):
         await self._inner.close()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class LatencyBenchResult:
     """Figures of one run on one backend."""
 

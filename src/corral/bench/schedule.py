@@ -5,13 +5,13 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import sqlalchemy as sa
 
 from corral.bench._scratch import scratch_database
 from corral.coordination.coordinator import SessionCoordinator
+from corral.domain.record import record
 from corral.domain.session import NewSession
 from corral.domain.types import AgentId, UserId, new_session_id
 from corral.infra.hints.memory import MemoryHintBus
@@ -24,7 +24,7 @@ GIB_MILLI = 1024**3 * 1000
 OWNERS = 50
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ScheduleBenchResult:
     """Figures of one run on one backend."""
 

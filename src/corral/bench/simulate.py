@@ -37,6 +37,7 @@ from corral.controller.sessions import SessionController
 from corral.coordination.coordinator import SessionCoordinator
 from corral.coordination.manager import task_loops
 from corral.coordination.orchestrator import Orchestrator
+from corral.domain.record import record
 from corral.domain.slots import ResourceSlots
 from corral.domain.spec import SessionSpec
 from corral.domain.status import (
@@ -71,7 +72,7 @@ class SimulationError(RuntimeError):
     """The simulation could not finish (its sessions did not all end in time)."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SimulationConfig:
     """What to simulate."""
 

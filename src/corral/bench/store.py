@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from corral.bench._scratch import StatementCounter, scratch_database, seed_placed_sessions
+from corral.domain.record import record
 from corral.domain.results import SchedulingResult, TransitionStatus
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.store.agents import read_ledger
@@ -37,7 +37,7 @@ PHASES = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StoreBenchResult:
     """Figures of one run on one backend."""
 

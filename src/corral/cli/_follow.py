@@ -14,18 +14,18 @@ import signal
 import sys
 from collections.abc import Callable
 from contextlib import aclosing
-from dataclasses import dataclass
 from typing import BinaryIO
 
 from corral.cli._remote import INTERRUPTED_EXIT
 from corral.cli.session import describe_place
 from corral.client import TERMINAL_STATUSES, Client, CorralError, LogStream, Session
+from corral.domain.record import record
 from corral.domain.status import SessionStatus
 
 STATUS_CHANGED = "session.status_changed"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class FollowTimings:
     """How often the session is re-read without an event, and its queue place re-explained."""
 
@@ -33,7 +33,7 @@ class FollowTimings:
     explain_interval_s: float = 10.0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Terminal:
     """Where a followed session's output and corral's progress go, and who answers questions."""
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator
-from dataclasses import dataclass
+
+from corral.domain.record import record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ServerSentEvent:
     """One dispatched event: its type (`message` unless named), data, and the last id seen."""
 

@@ -10,11 +10,12 @@ import json
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from corral._private_file import write_private
+from corral.domain.record import record
 
 URL_VARIABLE = "CORRAL_URL"
 TOKEN_VARIABLE = "CORRAL_TOKEN"
@@ -25,7 +26,7 @@ class ClientConfigError(Exception):
     """The server's URL or token is missing or unusable; the message says how to fix it."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ClientConfig:
     """The server to talk to and the bearer token to show it."""
 

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import httpx
+
+from corral.domain.record import record
 
 ABOUT_BLANK = "about:blank"
 # How much of a body that is not problem details an error message quotes.
 _QUOTED_BODY_CHARS = 200
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class FieldError:
     """One invalid field of a request: its dotted path (e.g. `resources.cpu`) and what is wrong."""
 

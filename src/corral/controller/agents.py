@@ -11,12 +11,12 @@ import hmac
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 
 from corral.controller._assignment_polls import AssignmentPolls, UnknownAgentError
 from corral.controller._group_commit import GroupCommit
 from corral.coordination.hints import PROMOTION_HINTS, Hint, hints_after_report
+from corral.domain.record import record
 from corral.domain.slots import ResourceSlots
 from corral.domain.status import KernelStatus
 from corral.domain.types import AgentId, Clock, SessionId, utcnow
@@ -68,7 +68,7 @@ PromoteReported = Callable[
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AgentTimings:
     """How long agents may stay silent, how often they should speak, how long a poll waits."""
 
@@ -84,7 +84,7 @@ class AgentTimings:
         return self.heartbeat_timeout_s / 3
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Registration:
     """What registering told the agent."""
 

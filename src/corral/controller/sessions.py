@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from corral.controller._group_commit import GroupCommit
 from corral.coordination.hints import Hint
 from corral.domain.events import Event
+from corral.domain.record import record
 from corral.domain.results import ResultNote, SchedulingResult, TransitionStatus
 from corral.domain.session import NewSession
 from corral.domain.spec import SessionSpec
@@ -72,7 +73,7 @@ class SubmissionError(ValueError):
         self.message = message
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Submitted:
     """The session a submission stands for; `created` is False when creation_id matched.
 

@@ -10,9 +10,9 @@ succeeded nor failed may still expire; a skip never counts as an attempt.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 
+from corral.domain.record import record
 from corral.domain.results import HandlerResult, ResultNote, SchedulingResult, StatusTransitions
 from corral.domain.session import SessionWithKernels
 from corral.domain.status import SessionStatus
@@ -22,7 +22,7 @@ from corral.store.status_changes import StatusChange
 DEFAULT_MAX_ATTEMPTS = 5  # the spec README's default limit per phase
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PhaseLimits:
     """How many failed attempts, and how long, a handler may spend on one session's phase."""
 

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from corral.coordination.coordinator import SessionCoordinator
 from corral.coordination.loop import DualLoop
 from corral.coordination.orchestrator import Orchestrator
 from corral.coordination.tasks import Task
+from corral.domain.record import record
 from corral.infra.hints import HintBus
 from corral.infra.locks import LockManager
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class LoopIntervals:
     """How often the loops run: hinted (short), always (long), the burst debounce (of quick
     tasks, the promotions, and of the others), and how long a task's lock is kept for the next

@@ -7,10 +7,11 @@ builds one task per handler; its `run` does lock-free work only, the loop takes 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+
+from corral.domain.record import record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TaskRun:
     """What one run of a task did, for logs, metrics and the loop's follow-up decision."""
 
@@ -20,7 +21,7 @@ class TaskRun:
     duration_ms: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Task:
     """One unit a dual loop drives: `run` it when `hint` is set, and every long interval."""
 

@@ -6,9 +6,11 @@ import enum
 import json
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import date, datetime
 from typing import Any
+
+from corral.domain.record import record
 
 EntityType = str  # "session", "kernel", "agent", "deployment", "route" (and "bus" for markers)
 
@@ -16,7 +18,7 @@ EntityType = str  # "session", "kernel", "agent", "deployment", "route" (and "bu
 DROPPED_KIND = "events.dropped"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(kw_only=True)
 class Event:
     """One change to one entity: `kind` (e.g. "session.status_changed") and a JSON payload.
 

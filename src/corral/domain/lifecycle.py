@@ -8,9 +8,10 @@ store refuses any write the table does not allow before anything reaches the dat
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from enum import Enum
 from typing import Generic, TypeVar
+
+from corral.domain.record import record
 
 S = TypeVar("S", bound=Enum)
 
@@ -28,7 +29,7 @@ class IllegalTransitionError(ValueError):
         )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Edge(Generic[S]):
     """One allowed transition and the rule that admits it."""
 

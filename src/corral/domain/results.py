@@ -6,6 +6,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 
+from corral.domain.record import record
 from corral.domain.session import SessionWithKernels
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import SessionId
@@ -21,7 +22,7 @@ class SchedulingResult(StrEnum):
     SKIPPED = "SKIPPED"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TransitionStatus:
     """Target statuses of one outcome; None leaves that entity's status unchanged."""
 
@@ -29,7 +30,7 @@ class TransitionStatus:
     kernel: KernelStatus | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StatusTransitions:
     """A handler's declared transitions per outcome; None records history only."""
 
@@ -53,7 +54,7 @@ class StatusTransitions:
                 return None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ResultNote:
     """Why a session was skipped or failed: a stable code and a message a user can read.
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
+from corral.domain.record import record
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import AgentId, KernelId, SessionId, UserId
 
@@ -27,7 +27,7 @@ class KernelIntent(StrEnum):
     STOP = "STOP"  # stop it (if running) and report how it ended
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class KernelRecord:
     """One kernel of a session."""
 
@@ -48,7 +48,7 @@ class KernelRecord:
     stage_failure: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class KernelState:
     """A kernel as the promotions see it: where it stands and how it ended."""
 
@@ -59,7 +59,7 @@ class KernelState:
     failure_cause: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SessionProgress:
     """A session as the promotions see it: its status, whether it ran, its kernels."""
 
@@ -69,7 +69,7 @@ class SessionProgress:
     kernels: tuple[KernelState, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SessionWithKernels:
     """A session row with its kernels, the unit every handler works on."""
 
@@ -104,7 +104,7 @@ class SessionWithKernels:
         return total
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PendingSession:
     """A PENDING session as placement sees it: who asks, how urgently, and each kernel's request.
 
@@ -165,7 +165,7 @@ def _cluster_index(kernel: KernelRecord) -> int:
     return kernel.cluster_index
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NewSession:
     """What the store needs to create a session and its `cluster_size` kernels, all PENDING."""
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import ClassVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.domain.record import record
 from corral.domain.results import HandlerResult, KernelMatchType, ResultNote, StatusTransitions
 from corral.domain.session import SessionProgress, SessionWithKernels
 from corral.domain.status import KernelStatus, SessionStatus
@@ -139,7 +139,7 @@ class SessionPromotionHandler(ABC):
         return {}
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Ending:
     """How a session ends: its terminal status, result, exit code and (for ERROR) the cause."""
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
 
+from corral.domain.record import record
 from corral.infra.events import PING_INTERVAL_S, EventBus, EventBusKind, open_event_bus
 from corral.infra.hints import HintBus, open_hint_bus
 from corral.infra.locks import LockManager, open_lock_manager
 from corral.store.database import Database
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Buses:
     """The three coordination backends a manager uses."""
 

@@ -29,6 +29,7 @@ from corral.coordination.manager import LoopIntervals, task_loops
 from corral.coordination.metrics import CoordinatorMetrics
 from corral.coordination.orchestrator import Orchestrator
 from corral.coordination.tasks import Task, TaskRun
+from corral.domain.record import record
 from corral.domain.types import Clock, utcnow
 from corral.infra.events import PING_INTERVAL_S, forget_on_events
 from corral.manager.backends import Buses, open_buses
@@ -47,7 +48,7 @@ SWEEP_HINT = "agents-sweep"
 _CACHE_WATCH_TASK = "manager-cache-watch"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ManagerConfig:
     """What a manager process needs to know."""
 

@@ -15,7 +15,6 @@ import logging
 import secrets
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from corral.agent.client import HttpManagerClient
 from corral.agent.daemon import AgentConfig, AgentDaemon
 from corral.agent.devices import DeviceAllocator
 from corral.agent.runtime.process import ProcessRuntime
+from corral.domain.record import record
 from corral.domain.slots import ResourceSlots
 from corral.domain.types import utcnow
 from corral.manager.daemon import ManagerConfig, ManagerDaemon
@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 ADMIN = "admin"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class UpConfig:
     """Where `corral up` keeps its state and listens."""
 
@@ -46,7 +46,7 @@ class UpConfig:
     agents: int = 1  # local agents sharing the machine's slots (to try multi-node sessions)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class UpReady:
     """What a user needs once corral is up."""
 

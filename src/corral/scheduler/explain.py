@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from datetime import datetime
 
 import sqlalchemy as sa
 
+from corral.domain.record import record
 from corral.domain.status import SessionStatus
 from corral.scheduler.planner import place_sessions
 from corral.scheduler.snapshot import load_snapshot
@@ -20,7 +20,7 @@ class SessionNotFoundError(LookupError):
     """No session with that id."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Explanation:
     """Where a session stands in its group's queue and why it is (not) placed."""
 

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import numpy as np
 
+from corral.domain.record import record
 from corral.domain.session import PendingSession
 from corral.scheduler.types import Int64Array
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Request:
     """What one session asks for, in milli-units over the group's slot columns."""
 

@@ -10,6 +10,7 @@ from enum import StrEnum
 import numpy as np
 import numpy.typing as npt
 
+from corral.domain.record import record
 from corral.domain.resource_group import ResourceGroupOptions
 from corral.domain.session import PendingSession, SessionWithKernels
 from corral.domain.status import SessionStatus
@@ -21,7 +22,7 @@ Int64Array = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class QueuePage:
     """Which part of a group's queue a pass reads: up to `size` sessions, in queue order,
     after the session at `after` (from the head when None)."""
@@ -63,7 +64,7 @@ class OwnerUsage:
     slots: dict[str, int] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DependencyState:
     """Where a session's dependency stands."""
 
@@ -96,7 +97,7 @@ class VerdictKind(StrEnum):
     SHORTAGE = "shortage"  # no room now: under strict ordering, later sessions wait behind it
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Verdict:
     """A reason a session is not placed in this pass: a stable code and a readable message."""
 
@@ -114,7 +115,7 @@ class Outcome(StrEnum):
     BLOCKED = "blocked"  # waiting behind a session earlier in the order
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Decision:
     """What placement decided for one session, with its place in the group's order (1-based)."""
 

@@ -25,19 +25,19 @@ from __future__ import annotations
 import re
 from collections import namedtuple
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.domain.record import record
 from corral.store.database import Dialect
 
 _Convert = Callable[[Any], Any]
 _ROWCOUNT = re.compile(r"(\d+)\s*$")  # the count at the end of "UPDATE 3", "INSERT 0 5"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class _Compiled:
     sql: str
     names: tuple[str, ...]  # the parameters in the order the SQL takes them

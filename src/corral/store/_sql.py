@@ -6,7 +6,6 @@ import functools
 import json
 import uuid
 from collections.abc import Collection
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -14,10 +13,11 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.visitors import InternalTraversal
 
+from corral.domain.record import record
 from corral.store.database import Dialect
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class IdBatch:
     """A batch of ids encoded once for `in_values`, so several statements can share it."""
 

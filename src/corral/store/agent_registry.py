@@ -15,6 +15,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from corral.domain.record import record
 from corral.domain.results import SchedulingResult
 from corral.domain.session import MilliSlots
 from corral.domain.status import KERNEL_NON_TERMINAL, KernelStatus
@@ -36,7 +37,7 @@ class AgentCapacityError(ValueError):
     """A re-registering agent offers less of a slot than its kernels already hold."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AgentRecord:
     """An agent as the protocol layer needs it: identity, credentials, liveness."""
 

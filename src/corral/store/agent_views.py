@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -11,6 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.domain.events import Event
+from corral.domain.record import record
 from corral.domain.status import KERNEL_NON_TERMINAL
 from corral.domain.types import AgentId
 from corral.store._sql import in_values
@@ -23,7 +23,7 @@ AGENT_DRAINED = "agent.drained"
 AGENT_UNDRAINED = "agent.undrained"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AgentView:
     """One agent: identity, state, slot capacity and occupancy (milli-units), live kernels."""
 

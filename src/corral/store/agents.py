@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.domain.record import record
 from corral.domain.session import MilliSlots
 from corral.domain.types import AgentId
 from corral.store._direct import DirectStatement
@@ -32,7 +33,7 @@ AGENT_ALIVE = "ALIVE"  # the only status whose agents take and keep work
 Ledger = dict[AgentId, dict[str, list[int]]]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NewAgent:
     """What registering an agent writes."""
 
@@ -55,7 +56,7 @@ class Holding(Protocol):
     def slots(self) -> MilliSlots: ...
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Claim(Generic[K]):
     """Slots that one unit of work (`key`, e.g. a session) needs, on each agent it holds."""
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Collection
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.domain.record import record
 from corral.domain.session import KernelIntent, MilliSlots
 from corral.domain.status import KERNEL_TERMINAL, KernelStatus
 from corral.domain.types import AgentId, KernelId, SessionId
@@ -147,7 +147,7 @@ _REVISIONS = DirectStatement(
 )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AssignedKernel:
     """One kernel an agent is responsible for, with what the manager wants of it."""
 
@@ -167,7 +167,7 @@ class AssignedKernel:
     cluster_hosts: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Assignment:
     """Everything an agent should hold now, at `revision`: its full desired state."""
 

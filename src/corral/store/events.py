@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -14,6 +13,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.domain.events import Event, jsonable_payload
+from corral.domain.record import record
 from corral.domain.status import SessionStatus
 from corral.domain.types import SessionId, UserId
 from corral.store._direct import DirectStatement, insert_columns
@@ -81,7 +81,7 @@ async def send_notifications(conn: AsyncConnection, channel: str, payloads: Sequ
         await _NOTIFY.run(conn, {"channel": channel, "payloads": list(payloads)})
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class EventNotice:
     """What a PostgreSQL notification tells of appended events: their ids, as runs of
     consecutive ids, and their kinds (None: not said, any kind).

@@ -8,20 +8,20 @@ agent a kernel is placed on may upload for it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.domain.record import record
 from corral.domain.types import AgentId, KernelId
 from corral.store._sql import in_values
 from corral.store.database import Database, Dialect
 from corral.store.tables import kernel_logs, kernel_outputs, kernels
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class LogChunk:
     """Bytes of one kernel's stdout or stderr, starting at `offset` in that stream."""
 
@@ -31,7 +31,7 @@ class LogChunk:
     data: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class OutputBlob:
     """One file a kernel left in its output directory."""
 

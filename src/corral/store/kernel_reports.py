@@ -18,6 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.domain.record import record
 from corral.domain.results import SchedulingResult
 from corral.domain.status import KERNEL_TERMINAL, KERNEL_TRANSITIONS, KernelStatus
 from corral.domain.types import AgentId, KernelId, SessionId
@@ -34,7 +35,7 @@ RETRYABLE_STAGES = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class KernelReport:
     """One kernel's progress as its agent saw it."""
 

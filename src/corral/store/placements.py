@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.domain.record import record
 from corral.domain.results import SchedulingResult
 from corral.domain.session import MilliSlots
 from corral.domain.status import SESSION_TRANSITIONS, KernelStatus, SessionStatus
@@ -169,7 +170,7 @@ def _by_index(placement: SessionPlacement) -> Sequence[KernelPlacement]:
     return ordered
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class KernelPlacement:
     """Kernel `cluster_index` of a session on one agent, holding `slots`: what it requested."""
 
@@ -178,7 +179,7 @@ class KernelPlacement:
     slots: MilliSlots
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SessionPlacement:
     """All kernels of one session, placed together or not at all."""
 

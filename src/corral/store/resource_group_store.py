@@ -7,7 +7,6 @@ changes in a later corral version applies to every group that did not choose oth
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -15,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.domain.events import Event
+from corral.domain.record import record
 from corral.domain.resource_group import ResourceGroupOptions
 from corral.domain.status import SESSION_NON_TERMINAL
 from corral.store.agent_registry import AGENT_TERMINATED
@@ -58,7 +58,7 @@ class ResourceGroupInUseError(ValueError):
         self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ResourceGroupRecord:
     """A resource group with its options as stored (see `ResourceGroupOptions`)."""
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import functools
 import uuid
 from collections.abc import Collection
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.domain.record import record
 from corral.domain.session import PendingSession, SessionWithKernels
 from corral.domain.status import SESSION_OCCUPYING, SessionStatus
 from corral.domain.types import AgentId, SessionId, UserId
@@ -38,7 +38,7 @@ class UnknownResourceGroupError(LookupError):
     """A resource group that does not exist."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AgentSlotRow:
     """One (agent, slot) of a group, with the agent's state."""
 
@@ -138,7 +138,7 @@ def _queue_order(newest_first: bool) -> tuple[sa.ColumnElement[Any], ...]:
     return (sessions.c.priority.desc(), age, sessions.c.id)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class QueuePlace:
     """Where a session stands in its group's queue (see `_queue_order`)."""
 

@@ -6,12 +6,12 @@ import base64
 import json
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 
+from corral.domain.record import record
 from corral.domain.status import SESSION_TERMINAL
 from corral.domain.types import SessionId, UserId
 from corral.store.agent_kernels import forget_agents
@@ -38,7 +38,7 @@ class SessionNotEndedError(ValueError):
     """Only a session that has ended may be removed."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SessionFilter:
     """Which sessions a listing shows; `owner_id` None means every owner (admins)."""
 

@@ -10,13 +10,13 @@ import dataclasses
 import functools
 import json
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.domain.record import record
 from corral.domain.results import KernelMatchType
 from corral.domain.session import (
     KernelIntent,
@@ -626,7 +626,7 @@ async def load_pending(
     ]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class _Loaders:
     """How one load converts the raw values of its rows."""
 

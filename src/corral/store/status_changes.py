@@ -19,6 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.domain.record import record
 from corral.domain.results import ResultNote, SchedulingResult, TransitionStatus
 from corral.domain.status import (
     KERNEL_TERMINAL,
@@ -50,7 +51,7 @@ from corral.store.tables import kernels, sessions
 _FAILED_RESULTS = frozenset({SchedulingResult.EXPIRED, SchedulingResult.GIVE_UP})
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StatusChange:
     """One judged outcome for a batch of sessions: a guarded move plus its history.
 
@@ -118,7 +119,7 @@ async def apply_changes(
     return applied
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ChainedMoves:
     """Sessions moved several times in a row, each move by its own phase: a promotion chain
     (CREATING → RUNNING → TERMINATING → TERMINATED when a kernel ran and ended at once).

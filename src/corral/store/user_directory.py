@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from datetime import datetime
 
 import sqlalchemy as sa
 
+from corral.domain.record import record
 from corral.domain.types import UserId
 from corral.store.database import Database
 from corral.store.tables import api_tokens, users
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class UserRecord:
     """A user and when they were created."""
 
@@ -23,7 +23,7 @@ class UserRecord:
     created_at: datetime
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TokenRecord:
     """An API token's metadata: its secret was shown once, at creation, and is not kept."""
 

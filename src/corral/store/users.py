@@ -5,12 +5,12 @@ from __future__ import annotations
 import hashlib
 import secrets
 import uuid
-from dataclasses import dataclass
 from datetime import datetime
 
 import sqlalchemy as sa
 
 from corral.domain.events import Event
+from corral.domain.record import record
 from corral.domain.types import UserId
 from corral.store.database import Database
 from corral.store.events import TOKEN_REVOKED, append_events
@@ -20,7 +20,7 @@ ROLES = ("admin", "user")
 TOKEN_PREFIX = "crl_"  # makes a leaked corral token easy to recognise (and to scan for)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Principal:
     """Who is calling: a user and their role."""
 
@@ -34,7 +34,7 @@ class Principal:
         return self.role == "admin"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class IssuedToken:
     """A token just created: the secret is only ever available here."""
 

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any, Protocol
 
+from corral.domain.record import record
 from corral.domain.session import MilliSlots
 from corral.domain.types import KernelId, SessionId
 
@@ -49,7 +50,7 @@ class StageFailure(Exception):
         self.retryable = retryable
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class KernelLaunch:
     """Everything a runtime needs to prepare and start one kernel."""
 
@@ -100,7 +101,7 @@ class KernelLaunch:
         return env
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class KernelExit:
     """How a kernel's process ended."""
 
@@ -113,7 +114,7 @@ class KernelExit:
     message: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class LogMark:
     """How far one log stream of a kernel was shipped to the manager (byte offsets)."""
 
@@ -124,7 +125,7 @@ class LogMark:
     sending: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class OutputFile:
     """One file a kernel left in its output directory."""
 
@@ -231,7 +232,7 @@ class Runtime(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RuntimeNotes:
     """What a runtime says once in the agent's startup log (limits it can or cannot enforce)."""
 

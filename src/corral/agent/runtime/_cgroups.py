@@ -15,8 +15,10 @@ import os
 import re
 import signal
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
+
+from corral.domain.record import record
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +37,7 @@ def cpu_quota_us(cpu_milli: int) -> int:
     return max(_CPU_QUOTA_MIN_US, cpu_milli * CPU_PERIOD_US // 1000)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Cgroup:
     """A cgroup directory and the controllers (of CONTROLLERS) this agent limits in it."""
 
@@ -59,7 +61,7 @@ class Cgroup:
         return child
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CgroupProbe:
     """Where this agent can make per-kernel cgroups, and why not for the controllers it cannot."""
 

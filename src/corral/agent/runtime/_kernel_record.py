@@ -15,12 +15,13 @@ import json
 import os
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from pathlib import Path
 from typing import Any
 
 from corral.agent.runtime import LOG_STREAMS, LogMark
 from corral.agent.runtime._cgroups import Cgroup
+from corral.domain.record import record
 from corral.domain.types import KernelId
 
 RECORD_FILE = ".corral-kernel.json"
@@ -47,7 +48,7 @@ def running_since(pid: int) -> int | None:
     return int(fields[_STAT_START_FIELD])
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ProcessIdentity:
     """A process as a later agent recognises it: its pid and when it started."""
 
@@ -59,7 +60,7 @@ class ProcessIdentity:
         return self.start_ticks is not None and running_since(self.pid) == self.start_ticks
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class KernelRecord:
     """A started kernel as the `process` runtime records it (a `LeftKernel` when read back)."""
 

@@ -38,7 +38,6 @@ import signal
 import socket
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -60,6 +59,7 @@ from corral.agent.runtime._kernel_record import (
     RecordError,
 )
 from corral.agent.runtime._process_kernel import AdoptedKernel, ProcessKernel
+from corral.domain.record import record
 
 __all__ = ["BUILTIN_IMAGES", "AdoptedKernel", "ProcessKernel", "ProcessRuntime"]
 
@@ -87,7 +87,7 @@ _RLIMIT_WRAPPER = 'ulimit -v "$1" || exit 126; shift; exec "$@"'
 _EXIT_WRAPPER = (sys.executable, "-I", "-S", exitwrap.__file__)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class _Image:
     """An environment kernels run in: its interpreter and the variables it sets."""
 
@@ -299,7 +299,7 @@ class ProcessRuntime:
         return image
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class _Started:
     """What the exit-status wrapper said once the kernel was started."""
 

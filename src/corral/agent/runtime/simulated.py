@@ -13,7 +13,6 @@ import asyncio
 import math
 import random
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -26,6 +25,7 @@ from corral.agent.runtime import (
     RuntimeNotes,
     StageFailure,
 )
+from corral.domain.record import record
 from corral.domain.spec import SessionType
 
 LatencyKind = Literal["fixed", "uniform", "exponential", "lognormal"]
@@ -68,7 +68,7 @@ def _non_negative(name: str, value: float) -> float:
     return float(value)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Latency:
     """A distribution of delays in seconds; every sample lies in [low_s, cap_s]."""
 
@@ -175,7 +175,7 @@ def _number(name: str, part: str) -> float:
 ZERO_LATENCY = Latency.fixed(0.0)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SimulationProfile:
     """How simulated kernels behave: each stage's latency and each failure cause's probability."""
 
