@@ -13,17 +13,20 @@ walks, besides, every survivor of the young ones since. Under load nearly everyt
 work in flight (a kernel's worker, its messages, its rows): collected every 50,000 allocations,
 most of it was walked twice or three times before it finished, and the collector took 12 % of
 a `corral simulate` run (2.9 of 24 s, 20,000 sessions; 6.7 of 60 s at 40,000). Every 200,000,
-most of it is freed before a collection finds it: 0.85 s of 24 (2.4 of 50 at 40,000). A pause
-is bounded by what is in flight either way (both settings' longest, 0.3-0.5 s, were older
-collections walking it all), and cycles are rare (about 7,900 objects in a 20,000-session run).
+most of it is freed before a collection finds it: 0.85 s of 24 (2.4 of 50 at 40,000); later,
+with less allocated per session, 5 collections of 64 ms on average in an 11 s run. Every
+500,000: one collection of 83 ms in that run (benchmarks.md, session 19). A pause is bounded
+by what is in flight, whatever the setting (the longest seen, 0.3-0.5 s, were older
+collections walking it all), and cycles are rare (about 7,900 objects in a 20,000-session
+run), so collecting seldom costs little memory.
 """
 
 from __future__ import annotations
 
 import gc
 
-# Young collections every 200,000 net allocations, older ones 10 and 100 times less often.
-THRESHOLDS = (200_000, 10, 10)
+# Young collections every 500,000 net allocations, older ones 10 and 100 times less often.
+THRESHOLDS = (500_000, 10, 10)
 
 
 def tune_gc() -> None:
