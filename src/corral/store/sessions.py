@@ -513,19 +513,20 @@ async def load_with_kernels(
     loaders = _Loaders.of(conn.dialect)
     to_uuid, load_time, load_json = loaders.uuid, loaders.time, loaders.json
     result: list[SessionWithKernels] = []
-    head: dict[str, Any] | None = None  # the current session's fields, but its kernels
+    head: Sequence[Any] | None = None  # the current session's first row
+    session_id: Any = None  # the current session's id (a SessionId once `head` is set)
     session_kernels: list[KernelRecord] = []
     raw_id: Any = None
     for row in rows:
         if head is None or row[0] != raw_id:
             if head is not None:
-                result.append(SessionWithKernels(**head, kernels=tuple(session_kernels)))
-            raw_id, session_kernels = row[0], []
-            head = _session(row, loaders)
+                result.append(_session(head, session_id, tuple(session_kernels), loaders))
+            head, raw_id, session_kernels = row, row[0], []
+            session_id = SessionId(to_uuid(raw_id))
         session_kernels.append(
             KernelRecord(
                 KernelId(to_uuid(row[19])),
-                head["id"],
+                session_id,
                 row[20],
                 row[21],
                 row[22],
@@ -541,7 +542,7 @@ async def load_with_kernels(
             )
         )
     if head is not None:
-        result.append(SessionWithKernels(**head, kernels=tuple(session_kernels)))
+        result.append(_session(head, session_id, tuple(session_kernels), loaders))
     return result
 
 
@@ -670,27 +671,31 @@ def _memoised(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return load
 
 
-def _session(row: Sequence[Any], load: _Loaders) -> dict[str, Any]:
-    """The session fields of a `with_kernels` row (all but its kernels)."""
-    return {
-        "id": SessionId(load.uuid(row[0])),
-        "name": row[1],
-        "owner_id": UserId(load.owner(row[2])),
-        "type": row[3],
-        "priority": row[4],
-        "resource_group": row[5],
-        "cluster_mode": row[6],
-        "cluster_size": row[7],
-        "status": _SESSION_STATUSES[row[8]],
-        "status_info": row[9],
-        "status_changed_at": load.time(row[10]),
-        "created_at": load.time(row[11]),
-        "starts_at": load.time(row[12]),
-        "requeue_at": load.time(row[13]),
-        "requeue_active": load.bool(row[14]),
-        "phase": row[15],
-        "phase_attempts": row[16],
-        "failed_agents": tuple(AgentId(a) for a in load.json(row[17])),
-        "creation_id": row[18],
-        "started_at": load.time(row[32]),
-    }
+def _session(
+    row: Sequence[Any], session_id: SessionId, kernels: tuple[KernelRecord, ...], load: _Loaders
+) -> SessionWithKernels:
+    """The session of a `with_kernels` row (its first), with its kernels (built positionally:
+    a session made by keywords from a dict cost twice as much)."""
+    return SessionWithKernels(
+        session_id,
+        row[1],
+        UserId(load.owner(row[2])),
+        row[3],
+        row[4],
+        row[5],
+        row[6],
+        row[7],
+        _SESSION_STATUSES[row[8]],
+        row[9],
+        load.time(row[10]),
+        load.time(row[11]),
+        load.time(row[12]),
+        load.time(row[13]),
+        load.bool(row[14]),
+        row[15],
+        row[16],
+        tuple(AgentId(a) for a in load.json(row[17])),
+        row[18],
+        kernels,
+        load.time(row[32]),
+    )
