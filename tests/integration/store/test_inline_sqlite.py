@@ -9,8 +9,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
+from corral.store._inline_sqlite import STATEMENT_CACHE
 from corral.store.database import Database
 from corral.store.migrate import upgrade
 from corral.store.tables import users
@@ -24,6 +26,23 @@ async def test_statements_run_on_the_event_loop_thread(tmp_path: Path) -> None:
             await raw.driver_connection.create_function("thread_id", 0, threading.get_ident)  # type: ignore[union-attr]
             ran_on = await conn.scalar(sa.text("SELECT thread_id()"))
         assert ran_on == threading.get_ident()
+    finally:
+        await db.close()
+
+
+async def test_a_connection_keeps_every_statement_a_manager_runs_prepared(tmp_path: Path) -> None:
+    """More distinct statements than sqlite3's default cache (128) stay prepared."""
+    db = Database.open(f"sqlite:///{tmp_path / 'cache.db'}")
+    try:
+        async with db.read() as conn:
+            try:
+                await conn.exec_driver_sql("SELECT count(*) FROM sqlite_stmt")
+            except sa.exc.OperationalError:
+                pytest.skip("this SQLite has no sqlite_stmt table to count statements with")
+            for n in range(STATEMENT_CACHE // 4):
+                await conn.exec_driver_sql(f"SELECT {n}")
+            prepared = await conn.scalar(sa.text("SELECT count(*) FROM sqlite_stmt"))
+        assert prepared is not None and prepared > STATEMENT_CACHE // 4 > 128
     finally:
         await db.close()
 
