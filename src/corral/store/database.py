@@ -38,8 +38,11 @@ SQLITE_PAGE_SIZE = 8192
 # page it changed, and the hot pages (the indexes of sessions, kernels, history and events)
 # change in nearly every commit, so a checkpoint copies each of them once however often it
 # changed since the last: a 20,000-session `corral simulate` made 82 checkpoints at 1,000
-# pages and 13 at 20,000, with 67,000 fewer page writes, and ran 5-15 % faster.
-SQLITE_WAL_CHECKPOINT_BYTES = 40 * 1024 * 1024
+# pages and 13 at 20,000, with 67,000 fewer page writes, and ran 5-15 % faster. At 160 MiB it
+# makes one: its commits took 0.44-0.49 s in all against 0.72-0.74 s at 40 MiB, and ran 4 %
+# faster, for one pause of 160-190 ms where 40 MiB made several of 70-110 ms (benchmarks.md,
+# session 19). The WAL file grows to about this size on disk.
+SQLITE_WAL_CHECKPOINT_BYTES = 160 * 1024 * 1024
 PREPARED_STATEMENTS = 1_000  # per PostgreSQL connection
 
 
