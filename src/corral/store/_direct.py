@@ -31,6 +31,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.domain.record import record
+from corral.store._uuids import uuid_result_processor
 from corral.store.database import Dialect
 
 _Convert = Callable[[Any], Any]
@@ -133,7 +134,7 @@ def _compile(statement: sa.Executable, dialect: sa.Dialect) -> _Compiled:
     keys: list[str] = []
     for column, entry in enumerate(compiled._result_columns):
         keys.append(entry.keyname)
-        convert = entry.type._cached_result_processor(dialect, None)
+        convert = uuid_result_processor(entry.type, dialect)
         if convert is not None:
             results.append((column, convert))
     row: Callable[[Sequence[Any]], Any] = tuple

@@ -32,6 +32,7 @@ from corral.domain.status import KERNEL_TERMINAL, KernelStatus, SessionStatus
 from corral.domain.types import AgentId, KernelId, SessionId, UserId, new_kernel_id
 from corral.store._direct import DirectStatement, insert_columns
 from corral.store._sql import in_constants, in_param, in_values, payload
+from corral.store._uuids import uuid_result_processor
 from corral.store.agents import AGENT_ALIVE
 from corral.store.database import Database, Dialect
 from corral.store.status_changes import AppliedChanges, StatusChange, apply_changes
@@ -484,7 +485,7 @@ class _Decoders:
     """
 
     def __init__(self, dialect: sa.Dialect) -> None:
-        self.uuid = self._processor(dialect, sessions.c.id)
+        self.uuid = uuid_result_processor(sessions.c.id.type, dialect) or _same
         self.time = self._processor(dialect, sessions.c.created_at)
         self.bool = self._processor(dialect, sessions.c.requeue_active)
 
