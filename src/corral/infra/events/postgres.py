@@ -10,6 +10,7 @@ events of a notice from the table only if a subscriber wants one of its kinds.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import hashlib
 import json
 import logging
@@ -165,6 +166,7 @@ class PostgresEventBus(ListeningBus[_Listener]):
         ]
         fetched = await read_noticed_events(self._db, wanted) if wanted else {}
         read = {id(notice) for notice in wanted}
+        ids = sorted(fetched)
         events: list[Event] = []
         for item in decoded:
             if isinstance(item, Event):
@@ -172,7 +174,11 @@ class PostgresEventBus(ListeningBus[_Listener]):
             elif id(item) not in read:
                 self._saw(item.last_id)
             else:
-                found = [fetched[i] for a, b in item.runs for i in range(a, b + 1) if i in fetched]
+                found = [
+                    fetched[i]
+                    for first, last in item.runs
+                    for i in ids[bisect.bisect_left(ids, first) : bisect.bisect_right(ids, last)]
+                ]
                 if len(found) < item.count:
                     logger.error(
                         "events.rows_missing",
