@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 
 import pytest
@@ -21,7 +21,7 @@ from corral.infra.events import (
     open_event_bus,
 )
 from corral.store.database import Database
-from corral.store.events import append_events
+from corral.store.events import WHOLE_EVENTS_MAX, append_events
 from tests.conftest import REDIS_URL, require_server
 
 DEADLINE_S = 10.0
@@ -263,33 +263,68 @@ async def test_events_appended_with_the_commit_channel_arrive_at_commit(
     assert appended[0].payload["at"] == NOW.isoformat()
 
 
-@pytest.mark.parametrize("kind", [POSTGRES])
-async def test_events_no_subscriber_wants_are_never_read(
-    open_bus: OpenBus, pg_db: Database
-) -> None:
-    """PostgreSQL: appended events arrive as notices of their kinds; a bus reads a notice's
-    events from the table only when a subscriber of its wants one of those kinds."""
-    a, b = await open_bus(), await open_bus()
-    reads: list[str] = []
+@pytest.fixture
+def reads(pg_db: Database) -> Iterator[list[str]]:
+    """The statements that read events back for a notice, as the buses on `pg_db` run them."""
+    seen: list[str] = []
 
     def count_reads(_conn: object, _cursor: object, sql: str, *_rest: object) -> None:
         if sql.startswith("SELECT events.") and "unnest" in sql:
-            reads.append(sql)
+            seen.append(sql)
 
+    sa.event.listen(pg_db.engine.sync_engine, "before_cursor_execute", count_reads)
+    yield seen
+    sa.event.remove(pg_db.engine.sync_engine, "before_cursor_execute", count_reads)
+
+
+@pytest.mark.parametrize("kind", [POSTGRES])
+async def test_large_appends_notify_notices_read_only_when_wanted(
+    open_bus: OpenBus, pg_db: Database, reads: list[str]
+) -> None:
+    """PostgreSQL: an append of many events NOTIFYs notices of their ids and kinds; a bus
+    reads a notice's events from the table only when a subscriber of its wants one of those
+    kinds, and delivers them in order."""
+    a, b = await open_bus(), await open_bus()
+    many = WHOLE_EVENTS_MAX + 1
     revoked = Event(
         kind="token.revoked", entity_type="token", entity_id="t-1", payload={}, created_at=NOW
     )
-    sa.event.listen(pg_db.engine.sync_engine, "before_cursor_execute", count_reads)
-    try:
-        async with b.subscribe(kinds={"token.revoked"}) as watcher:
-            async with pg_db.transaction() as conn:
-                await append_events(conn, [ev(0), ev(0)], NOW, notify=a.commit_channel)
-            async with pg_db.transaction() as conn:
-                [appended] = await append_events(conn, [revoked], NOW, notify=a.commit_channel)
-            assert await take(watcher, 1) == [appended]
-    finally:
-        sa.event.remove(pg_db.engine.sync_engine, "before_cursor_execute", count_reads)
-    assert len(reads) == 1  # b, for the revoked token; a has no subscriber at all
+    async with b.subscribe(kinds={"token.revoked"}) as watcher, b.subscribe() as everything:
+        async with pg_db.transaction() as conn:
+            first = await append_events(conn, [ev(0)] * many, NOW, notify=a.commit_channel)
+        async with pg_db.transaction() as conn:
+            second = await append_events(
+                conn, [ev(0)] * (many - 1) + [revoked], NOW, notify=a.commit_channel
+            )
+        assert await take(everything, 2 * many) == first + second
+        assert await take(watcher, 1) == second[-1:]
+    # b read both notices for `everything`; a, without subscribers, read nothing.
+    assert len(reads) == 2
+    async with b.subscribe(kinds={"token.revoked"}) as watcher:
+        async with pg_db.transaction() as conn:
+            await append_events(conn, [ev(0)] * many, NOW, notify=a.commit_channel)
+        async with pg_db.transaction() as conn:
+            [*_, last] = await append_events(
+                conn, [ev(0)] * (many - 1) + [revoked], NOW, notify=a.commit_channel
+            )
+        assert await take(watcher, 1) == [last]
+    assert len(reads) == 3  # only the notice naming a revoked token
+
+
+@pytest.mark.parametrize("kind", [POSTGRES])
+async def test_small_appends_notify_each_event_whole(
+    open_bus: OpenBus, pg_db: Database, reads: list[str]
+) -> None:
+    """PostgreSQL: an append of a few events NOTIFYs each whole: a subscriber gets them
+    without reading them back (no round trip added to a follower's latency)."""
+    a, b = await open_bus(), await open_bus()
+    async with b.subscribe() as subscription:
+        async with pg_db.transaction() as conn:
+            appended = await append_events(
+                conn, [ev(0)] * WHOLE_EVENTS_MAX, NOW, notify=a.commit_channel
+            )
+        assert await take(subscription, WHOLE_EVENTS_MAX) == appended
+    assert reads == []
 
 
 @pytest.mark.parametrize("kind", ["memory", REDIS])

@@ -26,9 +26,8 @@ from corral.infra.events import PING_INTERVAL_S
 from corral.infra.events._listener import ListeningBus
 from corral.store.database import Database
 from corral.store.events import (
-    NOTIFY_LIMIT_BYTES,
     EventNotice,
-    event_notices,
+    notification,
     read_noticed_events,
     send_notifications,
 )
@@ -106,7 +105,7 @@ class PostgresEventBus(ListeningBus[_Listener]):
         self._check_open()
         if not events:
             return
-        payloads = [_notification(event) for event in events]
+        payloads = [notification(event) for event in events]
         async with self._db.autocommit() as conn:
             await send_notifications(conn, self.channel, payloads)
 
@@ -194,16 +193,3 @@ class PostgresEventBus(ListeningBus[_Listener]):
         except BaseException:
             listener.connection.terminate()
             raise
-
-
-def _notification(event: Event) -> str:
-    text = event.to_json()
-    if len(text.encode()) <= NOTIFY_LIMIT_BYTES:
-        return text
-    if event.id is None:
-        raise ValueError(
-            f"event {event.kind!r} is too large for NOTIFY ({len(text.encode())} bytes) and has "
-            "no id; append it with append_events and publish the returned event"
-        )
-    [notice] = event_notices([event.id], [event.kind])
-    return notice
