@@ -224,3 +224,8 @@ KERNEL_NOT_YET_RUNNING = frozenset(_KERNEL_BEFORE_RUNNING)
 SESSION_OCCUPYING = frozenset(
     {_S.SCHEDULED, _S.PREPARING, _S.PREPARED, _S.CREATING, _S.RUNNING, _S.TERMINATING}
 )
+
+# Each status by its value: a status read from the database is then a dictionary look-up, not
+# an Enum call (`KernelStatus(value)`), which the read paths would pay per row.
+SESSION_STATUS_BY_VALUE: dict[str, SessionStatus] = {status.value: status for status in _S}
+KERNEL_STATUS_BY_VALUE: dict[str, KernelStatus] = {status.value: status for status in _K}

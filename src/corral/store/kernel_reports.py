@@ -20,7 +20,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.domain.record import record
 from corral.domain.results import SchedulingResult
-from corral.domain.status import KERNEL_TERMINAL, KERNEL_TRANSITIONS, KernelStatus
+from corral.domain.status import (
+    KERNEL_STATUS_BY_VALUE,
+    KERNEL_TERMINAL,
+    KERNEL_TRANSITIONS,
+    KernelStatus,
+)
 from corral.domain.types import AgentId, KernelId, SessionId
 from corral.store._direct import DirectStatement, insert_columns
 from corral.store._sql import in_param, payload
@@ -106,8 +111,9 @@ async def apply_report_batches(
     async with db.transaction() as conn:
         rows = await _LOCK_KERNELS.rows(conn, {"ids": payload(db.dialect, ids)})
         # id, session, agent, status (a KernelStatus), slots held, stage failure
+        status_of = KERNEL_STATUS_BY_VALUE
         current: dict[KernelId, tuple[Any, ...]] = {
-            KernelId(row[0]): (row[0], row[1], row[2], _STATUSES[row[3]], row[4], row[5])
+            KernelId(row[0]): (row[0], row[1], row[2], status_of[row[3]], row[4], row[5])
             for row in rows
         }
         # One update per kernel, folding its reports in order (a later value wins).
@@ -157,7 +163,6 @@ _HISTORY_COLUMNS = (
 # The values of `_history_row`, in this order.
 _ADD_HISTORY = insert_columns(kernel_history, _HISTORY_COLUMNS)
 _SUCCESS = SchedulingResult.SUCCESS.value
-_STATUSES = {status.value: status for status in KernelStatus}  # faster than KernelStatus(value)
 
 
 def _conflicts(

@@ -28,7 +28,13 @@ from corral.domain.session import (
     SessionProgress,
     SessionWithKernels,
 )
-from corral.domain.status import KERNEL_TERMINAL, KernelStatus, SessionStatus
+from corral.domain.status import (
+    KERNEL_STATUS_BY_VALUE,
+    KERNEL_TERMINAL,
+    SESSION_STATUS_BY_VALUE,
+    KernelStatus,
+    SessionStatus,
+)
 from corral.domain.types import AgentId, KernelId, SessionId, UserId, new_kernel_id
 from corral.store._direct import DirectStatement, insert_columns
 from corral.store._sql import in_constants, in_param, in_values, payload
@@ -139,14 +145,14 @@ class SessionRepository:
         async with self.db.read_statements() as conn:  # one statement
             rows = await _PROGRESS.rows(conn, {"ids": payload(self.dialect, session_ids)})
         found: dict[SessionId, tuple[SessionStatus, datetime | None, list[KernelState]]] = {}
+        session_status_of, kernel_status_of = SESSION_STATUS_BY_VALUE, KERNEL_STATUS_BY_VALUE
         for sid, status, started_at, role, index, kernel_status, exit_code, cause in rows:
             session = found.get(sid)
             if session is None:
-                session = found[sid] = (SessionStatus(status), started_at, [])
+                session = found[sid] = (session_status_of[status], started_at, [])
             if role is not None:
-                session[2].append(
-                    KernelState(role, index, KernelStatus(kernel_status), exit_code, cause)
-                )
+                kernel = KernelState(role, index, kernel_status_of[kernel_status], exit_code, cause)
+                session[2].append(kernel)
         return [
             SessionProgress(sid, status, started_at, tuple(states))
             for sid, (status, started_at, states) in found.items()
@@ -468,8 +474,6 @@ def _raw(column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
     return sa.type_coerce(column, sa.types.NullType())
 
 
-_KERNEL_STATUSES = {status.value: status for status in KernelStatus}
-_SESSION_STATUSES = {status.value: status for status in SessionStatus}
 _INTENTS = {intent.value: intent for intent in KernelIntent}
 
 
@@ -531,7 +535,7 @@ async def load_with_kernels(
                 row[20],
                 row[21],
                 row[22],
-                _KERNEL_STATUSES[row[23]],
+                KERNEL_STATUS_BY_VALUE[row[23]],
                 load_time(row[24]),
                 load_json(row[25]),
                 load_json(row[26]),
@@ -605,7 +609,7 @@ async def load_pending(
                 priority=row[3],
                 resource_group=row[4],
                 cluster_mode=row[5],
-                status=_SESSION_STATUSES[row[7]],
+                status=SESSION_STATUS_BY_VALUE[row[7]],
                 created_at=load.time(row[8]),
                 starts_at=load.time(row[9]),
                 requeue_at=load.time(row[10]),
@@ -686,7 +690,7 @@ def _session(
         row[5],
         row[6],
         row[7],
-        _SESSION_STATUSES[row[8]],
+        SESSION_STATUS_BY_VALUE[row[8]],
         row[9],
         load.time(row[10]),
         load.time(row[11]),
