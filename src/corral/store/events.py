@@ -64,7 +64,7 @@ _INSERT_ROWS = insert_columns(events_table, _ROW_COLUMNS)
 NOTIFY_LIMIT_BYTES = 7_000
 # An append of at most this many events NOTIFYs each whole: a subscriber gets them without
 # reading them back (a manager at 100 submissions/s appends a few at a time, and reading each
-# batch back added 14 ms to the p50 of `corral bench latency` on PostgreSQL). A larger append
+# batch back added 14-20 ms to the p50 of `corral bench latency` on PostgreSQL). A larger append
 # sends notices (`EventNotice`).
 WHOLE_EVENTS_MAX = 64
 # A notice's list of kinds longer than this says "any kind" instead (kinds are short names).
