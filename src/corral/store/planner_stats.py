@@ -13,6 +13,12 @@ how many pages each watched table has against how many the planner last counted,
 the tables that have doubled (from MIN_PAGES on). ANALYZE refreshes the statistics and makes
 every cached plan that reads the table plan again. A table that doubles on each look costs
 O(log n) analyzes over its growth; an idle manager looks at nothing.
+
+These analyzes sample SAMPLE_TARGET x 300 rows, not the server's default (100 x 300). What they
+are for is the plan's shape (how many rows, which index), not fine histograms: a tenth of the
+sample costs a seventh of the time (analyzing the five watched tables after a 20,000-session
+`corral simulate`: 73 against 517 ms), and those analyzes were a tenth of the server's CPU in
+such a run. Autovacuum, where it runs, analyzes with the server's own target later.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ WATCHED_TABLES = (
 )
 GROWTH_FACTOR = 2.0  # analyze once a table has this many times the pages the planner counted
 MIN_PAGES = 64  # below this (512 KiB) any plan is quick
+SAMPLE_TARGET = 10  # default_statistics_target for these analyzes (the server's default: 100)
 CHECK_INTERVAL_S = 1.0
 
 _SIZES = sa.text(
@@ -90,10 +97,16 @@ class PlannerStatistics:
         async with self._db.autocommit() as conn:
             rows = (await conn.execute(_SIZES, {"names": self._tables})).all()
             grown = [name for name, counted, pages in rows if outgrown(counted, pages)]
-            if grown:
+        if grown:
+            # In a transaction of its own, for SET LOCAL: the pooled connection keeps the
+            # server's target for everything else.
+            async with self._db.engine.begin() as conn:
+                await conn.execute(
+                    sa.text(f"SET LOCAL default_statistics_target = {int(SAMPLE_TARGET)}")
+                )
                 # Names from our own list (and pg_class), never from input.
                 await conn.execute(sa.text("ANALYZE " + ", ".join(f'"{n}"' for n in grown)))
-                logger.debug("analyzed %s: they had outgrown the planner's statistics", grown)
+            logger.debug("analyzed %s: they had outgrown the planner's statistics", grown)
         return grown
 
     async def close(self) -> None:

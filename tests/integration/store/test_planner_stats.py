@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from corral.store.database import Database
-from corral.store.planner_stats import MIN_PAGES, PlannerStatistics
+from corral.store.planner_stats import MIN_PAGES, SAMPLE_TARGET, PlannerStatistics
 
 _DEADLINE_S = 10.0
 
@@ -74,6 +74,26 @@ async def test_a_cached_plan_is_planned_again_once_its_table_outgrew_the_statist
         await conn.exec_driver_sql("DEALLOCATE probe_all")
         await conn.commit()
     assert await stats.refresh() == []  # no growth since
+
+
+@_ON_POSTGRESQL
+async def test_the_refresh_samples_coarsely_and_leaves_the_connections_target_alone(
+    db: Database, probe: str
+) -> None:
+    """The refresh analyzes with SAMPLE_TARGET (a histogram of SAMPLE_TARGET buckets, not
+    the server's 100), and only for itself: the pooled connection keeps the server's target."""
+    await _grow(db, probe, 50_000)
+    assert await PlannerStatistics(db, tables=[probe]).refresh() == [probe]
+    async with db.read() as conn:
+        bounds = await conn.scalar(
+            sa.text(
+                "SELECT array_length(histogram_bounds::text::int[], 1) FROM pg_stats"
+                " WHERE tablename = :t AND attname = 'id'"
+            ),
+            {"t": probe},
+        )
+        assert bounds == SAMPLE_TARGET + 1
+        assert await conn.scalar(sa.text("SHOW default_statistics_target")) == "100"
 
 
 @_ON_POSTGRESQL
