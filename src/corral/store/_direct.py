@@ -18,6 +18,14 @@ see every statement, and driver errors become SQLAlchemy's exception classes, as
 
 Only statements whose SQL is the same for every execution qualify: no `IN` with expanding
 parameters (use `_sql.in_param`), nothing rendered at execution time.
+
+Row inserts (`insert_columns`) run many rows on PostgreSQL as one binary COPY into the table,
+not as asyncpg's `executemany`, which binds and executes the INSERT once per row: PostgreSQL
+starts an executor for each. For 20,000 kernel history rows in batches of 500, COPY took 7.75
+µs of the server's CPU a row against 14.5, 4.5 µs of the manager's against 6.0, and half the
+wall time; from 4 rows a batch the server's CPU is lower, and a single row takes no longer. The
+same codecs encode the values, and the table's constraints, domains and foreign keys are
+checked as for an INSERT.
 """
 
 from __future__ import annotations
@@ -46,16 +54,21 @@ class _Compiled:
     binds: tuple[tuple[int, _Convert], ...]  # (position, conversion) where there is one
     results: tuple[tuple[int, _Convert], ...]  # (column, conversion) where there is one
     row: Callable[[Sequence[Any]], Any]  # makes a row with the columns as attributes
+    copy_into: str | None  # PostgreSQL: run_many copies the rows into this table (its columns
+    # named as the parameters, in their order) instead of executing the statement per row
 
 
 class DirectStatement:
     """A statement built and compiled once per dialect, run on the driver connection."""
 
-    __slots__ = ("_build", "_compiled")
+    __slots__ = ("_build", "_compiled", "_copy_into")
 
-    def __init__(self, build: Callable[[Dialect], sa.Executable]) -> None:
+    def __init__(
+        self, build: Callable[[Dialect], sa.Executable], *, copy_into: str | None = None
+    ) -> None:
         self._build = build
         self._compiled: dict[str, _Compiled] = {}
+        self._copy_into = copy_into
 
     async def rows(
         self, conn: AsyncConnection, params: Mapping[str, Any] | None = None
@@ -105,21 +118,27 @@ class DirectStatement:
         found = self._compiled.get(dialect.name)
         if found is None:
             name: Dialect = "postgresql" if dialect.name == "postgresql" else "sqlite"
-            found = self._compiled[dialect.name] = _compile(self._build(name), dialect)
+            copy_into = self._copy_into if name == "postgresql" else None
+            found = self._compiled[dialect.name] = _compile(self._build(name), dialect, copy_into)
         return found
 
 
 def insert_columns(table: sa.Table, columns: Sequence[str]) -> DirectStatement:
     """An INSERT of `columns` of `table`, each from the parameter of the column's name.
 
-    For `run_many` with rows whose keys are those columns. `inline`: compiled as a single-row
-    insert it would otherwise return the new ids on PostgreSQL, which `run_many` never reads.
+    For `run_many` with rows whose keys are those columns: on PostgreSQL a COPY into the table.
+    `inline`: compiled as a single-row insert it would otherwise return the new ids on
+    PostgreSQL, which `run_many` never reads.
     """
     values = {name: sa.bindparam(name, type_=table.c[name].type) for name in columns}
-    return DirectStatement(lambda _dialect: table.insert().values(values).inline())
+    return DirectStatement(
+        lambda _dialect: table.insert().values(values).inline(), copy_into=table.name
+    )
 
 
-def _compile(statement: sa.Executable, dialect: sa.Dialect) -> _Compiled:
+def _compile(
+    statement: sa.Executable, dialect: sa.Dialect, copy_into: str | None = None
+) -> _Compiled:
     compiled = cast(Any, statement).compile(dialect=dialect)
     if compiled.literal_execute_params or compiled.post_compile_params:
         raise ValueError(
@@ -155,6 +174,7 @@ def _compile(statement: sa.Executable, dialect: sa.Dialect) -> _Compiled:
         ),
         results=tuple(results),
         row=row,
+        copy_into=copy_into,
     )
 
 
@@ -262,18 +282,30 @@ async def _run_many(conn: AsyncConnection, compiled: _Compiled, rows: list[list[
     sync_conn = conn.sync_connection
     assert sync_conn is not None
     fairy = sync_conn.connection
-    _before(sync_conn, compiled.sql, rows, many=True)
+    copy_into = compiled.copy_into
+    # What statement listeners see for a COPY: what it does, in SQL.
+    sql = compiled.sql if copy_into is None else _copy_sql(copy_into, compiled.names)
+    _before(sync_conn, sql, rows, many=True)
     try:
         if conn.dialect.name == "postgresql":
             adapted = cast(Any, fairy.dbapi_connection)
             async with adapted._execute_mutex:
                 await _in_transaction(adapted)
-                await adapted._connection.executemany(compiled.sql, rows)
+                if copy_into is None:
+                    await adapted._connection.executemany(compiled.sql, rows)
+                else:
+                    await adapted._connection.copy_records_to_table(
+                        copy_into, records=rows, columns=compiled.names
+                    )
         else:
             _sqlite(fairy).executemany(compiled.sql, rows)
     except Exception as error:
-        raise await _translated(conn, compiled.sql, rows, error) from error
-    _after(sync_conn, compiled.sql, rows, many=True)
+        raise await _translated(conn, sql, rows, error) from error
+    _after(sync_conn, sql, rows, many=True)
+
+
+def _copy_sql(table: str, columns: Sequence[str]) -> str:
+    return f"COPY {table} ({', '.join(columns)}) FROM STDIN (FORMAT binary)"
 
 
 async def _in_transaction(adapted: Any) -> None:

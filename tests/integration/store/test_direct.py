@@ -144,6 +144,59 @@ async def test_run_rows_writes_rows_given_in_parameter_order(db: Database) -> No
     ]
 
 
+async def test_row_inserts_copy_on_postgresql_and_insert_on_sqlite(db: Database) -> None:
+    """`insert_columns` rows arrive as written (ids, aware times, JSON, NULL), through one COPY
+    on PostgreSQL and the INSERT on SQLite, and statement listeners see which."""
+    statement = insert_columns(
+        events, ("kind", "entity_type", "entity_id", "owner_id", "payload", "created_at")
+    )
+    owner = uuid.uuid4()
+    rows = [
+        {
+            "kind": "test.copied",
+            "entity_type": "test",
+            "entity_id": f"e{n}",
+            "owner_id": owner if n % 2 else None,
+            "payload": {"n": n, "nested": [n, "x", None]},
+            "created_at": NOW + timedelta(microseconds=n),
+        }
+        for n in range(40)
+    ]
+    with recorded_statements(db) as seen:
+        async with db.transaction() as conn:
+            await statement.run_many(conn, rows)
+    assert len(seen) == 1
+    assert seen[0].startswith("COPY events" if db.dialect == "postgresql" else "INSERT INTO")
+    async with db.read() as conn:
+        found = (
+            await conn.execute(
+                sa.select(
+                    events.c.entity_id, events.c.owner_id, events.c.payload, events.c.created_at
+                )
+                .where(events.c.kind == "test.copied")
+                .order_by(events.c.id)
+            )
+        ).all()
+    assert [tuple(row) for row in found] == [
+        (r["entity_id"], r["owner_id"], r["payload"], r["created_at"]) for r in rows
+    ]
+
+
+async def test_a_violation_in_a_batch_of_rows_writes_none_of_them(db: Database) -> None:
+    """A duplicate key among many rows (a COPY on PostgreSQL) raises IntegrityError and the
+    transaction keeps none of the rows, those before it included."""
+    statement = insert_columns(users, ("id", "name", "role", "created_at"))
+    existing = await add_user(db)
+    ids = [uuid.uuid4() for _ in range(10)]
+    rows = [{"id": i, "name": f"batch-{i.hex}", "role": "user", "created_at": NOW} for i in ids]
+    rows.append({"id": existing, "name": "again", "role": "user", "created_at": NOW})
+    with pytest.raises(sa.exc.IntegrityError):
+        async with db.transaction() as conn:
+            await statement.run_many(conn, rows)
+    async with db.read() as conn:
+        assert await _USERS.scalars(conn, {"ids": payload(db.dialect, ids)}) == []
+
+
 async def test_driver_errors_are_sqlalchemys(db: Database) -> None:
     """A constraint violation raises SQLAlchemy's IntegrityError and rolls the transaction back."""
     existing = await add_user(db)
