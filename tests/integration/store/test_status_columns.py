@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import sqlalchemy as sa
 
@@ -31,3 +33,35 @@ async def test_every_status_of_the_enum_is_accepted_and_nothing_else(
         assert await conn.scalar(sa.select(table.c.status).where(row == session_id)) == (
             list(statuses)[-1].value
         )
+
+
+# PostgreSQL only: the conftest's `db`, on its PostgreSQL database.
+@pytest.mark.parametrize(
+    "database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
+)
+async def test_postgresql_keeps_no_statistics_of_the_lifecycle_columns(db: Database) -> None:
+    """Statistics of a status taken while every session was PENDING would tell the planner that
+    none is SCHEDULED (migration 0014): ANALYZE gathers none for the lifecycle columns, and the
+    planner expects a share of the rows for any status, never a single one."""
+    await add_session_ids(db, await add_user(db), 2_000)
+    async with db.autocommit() as conn:
+        await conn.execute(sa.text("ANALYZE sessions, kernels"))
+        gathered = (
+            await conn.execute(
+                sa.text(
+                    "SELECT tablename || '.' || attname FROM pg_stats"
+                    " WHERE tablename IN ('sessions', 'kernels')"
+                )
+            )
+        ).scalars()
+        plan = (
+            await conn.exec_driver_sql(
+                "EXPLAIN (FORMAT JSON) SELECT id FROM kernels WHERE status = 'SCHEDULED'"
+            )
+        ).scalar()
+    columns = set(gathered)
+    assert {"sessions.id", "kernels.session_id"} <= columns  # ANALYZE ran
+    lifecycle = {"sessions.status", "kernels.status", "kernels.agent_id", "kernels.desired_state"}
+    assert not lifecycle & columns
+    explained = json.loads(plan) if isinstance(plan, str) else plan
+    assert explained[0]["Plan"]["Plan Rows"] >= 5  # 0.5 % of 2,000 kernels, not 1
