@@ -79,21 +79,20 @@ NAME_LEN = 64
 # PostgreSQL the column's type is a domain with that CHECK (migration 0013): PostgreSQL parses a
 # table's CHECK from its stored text at every execution of an INSERT or UPDATE, 10 µs a row for
 # eleven statuses, where a domain's is parsed once per connection.
-def _allowed(subject: str, values: Any) -> str:
-    listed = ", ".join(f"'{v.value}'" for v in values)
-    return f"{subject} IN ({listed})"
+def _status(name: str, domain: str, values: Any) -> tuple[sa.Column[str], sa.CheckConstraint]:
+    """A NOT NULL status column `name` allowing only the `values` of an enum, and the table's
+    CHECK that says so on SQLite (spread into the table's arguments: `*_status(...)`)."""
 
+    def allowed(subject: str) -> str:
+        listed = ", ".join(f"'{v.value}'" for v in values)
+        return f"{subject} IN ({listed})"
 
-def _status_type(domain: str, values: Any) -> sa.types.TypeEngine[str]:
-    on_postgresql = postgresql.DOMAIN(
-        domain, sa.String(STATUS_LEN), check=_allowed("VALUE", values)
+    on_postgresql = postgresql.DOMAIN(domain, sa.String(STATUS_LEN), check=allowed("VALUE"))
+    column = sa.Column(
+        name, sa.String(STATUS_LEN).with_variant(on_postgresql, "postgresql"), nullable=False
     )
-    return sa.String(STATUS_LEN).with_variant(on_postgresql, "postgresql")
-
-
-def _status_check(column: str, values: Any) -> sa.CheckConstraint:
-    check = sa.CheckConstraint(_allowed(column, values), name=f"{column}_valid")
-    return check.ddl_if(dialect="sqlite")
+    check = sa.CheckConstraint(allowed(name), name=f"{name}_valid").ddl_if(dialect="sqlite")
+    return column, check
 
 
 def _created() -> sa.Column[datetime]:
@@ -199,7 +198,7 @@ sessions = sa.Table(
     # What each kernel requests (milli-units) when all of them request the same, else NULL
     # and each kernel's `requested_slots` says. Placement reads the session row alone.
     sa.Column("kernel_slots", JSONType, nullable=True),
-    sa.Column("status", _status_type("corral_session_status", SessionStatus), nullable=False),
+    *_status("status", "corral_session_status", SessionStatus),
     sa.Column("status_info", sa.String(512), nullable=True),
     sa.Column("status_changed_at", UTCDateTime(), nullable=False),
     _created(),
@@ -231,7 +230,6 @@ sessions = sa.Table(
     sa.Column("max_retries", sa.Integer(), nullable=False, server_default="0"),
     sa.Column("retry_policy", JSONType, nullable=True),
     sa.Column("retry_cause", sa.String(NAME_LEN), nullable=True),
-    _status_check("status", SessionStatus),
     sa.CheckConstraint("cluster_size >= 1", name="cluster_size_positive"),
     sa.Index(None, "status", "resource_group"),
     sa.Index(None, "owner_id", "created_at"),
@@ -295,7 +293,7 @@ kernels = sa.Table(
     # the agent row once per placed kernel (60 of 215 ms when placing 10,000 kernels).
     # Not indexed either: the kernels of an agent are found through `agent_kernels`.
     sa.Column("agent_id", sa.String(NAME_LEN), nullable=True),
-    sa.Column("status", _status_type("corral_kernel_status", KernelStatus), nullable=False),
+    *_status("status", "corral_kernel_status", KernelStatus),
     sa.Column("status_info", sa.String(512), nullable=True),
     sa.Column("status_changed_at", UTCDateTime(), nullable=False),
     _created(),
@@ -311,7 +309,6 @@ kernels = sa.Table(
     sa.Column("desired_state", sa.String(STATUS_LEN), nullable=True),
     sa.Column("desired_generation", sa.Integer(), nullable=False, server_default="0"),
     sa.Column("stage_failure", sa.String(NAME_LEN), nullable=True),
-    _status_check("status", KernelStatus),
     sa.UniqueConstraint("session_id", "cluster_index"),
     # No index names `status` or `agent_id`, and pages are kept 60 % empty: status changes and
     # placements are then HOT updates on PostgreSQL (no index entries written), the bulk of all
@@ -384,14 +381,11 @@ deployments = sa.Table(
         sa.ForeignKey("resource_groups.name"),
         nullable=False,
     ),
-    sa.Column(
-        "lifecycle", _status_type("corral_endpoint_lifecycle", EndpointLifecycle), nullable=False
-    ),
+    *_status("lifecycle", "corral_endpoint_lifecycle", EndpointLifecycle),
     sa.Column("replica_spec", JSONType, nullable=False),
     sa.Column("desired_replicas", sa.Integer(), nullable=False),
     sa.Column("lifecycle_changed_at", UTCDateTime(), nullable=False),
     _created(),
-    _status_check("lifecycle", EndpointLifecycle),
     sa.CheckConstraint("desired_replicas >= 0", name="replicas_not_negative"),
     sa.UniqueConstraint("owner_id", "name"),
     sa.Index(None, "lifecycle"),
@@ -408,7 +402,7 @@ routes = sa.Table(
         nullable=False,
     ),
     sa.Column("session_id", sa.Uuid(), sa.ForeignKey("sessions.id"), nullable=True),
-    sa.Column("status", _status_type("corral_route_status", RouteStatus), nullable=False),
+    *_status("status", "corral_route_status", RouteStatus),
     sa.Column("health_info", sa.String(512), nullable=True),
     sa.Column("consecutive_failures", sa.Integer(), nullable=False, server_default="0"),
     sa.Column("traffic_weight", sa.Integer(), nullable=False, server_default="100"),
@@ -416,7 +410,6 @@ routes = sa.Table(
     sa.Column("port", sa.Integer(), nullable=True),
     sa.Column("status_changed_at", UTCDateTime(), nullable=False),
     _created(),
-    _status_check("status", RouteStatus),
     sa.Index(None, "deployment_id", "status"),
     sa.Index(None, "status"),
 )
