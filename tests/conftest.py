@@ -269,6 +269,12 @@ class _SharedDatabase:
             await db.close()
 
 
+# For a test of PostgreSQL alone: the `db` (and `database_url`) it gets are PostgreSQL's only.
+postgresql_only = pytest.mark.parametrize(
+    "database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
+)
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Path) -> str:
     """The URL of a fresh, migrated database: a SQLite file, or a PostgreSQL database."""

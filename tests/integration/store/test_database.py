@@ -17,6 +17,7 @@ from corral.store.database import (
     Database,
 )
 from corral.store.tables import agents
+from tests.conftest import postgresql_only
 from tests.integration.store._factories import NOW, add_user
 
 _USER = sa.text("INSERT INTO users (id, name, role, created_at) VALUES (:id, :name, 'user', :at)")
@@ -92,9 +93,7 @@ async def test_a_quiet_caller_keeps_reusing_the_most_recent_connection(db: Datab
             assert await _driver_identity(conn) == last_returned
 
 
-@pytest.mark.parametrize(
-    "database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
-)
+@postgresql_only
 async def test_postgresql_connections_keep_hundreds_of_statements_prepared(db: Database) -> None:
     """A manager runs more distinct statements than asyncpg's default cache of 100 holds: each
     connection keeps them all prepared rather than preparing them again on reuse."""
@@ -123,9 +122,7 @@ async def test_a_read_sees_one_snapshot_across_its_statements(db: Database) -> N
         assert await conn.scalar(_USER_COUNT) == before + 1
 
 
-@pytest.mark.parametrize(
-    "database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
-)
+@postgresql_only
 async def test_postgresql_reads_refuse_writes_and_leave_the_pooled_connection_as_it_was(
     db: Database,
 ) -> None:
@@ -139,9 +136,7 @@ async def test_postgresql_reads_refuse_writes_and_leave_the_pooled_connection_as
         await conn.execute(_USER, {"id": uuid.uuid4(), "name": "written", "at": NOW})
 
 
-@pytest.mark.parametrize(
-    "database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
-)
+@postgresql_only
 async def test_an_id_list_stays_a_join_in_a_generic_plan(db: Database) -> None:
     """asyncpg prepares every statement, and PostgreSQL may keep a generic plan for it from the
     sixth run on. There `column = ANY ($1)` is a linear search of the array for every row read

@@ -14,14 +14,9 @@ import sqlalchemy as sa
 
 from corral.store.database import Database
 from corral.store.planner_stats import MIN_PAGES, SAMPLE_TARGET, PlannerStatistics
+from tests.conftest import postgresql_only
 
 _DEADLINE_S = 10.0
-
-
-# PostgreSQL only: the conftest's `db`, on its PostgreSQL database.
-_ON_POSTGRESQL = pytest.mark.parametrize(
-    "database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
-)
 
 
 @pytest.fixture
@@ -54,7 +49,7 @@ async def _estimated_rows(conn: Any) -> float:
     return float(explained[0]["Plan"]["Plan Rows"])
 
 
-@_ON_POSTGRESQL
+@postgresql_only
 async def test_a_cached_plan_is_planned_again_once_its_table_outgrew_the_statistics(
     db: Database, probe: str
 ) -> None:
@@ -76,7 +71,7 @@ async def test_a_cached_plan_is_planned_again_once_its_table_outgrew_the_statist
     assert await stats.refresh() == []  # no growth since
 
 
-@_ON_POSTGRESQL
+@postgresql_only
 async def test_the_refresh_samples_coarsely_and_leaves_the_connections_target_alone(
     db: Database, probe: str
 ) -> None:
@@ -96,7 +91,7 @@ async def test_the_refresh_samples_coarsely_and_leaves_the_connections_target_al
         assert await conn.scalar(sa.text("SHOW default_statistics_target")) == "100"
 
 
-@_ON_POSTGRESQL
+@postgresql_only
 async def test_a_small_table_is_left_alone(db: Database, probe: str) -> None:
     """Below MIN_PAGES no plan is slow enough to be worth an ANALYZE."""
     await _grow(db, probe, 100)  # a few pages
@@ -106,7 +101,7 @@ async def test_a_small_table_is_left_alone(db: Database, probe: str) -> None:
     assert await PlannerStatistics(db, tables=[probe]).refresh() == []
 
 
-@_ON_POSTGRESQL
+@postgresql_only
 async def test_a_write_transaction_has_the_tables_looked_at_once_an_interval(
     db: Database, probe: str
 ) -> None:

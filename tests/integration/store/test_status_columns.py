@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.store.database import Database
 from corral.store.tables import kernels, sessions
+from tests.conftest import postgresql_only
 from tests.integration.store._factories import add_session_ids, add_user
 
 
@@ -35,10 +36,7 @@ async def test_every_status_of_the_enum_is_accepted_and_nothing_else(
         )
 
 
-# PostgreSQL only: the conftest's `db`, on its PostgreSQL database.
-@pytest.mark.parametrize(
-    "database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
-)
+@postgresql_only
 async def test_postgresql_keeps_no_statistics_of_the_lifecycle_columns(db: Database) -> None:
     """Statistics of a status taken while every session was PENDING would tell the planner that
     none is SCHEDULED (migration 0014): ANALYZE gathers none for the lifecycle columns, and the
