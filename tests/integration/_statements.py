@@ -1,7 +1,8 @@
-"""Recording the SQL statements a block of test code sends."""
+"""Recording the SQL statements a block of test code sends; the planner's estimate of one."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -26,3 +27,10 @@ def recorded_statements(db: Database) -> Iterator[list[str]]:
         yield statements
     finally:
         sa.event.remove(engine, "before_cursor_execute", record)
+
+
+async def estimated_rows(conn: Any, statement: str) -> float:
+    """PostgreSQL: the rows the planner expects `statement` (SQL text) to return."""
+    plan = (await conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {statement}")).scalar()
+    explained = json.loads(plan) if isinstance(plan, str) else plan  # asyncpg decodes JSON
+    return float(explained[0]["Plan"]["Plan Rows"])

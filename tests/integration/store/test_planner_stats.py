@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -15,6 +13,7 @@ import sqlalchemy as sa
 from corral.store.database import Database
 from corral.store.planner_stats import MIN_PAGES, SAMPLE_TARGET, PlannerStatistics
 from tests.conftest import postgresql_only
+from tests.integration._statements import estimated_rows
 
 _DEADLINE_S = 10.0
 
@@ -42,13 +41,6 @@ async def _grow(db: Database, table: str, rows: int) -> None:
         )
 
 
-async def _estimated_rows(conn: Any) -> float:
-    plan = await conn.exec_driver_sql("EXPLAIN (FORMAT JSON) EXECUTE probe_all")
-    found = plan.scalar()  # asyncpg decodes the JSON already
-    explained = json.loads(found) if isinstance(found, str) else found
-    return float(explained[0]["Plan"]["Plan Rows"])
-
-
 @postgresql_only
 async def test_a_cached_plan_is_planned_again_once_its_table_outgrew_the_statistics(
     db: Database, probe: str
@@ -62,10 +54,11 @@ async def test_a_cached_plan_is_planned_again_once_its_table_outgrew_the_statist
         await conn.exec_driver_sql("EXECUTE probe_all")
         await conn.commit()
         await _grow(db, probe, 50_000)
-        assert await _estimated_rows(conn) < 10_000  # the plan made when it was small
+        # The plan made when it was small:
+        assert await estimated_rows(conn, "EXECUTE probe_all") < 10_000
         await conn.commit()  # a transaction holding the table's lock sees no invalidation
         assert await stats.refresh() == [probe]
-        assert await _estimated_rows(conn) > 40_000
+        assert await estimated_rows(conn, "EXECUTE probe_all") > 40_000
         await conn.exec_driver_sql("DEALLOCATE probe_all")
         await conn.commit()
     assert await stats.refresh() == []  # no growth since
