@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 
 from corral.domain.record import record
-from corral.domain.session import SessionWithKernels
+from corral.domain.session import KernelIntent, SessionWithKernels
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import SessionId
 
@@ -24,10 +24,21 @@ class SchedulingResult(StrEnum):
 
 @record
 class TransitionStatus:
-    """Target statuses of one outcome; None leaves that entity's status unchanged."""
+    """Target statuses of one outcome; None leaves that entity's status unchanged.
+
+    `ask`: what the agents are asked to do with the kernels the outcome moves to `kernel` (their
+    desired state, a new generation), written by the same statement as the move. Asking after
+    the move, in the same transaction, would write every kernel row twice, and a row that its
+    own transaction wrote already has its foreign key checked again on PostgreSQL.
+    """
 
     session: SessionStatus | None = None
     kernel: KernelStatus | None = None
+    ask: KernelIntent | None = None
+
+    def __post_init__(self) -> None:
+        if self.ask is not None and self.kernel is None:
+            raise ValueError("TransitionStatus.ask needs a kernel status: it asks of moved kernels")
 
 
 @record

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.domain.record import record
 from corral.domain.results import ResultNote, SchedulingResult, TransitionStatus
+from corral.domain.session import KernelIntent
 from corral.domain.status import (
     KERNEL_TERMINAL,
     KERNEL_TRANSITIONS,
@@ -336,7 +337,7 @@ async def _apply_one(
         )
     if target.kernel is not None:
         applied.kernels_moved += await _move_kernels(
-            conn, dialect, passed, target.kernel, change, now
+            conn, dialect, passed, target.kernel, change, now, ask=target.ask
         )
     if to is not None and moving:
         started = to is SessionStatus.RUNNING
@@ -380,8 +381,10 @@ async def _move_kernels(
     to: KernelStatus,
     change: StatusChange,
     now: datetime,
+    *,
+    ask: KernelIntent | None = None,
 ) -> int:
-    """Move the sessions' kernels to `to`; return how many moved.
+    """Move the sessions' kernels to `to` (asking their agents for `ask`); return how many moved.
 
     Only kernels whose status may legally move to `to` are touched: a kernel that already
     ended (or already is there) keeps its status. The session rows are locked already, and
@@ -403,11 +406,18 @@ async def _move_kernels(
         await _remember_failed_agents(conn, dialect, to, session_ids)
     if to is KernelStatus.PENDING:
         await _forget_agents(to).run(conn, {"ids": session_ids.payload})
-    moved = await _kernel_move(to).run(conn, {"ids": session_ids.payload, "now": now})
+    params = {"ids": session_ids.payload, "now": now}
+    asked: set[AgentId] = set()
+    if ask is None:
+        moved = await _kernel_move(to, None).run(conn, params)
+    else:
+        holders = await _kernel_move(to, ask).scalars(conn, params)
+        moved = len(holders)
+        asked = {AgentId(agent_id) for agent_id in holders if agent_id is not None}
     await apply_slot_deltas(conn, held)
-    # Kernels taken away from their agents (re-scheduled, or ended by the manager): the agents
-    # learn it from their assignments and stop what they still run.
-    await bump_revisions(conn, dialect, set(held))
+    # Kernels taken away from their agents (re-scheduled, or ended by the manager), or asked
+    # for something new: the agents learn it from their assignments.
+    await bump_revisions(conn, dialect, set(held) | asked)
     return moved
 
 
@@ -550,7 +560,11 @@ def _kernel_scope(dialect: Dialect, to: KernelStatus) -> sa.ColumnElement[bool]:
 
 
 @functools.cache
-def _kernel_move(to: KernelStatus) -> DirectStatement:
+def _kernel_move(to: KernelStatus, ask: KernelIntent | None) -> DirectStatement:
+    """Kernels moved to `to` (parameters: ids, now); with `ask`, also asked for it (as
+    `assignments.request_kernels` asks: a new generation, the stage failure cleared), and the
+    statement returns each moved kernel's agent."""
+
     def build(dialect: Dialect) -> sa.Update:
         values: dict[str, Any] = {
             "status": to.value,
@@ -561,7 +575,14 @@ def _kernel_move(to: KernelStatus) -> DirectStatement:
         if to is KernelStatus.PENDING:
             # The kernel starts over: no agent, nothing asked of anyone.
             values.update(agent_id=None, desired_state=None, stage_failure=None)
-        return kernels.update().where(_kernel_scope(dialect, to)).values(**values)
+        if ask is not None:
+            values.update(
+                desired_state=ask.value,
+                desired_generation=kernels.c.desired_generation + 1,
+                stage_failure=None,
+            )
+        statement = kernels.update().where(_kernel_scope(dialect, to)).values(**values)
+        return statement if ask is None else statement.returning(kernels.c.agent_id)
 
     return DirectStatement(build)
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
+from corral.domain.session import KernelIntent
 from corral.domain.status import KERNEL_TERMINAL, KernelStatus, SessionStatus
 from corral.domain.types import AgentId, SessionId
 from corral.store.agents import NewAgent, insert_agents
 from corral.store.database import Database
 from corral.store.events import SESSION_STATUS_CHANGED, read_events
-from corral.store.tables import sessions
+from corral.store.tables import agents, sessions
+from tests.integration._statements import recorded_statements
 from tests.integration.coordination._harness import LIFECYCLE, Cluster, make_cluster
 from tests.integration.store._factories import (
     NOW,
@@ -56,6 +58,46 @@ async def test_single_kernel_happy_path(db: Database) -> None:
     events = [e for e in await read_events(db) if e.entity_id == str(sid)]
     changes = [e.payload["to"] for e in events if e.kind == SESSION_STATUS_CHANGED]
     assert changes == [s.value for s in LIFECYCLE[1:]]
+
+
+async def revisions(c: Cluster) -> dict[str, int]:
+    async with c.db.read() as conn:
+        rows = await conn.execute(sa.select(agents.c.id, agents.c.assignment_revision))
+        return {agent_id: revision for agent_id, revision in rows}
+
+
+@pytest.mark.parametrize(
+    ("handler", "stage", "intent"),
+    [
+        ("PrepareSessions", K.PREPARING, KernelIntent.PREPARE),
+        ("StartSessions", K.CREATING, KernelIntent.RUN),
+    ],
+)
+async def test_entering_a_stage_asks_the_agents_in_the_moves_own_write(
+    db: Database, handler: str, stage: KernelStatus, intent: KernelIntent
+) -> None:
+    """A session entering a stage has its kernels moved and asked by one UPDATE: each kernel
+    row written once, its desired state and generation with its status, its agent woken."""
+    c = await make_cluster(db, [CPU4] * 2)
+    sid = await c.submit(cluster_size=2, cluster_mode="multi-node")
+    for step in ("ScheduleNewSessions", "PrepareSessions", "PromoteToPrepared", "StartSessions"):
+        if step == handler:
+            break
+        await c.run(step)
+        await c.agent.step()
+    generations = {k.id: k.desired_generation for k in (await c.session(sid)).kernels}
+    revisions_before = await revisions(c)
+    with recorded_statements(db) as statements:
+        assert await c.run(handler) == 1
+    kernel_writes = [s for s in statements if s.lstrip().upper().startswith("UPDATE KERNELS")]
+    assert len(kernel_writes) == 1, kernel_writes
+    moved = (await c.session(sid)).kernels
+    assert [(k.status, k.desired_state, k.stage_failure) for k in moved] == [
+        (stage, intent, None)
+    ] * 2
+    assert all(k.desired_generation == generations[k.id] + 1 for k in moved)
+    woken = await revisions(c)
+    assert all(woken[a] > revisions_before[a] for a in c.agents)
 
 
 async def test_multi_kernel_happy_path_and_a_failed_exit(db: Database) -> None:

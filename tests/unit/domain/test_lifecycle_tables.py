@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from corral.domain import status
 from corral.domain.lifecycle import IllegalTransitionError, TransitionTable
+from corral.domain.results import TransitionStatus
+from corral.domain.session import KernelIntent
 from corral.domain.status import (
     ALL_TRANSITION_TABLES,
     ENDPOINT_TRANSITIONS,
@@ -318,3 +320,11 @@ def test_table_rejects_an_exit_from_a_terminal_status() -> None:
             terminal=(_Light.OFF,),
             edges=[(_Light.OFF, _Light.RED, "switch on", "test")],
         )
+
+
+def test_a_transition_asks_only_of_kernels_it_moves() -> None:
+    """`ask` is what the moved kernels are asked for: without a kernel status it is refused."""
+    asking = TransitionStatus(SessionStatus.PREPARING, KernelStatus.PREPARING, KernelIntent.PREPARE)
+    assert asking.ask is KernelIntent.PREPARE
+    with pytest.raises(ValueError, match="ask needs a kernel status"):
+        TransitionStatus(SessionStatus.PREPARING, ask=KernelIntent.PREPARE)

@@ -13,6 +13,7 @@ from corral.domain.results import (
     StatusTransitions,
     TransitionStatus,
 )
+from corral.domain.session import KernelIntent
 from corral.domain.status import (
     KERNEL_TRANSITIONS,
     SESSION_TRANSITIONS,
@@ -66,7 +67,8 @@ SPEC_PROMOTIONS = {
 
 # Spec document 1's lifecycle handlers: the statuses they act on, and their StatusTransitions.
 # StartSessions also watches CREATING (as PrepareSessions watches PREPARING), so a session stuck
-# in creation expires back to PENDING as the spec's diagram draws it.
+# in creation expires back to PENDING as the spec's diagram draws it. `ask` is corral's: the
+# kernels a success moves into a stage are asked for it by the move itself.
 SPEC_LIFECYCLE = {
     "ScheduleNewSessions": (
         {S.PENDING},
@@ -79,7 +81,7 @@ SPEC_LIFECYCLE = {
     "PrepareSessions": (
         {S.SCHEDULED, S.PREPARING},
         StatusTransitions(
-            success=TransitionStatus(S.PREPARING, K.PREPARING),
+            success=TransitionStatus(S.PREPARING, K.PREPARING, ask=KernelIntent.PREPARE),
             expired=TransitionStatus(S.PENDING, K.PENDING),
             give_up=TransitionStatus(S.PENDING, K.PENDING),
         ),
@@ -87,7 +89,7 @@ SPEC_LIFECYCLE = {
     "StartSessions": (
         {S.PREPARED, S.CREATING},
         StatusTransitions(
-            success=TransitionStatus(S.CREATING, K.CREATING),
+            success=TransitionStatus(S.CREATING, K.CREATING, ask=KernelIntent.RUN),
             expired=TransitionStatus(S.PENDING, K.PENDING),
             give_up=TransitionStatus(S.PENDING, K.PENDING),
         ),

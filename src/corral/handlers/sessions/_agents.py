@@ -89,7 +89,8 @@ async def ask_in_stage(
     intent: KernelIntent,
     kernel_statuses: Collection[KernelStatus],
 ) -> None:
-    """Ask for `intent` (again) for the sessions now in `stage`: newly there, or still there
-    after a failed attempt (a new generation, the stage failure cleared)."""
-    in_stage = [sid for sid, (_, after) in applied.sessions.items() if after is stage]
-    await request_kernels(conn, dialect, in_stage, intent, kernel_statuses, again=True)
+    """Ask for `intent` again for the sessions still in `stage` after a failed attempt (a new
+    generation, the stage failure cleared). Those that just moved there were asked by the move
+    itself (`TransitionStatus.ask`)."""
+    staying = [sid for sid, (before, after) in applied.sessions.items() if before is after is stage]
+    await request_kernels(conn, dialect, staying, intent, kernel_statuses, again=True)

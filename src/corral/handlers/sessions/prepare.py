@@ -47,7 +47,9 @@ class PrepareSessions(LifecycleHandler):
     @classmethod
     def status_transitions(cls) -> StatusTransitions:
         return StatusTransitions(
-            success=TransitionStatus(SessionStatus.PREPARING, KernelStatus.PREPARING),
+            success=TransitionStatus(
+                SessionStatus.PREPARING, KernelStatus.PREPARING, ask=KernelIntent.PREPARE
+            ),
             need_retry=None,
             expired=TransitionStatus(SessionStatus.PENDING, KernelStatus.PENDING),
             give_up=TransitionStatus(SessionStatus.PENDING, KernelStatus.PENDING),

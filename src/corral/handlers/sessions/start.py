@@ -45,7 +45,9 @@ class StartSessions(LifecycleHandler):
     @classmethod
     def status_transitions(cls) -> StatusTransitions:
         return StatusTransitions(
-            success=TransitionStatus(SessionStatus.CREATING, KernelStatus.CREATING),
+            success=TransitionStatus(
+                SessionStatus.CREATING, KernelStatus.CREATING, ask=KernelIntent.RUN
+            ),
             need_retry=None,
             expired=TransitionStatus(SessionStatus.PENDING, KernelStatus.PENDING),
             give_up=TransitionStatus(SessionStatus.PENDING, KernelStatus.PENDING),
