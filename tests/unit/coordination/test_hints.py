@@ -48,11 +48,16 @@ def test_each_session_move_wakes_the_next_phase() -> None:
 
 def test_entering_a_status_wakes_the_promotion_its_kernels_may_already_satisfy() -> None:
     """Kernels can move on before their session: entering a status re-checks them at once."""
-    assert Hint.PROMOTE_PREPARED in hints_after_moves([S.PREPARING])
-    assert Hint.PROMOTE_RUNNING in hints_after_moves([S.CREATING])
+    assert Hint.PROMOTE_TERMINATED in hints_after_moves([S.TERMINATING])
     # Entering RUNNING: only if a kernel already ended (the coordinator looks; test_promotion).
     assert hints_after_moves([S.RUNNING]) == set()
-    assert Hint.PROMOTE_TERMINATED in hints_after_moves([S.TERMINATING])
+
+
+def test_entering_a_stage_wakes_no_promotion_the_agents_reports_will_wake() -> None:
+    """The move into PREPARING or CREATING asks the agents for the stage (in one write): no
+    report of the stage can precede it, so only the reports wake the stage's promotion."""
+    assert hints_after_moves([S.PREPARING]) == {Hint.ASSIGNMENTS}
+    assert hints_after_moves([S.CREATING]) == {Hint.ASSIGNMENTS}
 
 
 def test_each_kernel_report_wakes_the_promotion_that_waits_for_it() -> None:
