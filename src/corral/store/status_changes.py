@@ -175,56 +175,84 @@ async def apply_chains(
     guards = frozenset().union(*(c.expected for c in chains))
     async with db.transaction() as conn:
         current = await lock_sessions(conn, db.dialect, named, guards, owners=owners)
+        passing: list[tuple[ChainedMoves, list[SessionId]]] = []
         for chain in chains:
             passed = [sid for sid in chain.session_ids if current.get(sid) in chain.expected]
             if len(passed) < len(chain.session_ids):
                 results[0].stale.update(set(chain.session_ids).difference(passed))
             if not passed:
                 continue
-            await _write_chain(conn, db.dialect, chain, id_batch(db.dialect, passed), now)
+            passing.append((chain, passed))
             before = {sid: current[sid] for sid in passed}
             for applied, (_, to) in zip(results, chain.moves, strict=False):
                 applied.sessions.update((sid, (before[sid], to)) for sid in passed)
                 before = dict.fromkeys(passed, to)
+        await _write_chains(conn, db.dialect, passing, now)
         if on_step is not None:
             for applied in results:
                 await on_step(conn, applied)
     return results
 
 
-async def _write_chain(
-    conn: AsyncConnection, dialect: Dialect, chain: ChainedMoves, ids: IdBatch, now: datetime
+async def _write_chains(
+    conn: AsyncConnection,
+    dialect: Dialect,
+    chains: Sequence[tuple[ChainedMoves, Sequence[SessionId]]],
+    now: datetime,
 ) -> None:
-    """History of every move (the first reads the status left from the rows, still unwritten;
-    each later one leaves where the one before went), then the rows, once per ending."""
-    left: SessionStatus | None = None
-    last = len(chain.moves) - 1
-    for index, (phase, to) in enumerate(chain.moves):
-        await record_session_history(
-            conn,
-            dialect,
-            ids,
-            phase=phase,
-            result=SchedulingResult.SUCCESS.value,
-            to_status=to.value,
-            now=now,
-            moving=True,
-            notes=chain.notes if index == last else None,
-            left=left.value if left is not None else None,
-        )
-        left = to
-    final = chain.moves[-1][1]
-    started = any(to is SessionStatus.RUNNING for _, to in chain.moves)
-    by_ending: dict[tuple[str, int | None] | None, list[SessionId]] = {}
-    for sid in ids.values:
-        by_ending.setdefault(chain.endings.get(sid), []).append(sid)
-    for ending, sids in by_ending.items():
-        batch = ids if len(sids) == len(ids) else id_batch(dialect, sids)
+    """The history of every move, then the session rows, once per way of ending.
+
+    Chains that make the same move at the same step (a run that ended in success and one that
+    failed both went RUNNING, then TERMINATING) share its history statement, and chains that
+    end alike share their row update: a batch with failures in it has a chain per kind of
+    ending, and so wrote its common moves once per chain. The first move reads the status left
+    from the rows, still unwritten; each later one leaves where the one before went.
+    """
+    for depth in range(max((len(chain.moves) for chain, _ in chains), default=0)):
+        # (phase, status moved to, status left) -> the sessions making that move, their notes
+        moves: dict[tuple[str, SessionStatus, SessionStatus | None], list[SessionId]] = {}
+        notes: dict[SessionId, ResultNote] = {}
+        for chain, passed in chains:
+            if depth >= len(chain.moves):
+                continue
+            phase, to = chain.moves[depth]
+            left = chain.moves[depth - 1][1] if depth else None
+            moves.setdefault((phase, to, left), []).extend(passed)
+            if depth == len(chain.moves) - 1:  # a chain's notes belong to its last move
+                notes.update((sid, chain.notes[sid]) for sid in passed if sid in chain.notes)
+        for (phase, to, left), sids in moves.items():
+            await record_session_history(
+                conn,
+                dialect,
+                id_batch(dialect, sids),
+                phase=phase,
+                result=SchedulingResult.SUCCESS.value,
+                to_status=to.value,
+                now=now,
+                moving=True,
+                notes=notes or None,
+                left=left.value if left is not None else None,
+            )
+    # (status the chain ends in, whether it passed RUNNING, its ending) -> sessions
+    rows: dict[tuple[SessionStatus, bool, tuple[str, int | None] | None], list[SessionId]] = {}
+    ended_notes: dict[SessionId, ResultNote] = {}
+    kept_notes: dict[SessionId, ResultNote] = {}
+    for chain, passed in chains:
+        final = chain.moves[-1][1]
+        started = any(to is SessionStatus.RUNNING for _, to in chain.moves)
+        for sid in passed:
+            rows.setdefault((final, started, chain.endings.get(sid)), []).append(sid)
+            if sid in chain.notes:
+                noted = ended_notes if final in SESSION_TERMINAL else kept_notes
+                noted[sid] = chain.notes[sid]
+    for (final, started, ending), sids in rows.items():
         result, code = ending if ending is not None else (None, None)
         await _session_move(final, started=started, ending=ending is not None).run(
-            conn, {"ids": batch.payload, "now": now, "result": result, "code": code}
+            conn,
+            {"ids": payload(dialect, sids), "now": now, "result": result, "code": code},
         )
-    await _write_notes(conn, dialect, chain.notes, ids.values, ends=final in SESSION_TERMINAL)
+    for noted, ends in ((ended_notes, True), (kept_notes, False)):
+        await _write_notes(conn, dialect, noted, list(noted), ends=ends)
 
 
 async def lock_sessions(

@@ -17,6 +17,7 @@ from corral.domain.types import SessionId
 from corral.store.database import Database
 from corral.store.status_changes import AppliedChanges, ChainedMoves, apply_chains
 from corral.store.tables import session_history, sessions
+from tests.integration._statements import recorded_statements
 from tests.integration.store._factories import NOW, add_session_ids, add_user, update_sessions
 
 S = SessionStatus
@@ -166,6 +167,44 @@ async def test_sessions_of_one_chain_keep_their_own_endings(db: Database) -> Non
         d: ("PREPARED", None, None),
     }
     assert (await row(db, d))["started_at"] is None
+
+
+async def test_chains_that_move_alike_share_the_statements_of_those_moves(db: Database) -> None:
+    """A run that ended well and one that failed went RUNNING and TERMINATING alike: those
+    moves get one history statement for both chains, each session still its own rows in
+    order; the endings differ, and the failed one carries its cause."""
+    ok, bad = await sessions_in(db, S.CREATING, 2)
+    failed = (*RAN_AND_ENDED[:2], ("PromoteToTerminated", S.ERROR))
+    cause = ResultNote("kernel_nonzero_exit", "kernel 0 exited with 1")
+    chains = [
+        ChainedMoves([ok], frozenset({S.CREATING}), RAN_AND_ENDED, endings={ok: ("success", 0)}),
+        ChainedMoves(
+            [bad],
+            frozenset({S.CREATING}),
+            failed,
+            notes={bad: cause},
+            endings={bad: ("failure", 1)},
+        ),
+    ]
+    with recorded_statements(db) as statements:
+        await apply_chains(db, chains, NOW)
+    inserts = [s for s in statements if s.startswith("INSERT INTO session_scheduling_history")]
+    assert len(inserts) == 4  # RUNNING, TERMINATING, then TERMINATED and ERROR
+    assert [h[1:3] for h in await history(db, ok)] == [
+        ("CREATING", "RUNNING"),
+        ("RUNNING", "TERMINATING"),
+        ("TERMINATING", "TERMINATED"),
+    ]
+    assert await history(db, bad) == [
+        ("PromoteToRunning", "CREATING", "RUNNING", None, ""),
+        ("DetectTermination", "RUNNING", "TERMINATING", None, ""),
+        ("PromoteToTerminated", "TERMINATING", "ERROR", cause.code, cause.message),
+    ]
+    ok_row, bad_row = await row(db, ok), await row(db, bad)
+    assert (ok_row["status"], ok_row["result"], ok_row["exit_code"]) == ("TERMINATED", "success", 0)
+    assert (bad_row["status"], bad_row["result"], bad_row["exit_code"]) == ("ERROR", "failure", 1)
+    assert (ok_row["failure_cause"], bad_row["failure_cause"]) == (None, cause.code)
+    assert ok_row["started_at"] == bad_row["started_at"] == NOW
 
 
 async def test_an_illegal_chain_raises_before_anything_is_written(db: Database) -> None:
