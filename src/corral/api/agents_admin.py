@@ -135,14 +135,14 @@ async def _set_schedulable(
         )
         if schedulable:
             # Capacity came back: pending sessions may fit now.
-            await context.agents.hints.set(Hint.SCHEDULE.value)
+            await context.agents.hints.set_after_commit(Hint.SCHEDULE.value)
         await _publish(context, events)
     return agent_out(await _existing(db, agent_id))
 
 
 async def _publish(context: ApiContext, events: Sequence[Event]) -> None:
     if context.events is not None:
-        await context.events.publish(events)
+        await context.events.publish_after_commit(events)
 
 
 def _not_found(agent_id: str) -> Problem:

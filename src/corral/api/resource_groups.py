@@ -121,7 +121,7 @@ async def group_update(
         raise _invalid_options(exc) from exc
     await _after_change(context, events, admin.name)
     # New options may let pending sessions of the group fit (ordering, limits).
-    await context.agents.hints.set(Hint.SCHEDULE.value)
+    await context.agents.hints.set_after_commit(Hint.SCHEDULE.value)
     return _out(group)
 
 
@@ -152,7 +152,7 @@ async def _after_change(context: ApiContext, events: list[Event], by: str) -> No
     for event in events:
         logger.info(event.kind, extra={"resource_group": event.entity_id, "by": by})
     if events and context.events is not None:
-        await context.events.publish(events)
+        await context.events.publish_after_commit(events)
 
 
 def _invalid_options(exc: ValidationError) -> Problem:

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from dataclasses import dataclass
 
 from corral.coordination.hints import Hint
 from corral.domain.types import AgentId
-from corral.infra.hints import HintBus
+from corral.infra.hints import HintBus, HintBusError
 from corral.store.assignments import Assignment, read_assignments, read_revisions
 from corral.store.database import Database
+
+logger = logging.getLogger(__name__)
 
 
 class UnknownAgentError(LookupError):
@@ -129,10 +132,25 @@ class AssignmentPolls:
                     poll.future.set_result(assignment)
 
     async def _listen(self) -> None:
-        """Wake the server on the ASSIGNMENTS hint, and every `recheck_s` regardless."""
+        """Wake the server on the ASSIGNMENTS hint, and every `recheck_s` regardless.
+
+        While the hint bus is down, every `recheck_s` only: the agents' assignments come that
+        much later, never not at all.
+        """
+        down = False
         while True:
-            await self._hints.wait([Hint.ASSIGNMENTS.value], self._recheck_s)
-            await self._hints.consume(Hint.ASSIGNMENTS.value)
+            try:
+                await self._hints.wait([Hint.ASSIGNMENTS.value], self._recheck_s)
+                await self._hints.consume(Hint.ASSIGNMENTS.value)
+            except HintBusError as exc:
+                if not down:
+                    logger.warning("agent.assignment_hints_unavailable", extra={"error": str(exc)})
+                down = True
+                await asyncio.sleep(self._recheck_s)
+            else:
+                if down:
+                    logger.info("agent.assignment_hints_restored")
+                down = False
             self._recheck = True
             if self._parked:
                 self._wake.set()

@@ -165,7 +165,7 @@ class AgentController:
             extra={"agent_id": agent_id, "new": created, "group": resource_group},
         )
         # New capacity: pending sessions may fit now.
-        await self.hints.set(Hint.SCHEDULE.value, Hint.ASSIGNMENTS.value)
+        await self.hints.set_after_commit(Hint.SCHEDULE.value, Hint.ASSIGNMENTS.value)
         return Registration(agent_id, token, created)
 
     def _alive(self, agent: AgentRecord) -> bool:
@@ -220,7 +220,7 @@ class AgentController:
                 extra={"agents": lost.agent_ids, "kernels": len(lost.kernels)},
             )
             hints = hints_after_report({KernelStatus.ERROR}) if lost.kernels else set()
-            await self.hints.set(*sorted(h.value for h in hints | {Hint.ASSIGNMENTS}))
+            await self.hints.set_after_commit(*sorted(h.value for h in hints | {Hint.ASSIGNMENTS}))
         return lost
 
     async def _apply_reports(
@@ -264,7 +264,7 @@ async def after_reports(
         else:
             wake -= PROMOTION_HINTS
     if wake:
-        await hints.set(*sorted(h.value for h in wake))
+        await hints.set_after_commit(*sorted(h.value for h in wake))
 
 
 def _matches(bearer: str, token_hash: str | None) -> bool:

@@ -188,9 +188,9 @@ class SessionController:
                     raise
                 forget_group_options(self.db)
                 continue
-            await self.hints.set(Hint.SCHEDULE)
+            await self.hints.set_after_commit(Hint.SCHEDULE)
             if self.events is not None and self._notify is None:
-                await self.events.publish(events)
+                await self.events.publish_after_commit(events)
             written = {row["id"]: row for row in rows}
             return [
                 r if isinstance(r, Submitted) else Submitted(r.id, True, written[r.id])
@@ -251,9 +251,9 @@ class SessionController:
             else:
                 outcome.terminating.append(sid)
         if outcome.terminating:
-            await self.hints.set(Hint.TERMINATE)
+            await self.hints.set_after_commit(Hint.TERMINATE)
         if self.events is not None and appended and self._notify is None:
-            await self.events.publish(appended)
+            await self.events.publish_after_commit(appended)
         return outcome
 
     async def _by_creation_ids(

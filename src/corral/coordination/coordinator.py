@@ -330,9 +330,9 @@ class SessionCoordinator:
 
     async def _post_process(self, hints: set[Hint], events: Sequence[Event]) -> None:
         if hints:
-            await self.hints.set(*sorted(h.value for h in hints))
+            await self.hints.set_after_commit(*sorted(h.value for h in hints))
         if events and self.events is not None and self._notify is None:
-            await self.events.publish(events)
+            await self.events.publish_after_commit(events)
 
     async def _needing_attention(
         self, conn: AsyncConnection, handler: LifecycleHandler, group_limits: _GroupLimits

@@ -10,13 +10,18 @@ from datetime import UTC, datetime
 import pytest
 import sqlalchemy as sa
 
+from corral.controller.agents import AgentController
 from corral.controller.sessions import SessionController, SubmissionError
 from corral.coordination.hints import Hint
+from corral.domain.slots import ResourceSlots
 from corral.domain.spec import SessionSpec
 from corral.domain.status import KernelStatus, SessionStatus
-from corral.domain.types import SessionId
+from corral.domain.types import AgentId, SessionId
+from corral.infra._redis import redis_client
 from corral.infra.events import EventBus, open_event_bus
+from corral.infra.events.redis import RedisEventBus
 from corral.infra.hints import HintBus, open_hint_bus
+from corral.infra.hints.redis import RedisHintBus
 from corral.store.database import Database
 from corral.store.events import read_events
 from corral.store.placements import commit_placements
@@ -25,6 +30,8 @@ from corral.store.tables import resource_groups, sessions
 from tests.integration.store._factories import add_agents, add_user, placement
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
+# Nothing listens on port 1: a connection there is refused at once.
+UNREACHABLE_REDIS = "redis://127.0.0.1:1/0"
 
 
 def spec(**fields: object) -> SessionSpec:
@@ -239,3 +246,42 @@ async def test_concurrent_submissions_share_a_transaction_and_fail_alone(
     made = [r for r in results if not isinstance(r, BaseException)]
     assert len({m.session_id for m in made}) == 9
     assert len(await SessionRepository(db).load([SessionStatus.PENDING])) == 9
+
+
+async def test_a_submission_stands_when_the_hint_and_event_servers_are_unreachable(
+    db: Database,
+) -> None:
+    """Hints and live events go out after the commit: their servers being down costs latency
+    (the long loop finds the session), never the submission, nor its cancellation."""
+    hints = RedisHintBus(redis_client(UNREACHABLE_REDIS))
+    events = RedisEventBus(UNREACHABLE_REDIS)
+    controller = SessionController(db, hints, events, clock=lambda: NOW)
+    owner = await add_user(db)
+    try:
+        submitted = await controller.enqueue(spec(), owner)
+        assert submitted.created
+        [session] = await SessionRepository(db).get([submitted.session_id])
+        assert session.status is SessionStatus.PENDING
+        outcome = await controller.mark_terminate([submitted.session_id], "not needed")
+        assert outcome.cancelled == [submitted.session_id]
+    finally:
+        await hints.close()
+        await events.close()
+    assert [e.kind for e in await read_events(db, entity_id=str(submitted.session_id))] == [
+        "session.created",
+        "session.status_changed",
+    ]
+
+
+async def test_an_agent_registers_when_the_hint_server_is_unreachable(db: Database) -> None:
+    """A registration is committed before its hints go out: the agent gets its token (had the
+    request failed after the commit, the agent could not register again until declared lost)."""
+    hints = RedisHintBus(redis_client(UNREACHABLE_REDIS))
+    agents = AgentController(db, hints, join_token="join")
+    try:
+        registration = await agents.register(
+            "join", AgentId("a-1"), address="10.0.0.1", slots=ResourceSlots({"cpu": 4})
+        )
+    finally:
+        await hints.close()
+    assert registration.created and registration.token

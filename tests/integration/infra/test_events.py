@@ -20,6 +20,8 @@ from corral.infra.events import (
     forget_on_events,
     open_event_bus,
 )
+from corral.infra.events.postgres import PostgresEventBus
+from corral.infra.events.redis import RedisEventBus
 from corral.store.database import Database
 from corral.store.events import WHOLE_EVENTS_MAX, append_events
 from tests.conftest import REDIS_URL, require_server
@@ -402,3 +404,25 @@ async def _sever_listeners(kind: str, db: Database | None, namespace: str) -> No
             await client.client_kill_filter(_id=client_id)
     finally:
         await client.aclose()
+
+
+@pytest.mark.parametrize("kind", ["postgres", "redis"])
+async def test_an_unreachable_server_fails_publish_as_an_event_bus_error(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A refused connection is an EventBusError; published after a commit, it is logged once
+    per outage instead of raised (the events are in the table)."""
+    db = Database.open("postgresql://postgres@127.0.0.1:1/test") if kind == "postgres" else None
+    bus: EventBus = (
+        PostgresEventBus(db) if db is not None else RedisEventBus("redis://127.0.0.1:1/0")
+    )
+    try:
+        with pytest.raises(EventBusError, match="could not publish 1 events"):
+            await bus.publish([ev(1)])
+        assert not await bus.publish_after_commit([ev(2)])
+        assert not await bus.publish_after_commit([ev(3)])
+    finally:
+        await bus.close()
+        if db is not None:
+            await db.close()
+    assert caplog.messages.count("events.publish_failed") == 1

@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 from redis.asyncio import Redis
 
+from corral.infra._redis import MAX_CONNECTIONS, redis_client
 from corral.infra.hints import HintBus, HintBusError, HintBusKind, open_hint_bus
 from corral.infra.hints.memory import MemoryHintBus, MemoryHintHub
 from corral.infra.hints.postgres import (
@@ -20,6 +21,7 @@ from corral.infra.hints.postgres import (
     channel_name,
     listener_dsn,
 )
+from corral.infra.hints.redis import RedisHintBus
 from corral.store.database import Database
 from corral.store.tables import hints
 from tests.integration._statements import recorded_statements
@@ -369,3 +371,56 @@ async def test_open_hint_bus_explains_missing_arguments(tmp_path: Path) -> None:
     memory = await open_hint_bus("memory")
     assert isinstance(memory, MemoryHintBus)
     await memory.close()
+
+
+# Nothing listens on port 1: a connection there is refused at once.
+UNREACHABLE_REDIS = "redis://127.0.0.1:1/0"
+UNREACHABLE_POSTGRES = "postgresql://postgres@127.0.0.1:1/test"
+
+
+@pytest.mark.parametrize("kind", ["postgres", "redis"])
+async def test_an_unreachable_server_fails_calls_as_hint_bus_errors(
+    kind: HintBusKind, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A refused connection is a HintBusError (the one error callers handle), and a hint set
+    after a commit is logged once per outage instead of raised."""
+    db = Database.open(UNREACHABLE_POSTGRES) if kind == "postgres" else None
+    bus: HintBus = (
+        PostgresHintBus(db) if db is not None else RedisHintBus(redis_client(UNREACHABLE_REDIS))
+    )
+    try:
+        with pytest.raises(HintBusError, match="could not set hints"):
+            await bus.set("schedule")
+        if isinstance(bus, RedisHintBus):  # the PostgreSQL bus answers these without a query
+            with pytest.raises(HintBusError, match="could not consume"):
+                await bus.consume("schedule")
+            with pytest.raises(HintBusError, match="could not look hints up"):
+                await bus.wait(["schedule"], SHORT_S)
+        assert not await bus.set_after_commit("schedule")
+        assert not await bus.set_after_commit("prepare")
+    finally:
+        await bus.close()
+        if db is not None:
+            await db.close()
+    assert caplog.messages.count("hints.set_failed") == 1
+
+
+@pytest.mark.redis
+async def test_a_burst_of_sets_waits_for_redis_connections_instead_of_failing(
+    redis_url: str, namespace: str
+) -> None:
+    """More concurrent sets than the client's pool holds (a thousand agents registering at
+    once): each waits for a free connection; redis-py's default pool refused the 101st."""
+    bus = await open_hint_bus("redis", prefix=namespace, redis_url=redis_url)
+    try:
+        await asyncio.gather(*(bus.set(f"hint-{i}") for i in range(4 * MAX_CONNECTIONS)))
+        assert await bus.consume(f"hint-{4 * MAX_CONNECTIONS - 1}")
+    finally:
+        await bus.close()
+        client = redis_client(redis_url)
+        try:
+            keys = [key async for key in client.scan_iter(match=f"{namespace}*")]
+            if keys:
+                await client.delete(*keys)
+        finally:
+            await client.aclose()

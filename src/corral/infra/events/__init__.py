@@ -169,13 +169,39 @@ class EventBus(ABC):
         """
         return None
 
+    # Whether the last publish_after_commit failed (its failures are logged once per outage).
+    _failing_after_commit = False
+
     @abstractmethod
     async def publish(self, events: Sequence[Event]) -> None:
         """Fan events out to live subscribers.
 
         Call it after the transaction that appended them committed, so a subscriber that
-        re-reads the table finds them.
+        re-reads the table finds them. Raises EventBusError when the bus is closed or its
+        server cannot be reached.
         """
+
+    async def publish_after_commit(self, events: Sequence[Event]) -> bool:
+        """`publish` events whose change is committed; a failure is logged, not raised.
+
+        The events are in the table whatever happens here (a subscriber that missed them
+        reads them there, by id); raising would fail a request, or a coordinator run, whose
+        change was made. Returns whether they went out. The first failure of an outage is a
+        warning, the first success after it an info line.
+        """
+        try:
+            await self.publish(events)
+        except EventBusError as exc:
+            if not self._failing_after_commit:
+                self._failing_after_commit = True
+                logger.warning(
+                    "events.publish_failed", extra={"events": len(events), "error": str(exc)}
+                )
+            return False
+        if self._failing_after_commit:
+            self._failing_after_commit = False
+            logger.info("events.publish_restored")
+        return True
 
     @abstractmethod
     def subscribe(

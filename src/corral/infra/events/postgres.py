@@ -22,7 +22,7 @@ import asyncpg
 import sqlalchemy as sa
 
 from corral.domain.events import Event
-from corral.infra.events import PING_INTERVAL_S
+from corral.infra.events import PING_INTERVAL_S, EventBusError
 from corral.infra.events._listener import ListeningBus
 from corral.store.database import Database
 from corral.store.events import (
@@ -106,8 +106,13 @@ class PostgresEventBus(ListeningBus[_Listener]):
         if not events:
             return
         payloads = [notification(event) for event in events]
-        async with self._db.autocommit() as conn:
-            await send_notifications(conn, self.channel, payloads)
+        try:
+            async with self._db.autocommit() as conn:
+                await send_notifications(conn, self.channel, payloads)
+        except (*self.transient_errors, sa.exc.TimeoutError) as exc:
+            raise EventBusError(
+                f"could not publish {len(events)} events: {type(exc).__name__}: {exc}"
+            ) from exc
 
     async def close(self) -> None:
         await self._stop_listening()

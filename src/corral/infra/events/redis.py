@@ -13,7 +13,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from corral.domain.events import Event
-from corral.infra.events import PING_INTERVAL_S
+from corral.infra._redis import redis_client
+from corral.infra.events import PING_INTERVAL_S, EventBusError
 from corral.infra.events._listener import ListeningBus
 
 logger = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ class RedisEventBus(ListeningBus[PubSub]):
         super().__init__(prefix, backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s)
         self.channel = f"{prefix}:events"
         self._ping_interval_s = ping_interval_s
-        self._publisher = aioredis.from_url(url)
+        self._publisher = redis_client(url)
         # No silent retries on the listening connection: redis-py would reconnect and
         # resubscribe without a word, and subscribers would never learn of the gap.
         self._subscriber = aioredis.from_url(
@@ -70,10 +71,15 @@ class RedisEventBus(ListeningBus[PubSub]):
         self._check_open()
         if not events:
             return
-        async with self._publisher.pipeline(transaction=False) as pipe:
-            for event in events:
-                pipe.publish(self.channel, event.to_json())
-            await pipe.execute()
+        try:
+            async with self._publisher.pipeline(transaction=False) as pipe:
+                for event in events:
+                    pipe.publish(self.channel, event.to_json())
+                await pipe.execute()
+        except (*self.transient_errors, redis.exceptions.RedisError) as exc:
+            raise EventBusError(
+                f"could not publish {len(events)} events: {type(exc).__name__}: {exc}"
+            ) from exc
 
     async def close(self) -> None:
         await self._stop_listening()

@@ -8,9 +8,10 @@ time, never correctness (DESIGN.md, "Coordination"). Three buses keep one contra
 from __future__ import annotations
 
 import asyncio
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Collection, Iterable
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 if TYPE_CHECKING:
     from corral.store.database import Database
@@ -25,19 +26,52 @@ __all__ = [
     "open_hint_bus",
 ]
 
+logger = logging.getLogger(__name__)
+
 HintBusKind = Literal["memory", "postgres", "redis"]
+
+_T = TypeVar("_T")
 
 
 class HintBusError(RuntimeError):
-    """The hint bus cannot serve the call: it was closed, or its listener died."""
+    """The hint bus cannot serve the call: it was closed, its listener died, or its server
+    could not be reached."""
 
 
 class HintBus(ABC):
     """Named hints shared by the managers of one cluster: set, consume once, wait for any."""
 
+    # Whether the last set_after_commit failed (its failures are logged once per outage).
+    _failing_after_commit = False
+
     @abstractmethod
     async def set(self, *names: str) -> None:
-        """Mark hints as set and wake every waiter, in this process and others."""
+        """Mark hints as set and wake every waiter, in this process and others.
+
+        Raises HintBusError when the bus is closed or its server cannot be reached.
+        """
+
+    async def set_after_commit(self, *names: str) -> bool:
+        """`set` the hints of a change already committed; a failure is logged, not raised.
+
+        The change stands whether its hints go out or not: a lost hint costs latency (the
+        long loop finds the work), while raising would fail a request, or a coordinator run,
+        whose change was made. Returns whether the hints were set. The first failure of an
+        outage is a warning, the first success after it an info line.
+        """
+        try:
+            await self.set(*names)
+        except HintBusError as exc:
+            if not self._failing_after_commit:
+                self._failing_after_commit = True
+                logger.warning(
+                    "hints.set_failed", extra={"hints": sorted(names), "error": str(exc)}
+                )
+            return False
+        if self._failing_after_commit:
+            self._failing_after_commit = False
+            logger.info("hints.set_restored")
+        return True
 
     @abstractmethod
     async def consume(self, name: str) -> bool:
@@ -50,7 +84,8 @@ class HintBus(ABC):
     async def wait(self, names: Collection[str], timeout_s: float) -> bool:
         """True as soon as any of `names` is set (already set counts), False on timeout.
 
-        Never clears a hint. Raises HintBusError when the bus is closed or its listener died.
+        Never clears a hint. Raises HintBusError when the bus is closed, its listener died,
+        or its server cannot be reached.
         """
 
     @abstractmethod
@@ -79,6 +114,10 @@ class ClaimableHintBus(HintBus):
     arrive through the server. Subclasses send, take and look up hints on their server.
     """
 
+    # What the server's client raises when the server cannot be reached or answer; a call
+    # failing so raises HintBusError, the one error every caller of a bus handles.
+    server_errors: tuple[type[BaseException], ...] = ()
+
     def __init__(self) -> None:
         self._waiters = LocalWaiters()
         self._claimed: set[str] = set()
@@ -95,7 +134,7 @@ class ClaimableHintBus(HintBus):
             checked = checked.difference(kept)
         if checked:
             # Sorted: one row-lock order on a server, so concurrent sets never deadlock.
-            await self._send(sorted(checked))
+            await self._on_server(self._send(sorted(checked)), "set hints")
 
     async def consume(self, name: str) -> bool:
         """Atomically get-and-clear (a kept hint locally, else on the server)."""
@@ -106,7 +145,7 @@ class ClaimableHintBus(HintBus):
             # there costs at most one more run after it.
             self._kept.discard(name)
             return True
-        return await self._take(name)
+        return await self._on_server(self._take(name), "consume a hint")
 
     async def wait(self, names: Collection[str], timeout_s: float) -> bool:
         """True as soon as any of `names` is set, False on timeout; never clears."""
@@ -137,7 +176,18 @@ class ClaimableHintBus(HintBus):
         """Whether any of `names` is set on the server."""
 
     async def _kept_or_set(self, names: frozenset[str]) -> bool:
-        return not self._kept.isdisjoint(names) or await self._any_set(names)
+        if not self._kept.isdisjoint(names):
+            return True
+        return await self._on_server(self._any_set(names), "look hints up")
+
+    async def _on_server(self, call: Awaitable[_T], what: str) -> _T:
+        """`call`'s result; a server error raised as HintBusError."""
+        try:
+            return await call
+        except self.server_errors as exc:
+            raise HintBusError(
+                f"the hint bus could not {what}: {type(exc).__name__}: {exc}"
+            ) from exc
 
 
 def check_names(names: Iterable[str]) -> frozenset[str]:

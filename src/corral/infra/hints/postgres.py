@@ -118,6 +118,8 @@ class _MaybeSet:
 class PostgresHintBus(ClaimableHintBus):
     """Hints in the `hints` table, woken through LISTEN on one dedicated asyncpg connection."""
 
+    server_errors = (*_CONNECT_ERRORS, sa.exc.DBAPIError, sa.exc.TimeoutError)
+
     def __init__(self, db: Database, *, prefix: str = "corral") -> None:
         if db.dialect != "postgresql":
             raise ValueError(

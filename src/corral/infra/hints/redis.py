@@ -12,9 +12,11 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from corral.infra._backoff import reconnect_delays
+from corral.infra._redis import redis_client
 from corral.infra.hints import ClaimableHintBus, HintBusError
 
 logger = logging.getLogger(__name__)
@@ -26,6 +28,8 @@ SUBSCRIBE_TIMEOUT_S = 10.0
 
 class RedisHintBus(ClaimableHintBus):
     """Hints shared through Redis by every manager using the same server and prefix."""
+
+    server_errors = (RedisError, OSError, TimeoutError)
 
     def __init__(self, client: Redis, *, prefix: str = "corral", owns_client: bool = False) -> None:
         super().__init__()
@@ -43,7 +47,7 @@ class RedisHintBus(ClaimableHintBus):
         cls, url: str, *, prefix: str = "corral", subscribe_timeout_s: float = SUBSCRIBE_TIMEOUT_S
     ) -> RedisHintBus:
         """Connect to `url`, subscribe, and return once the subscription is active."""
-        bus = cls(Redis.from_url(url), prefix=prefix, owns_client=True)
+        bus = cls(redis_client(url), prefix=prefix, owns_client=True)
         try:
             await bus.start(subscribe_timeout_s)
         except BaseException:

@@ -17,6 +17,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from corral.infra._redis import redis_client
 from corral.infra.locks import LockManager, LockManagerClosedError
 from corral.infra.locks._background import run_to_completion, wait_for_tasks
 
@@ -77,7 +78,7 @@ class RedisLockManager(LockManager):
         renew_interval_s: float | None = None,
     ) -> RedisLockManager:
         """A manager with its own client on `url`, PINGed so a dead server fails here."""
-        client = aioredis.Redis.from_url(url)
+        client = redis_client(url)
         try:
             await client.ping()
         except BaseException:

@@ -1,0 +1,53 @@
+"""Assignment long-polls when the hint bus is down, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from corral.controller._assignment_polls import AssignmentPolls
+from corral.infra._redis import redis_client
+from corral.infra.hints.redis import RedisHintBus
+from corral.store.assignments import read_revisions
+from corral.store.database import Database
+from corral.store.tables import agents
+from tests.integration._polling import eventually
+from tests.integration.store._factories import add_agents
+
+# Nothing listens on port 1: a connection there is refused at once.
+UNREACHABLE_REDIS = "redis://127.0.0.1:1/0"
+RECHECK_S = 0.05  # the interval under test, not a pause to wait for something
+WAIT_S = 600.0  # a poll's own deadline: far beyond the test's
+DEADLINE_S = 10.0
+
+
+async def test_with_the_hint_bus_down_a_changed_assignment_comes_at_the_next_recheck(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No hint can say the revision moved: the polls are compared every recheck instead, and
+    the outage is logged once (the listener used to die on the bus's first error, leaving
+    every poll to its deadline)."""
+    [agent_id] = await add_agents(db, [{"cpu": 4000}])
+    [revision] = (await read_revisions(db, [agent_id])).values()
+    hints = RedisHintBus(redis_client(UNREACHABLE_REDIS))
+    polls = AssignmentPolls(db, hints, RECHECK_S)
+    server = asyncio.create_task(polls.run())
+    try:
+        poll = asyncio.create_task(polls.get(agent_id, revision, WAIT_S))
+        await eventually(lambda: polls.waiting(agent_id) == 1, "the poll is parked")
+        await polls.serve()  # compared once, at the old revision: parked until told again
+        assert not poll.done()
+        async with db.transaction() as conn:
+            await conn.execute(
+                agents.update()
+                .where(agents.c.id == agent_id)
+                .values(assignment_revision=agents.c.assignment_revision + 1)
+            )
+        assignment = await asyncio.wait_for(poll, DEADLINE_S)
+    finally:
+        server.cancel()
+        await asyncio.gather(server, return_exceptions=True)
+        await hints.close()
+    assert assignment.revision == revision + 1
+    assert caplog.messages.count("agent.assignment_hints_unavailable") == 1
