@@ -59,3 +59,16 @@ def test_failures_end_in_error_with_their_causes(tmp_path: Path, cluster_size: i
         "kernel_nonzero_exit",
         "oom_killed",
     }
+
+
+@pytest.mark.redis
+def test_with_redis_buses_every_session_ends(tmp_path: Path, redis_url: str) -> None:
+    """Hints, locks and events on Redis, with more agents registering at once than redis-py's
+    default pool has connections (it refused the 101st, and the loops died on that)."""
+    output = _simulate(
+        tmp_path, "--agents", "300", "--sessions", "600", "--redis", redis_url
+    )  # fmt: skip
+    assert output["backend"] == "sqlite+redis"
+    assert output["terminal"] == 600
+    assert output["by_status"] == {"TERMINATED": 600}
+    assert output["invariant_violations"] == 0

@@ -19,7 +19,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -137,7 +137,7 @@ async def run_simulation(
                 await _submit(sessions_ctl, owner, config)
                 sampler = asyncio.create_task(_sample(db, daemons, violations))
                 try:
-                    terminal = await _until_terminal(db, config, started, say)
+                    terminal = await _until_terminal(db, config, started, say, side[:2])
                 finally:
                     sampler.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -228,12 +228,26 @@ async def _submit(controller: SessionController, owner: UserId, config: Simulati
 
 
 async def _until_terminal(
-    db: Database, config: SimulationConfig, started: float, say: Callable[[str], None]
+    db: Database,
+    config: SimulationConfig,
+    started: float,
+    say: Callable[[str], None],
+    services: Sequence[asyncio.Task[None]] = (),
 ) -> int:
+    """The number of terminal sessions, once all are; SimulationError at the timeout, or as
+    soon as one of the manager's `services` (its loops, its poll server) has stopped."""
     terminal_values = [s.value for s in SESSION_TERMINAL]
     deadline = started + config.timeout_s
     last_said = 0.0
     while True:
+        for service in services:
+            if service.done():
+                error = None if service.cancelled() else service.exception()
+                raise SimulationError(
+                    f"the manager's {service.get_name()} stopped"
+                    + (f": {type(error).__name__}: {error}" if error else "")
+                    + "; the sessions cannot end"
+                )
         async with db.read() as conn:
             done = int(
                 await conn.scalar(
