@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from corral.coordination.hints import Hint
 from corral.domain.types import AgentId
+from corral.infra._outage import OutageLog
 from corral.infra.hints import HintBus, HintBusError
 from corral.store.assignments import Assignment, read_assignments, read_revisions
 from corral.store.database import Database
@@ -137,20 +138,18 @@ class AssignmentPolls:
         While the hint bus is down, every `recheck_s` only: the agents' assignments come that
         much later, never not at all.
         """
-        down = False
+        outage = OutageLog(
+            logger, "agent.assignment_hints_unavailable", "agent.assignment_hints_restored"
+        )
         while True:
             try:
                 await self._hints.wait([Hint.ASSIGNMENTS.value], self._recheck_s)
                 await self._hints.consume(Hint.ASSIGNMENTS.value)
             except HintBusError as exc:
-                if not down:
-                    logger.warning("agent.assignment_hints_unavailable", extra={"error": str(exc)})
-                down = True
+                outage.failure({"error": str(exc)})
                 await asyncio.sleep(self._recheck_s)
             else:
-                if down:
-                    logger.info("agent.assignment_hints_restored")
-                down = False
+                outage.success()
             self._recheck = True
             if self._parked:
                 self._wake.set()

@@ -405,22 +405,12 @@ async def test_an_unreachable_server_fails_calls_as_hint_bus_errors(
     assert caplog.messages.count("hints.set_failed") == 1
 
 
-@pytest.mark.redis
+@pytest.mark.parametrize("backend", [REDIS], indirect=True)
 async def test_a_burst_of_sets_waits_for_redis_connections_instead_of_failing(
-    redis_url: str, namespace: str
+    bus_factory: BusFactory,
 ) -> None:
     """More concurrent sets than the client's pool holds (a thousand agents registering at
     once): each waits for a free connection; redis-py's default pool refused the 101st."""
-    bus = await open_hint_bus("redis", prefix=namespace, redis_url=redis_url)
-    try:
-        await asyncio.gather(*(bus.set(f"hint-{i}") for i in range(4 * MAX_CONNECTIONS)))
-        assert await bus.consume(f"hint-{4 * MAX_CONNECTIONS - 1}")
-    finally:
-        await bus.close()
-        client = redis_client(redis_url)
-        try:
-            keys = [key async for key in client.scan_iter(match=f"{namespace}*")]
-            if keys:
-                await client.delete(*keys)
-        finally:
-            await client.aclose()
+    bus = await bus_factory()
+    await asyncio.gather(*(bus.set(f"hint-{i}") for i in range(4 * MAX_CONNECTIONS)))
+    assert await bus.consume(f"hint-{4 * MAX_CONNECTIONS - 1}")

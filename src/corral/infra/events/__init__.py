@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal
 
 from corral.domain.events import DROPPED_KIND, Event
+from corral.infra._outage import OutageLog
 
 if TYPE_CHECKING:
     from corral.store.database import Database
@@ -169,8 +170,8 @@ class EventBus(ABC):
         """
         return None
 
-    # Whether the last publish_after_commit failed (its failures are logged once per outage).
-    _failing_after_commit = False
+    # Failures of publish_after_commit, logged once per outage (made on first use).
+    _after_commit: OutageLog | None = None
 
     @abstractmethod
     async def publish(self, events: Sequence[Event]) -> None:
@@ -189,18 +190,17 @@ class EventBus(ABC):
         change was made. Returns whether they went out. The first failure of an outage is a
         warning, the first success after it an info line.
         """
+        outage = self._after_commit
+        if outage is None:
+            outage = self._after_commit = OutageLog(
+                logger, "events.publish_failed", "events.publish_restored"
+            )
         try:
             await self.publish(events)
         except EventBusError as exc:
-            if not self._failing_after_commit:
-                self._failing_after_commit = True
-                logger.warning(
-                    "events.publish_failed", extra={"events": len(events), "error": str(exc)}
-                )
+            outage.failure({"events": len(events), "error": str(exc)})
             return False
-        if self._failing_after_commit:
-            self._failing_after_commit = False
-            logger.info("events.publish_restored")
+        outage.success()
         return True
 
     @abstractmethod

@@ -13,6 +13,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Literal, TypeVar
 
+from corral.infra._outage import OutageLog
+
 if TYPE_CHECKING:
     from corral.store.database import Database
 
@@ -41,8 +43,8 @@ class HintBusError(RuntimeError):
 class HintBus(ABC):
     """Named hints shared by the managers of one cluster: set, consume once, wait for any."""
 
-    # Whether the last set_after_commit failed (its failures are logged once per outage).
-    _failing_after_commit = False
+    # Failures of set_after_commit, logged once per outage (made on first use).
+    _after_commit: OutageLog | None = None
 
     @abstractmethod
     async def set(self, *names: str) -> None:
@@ -59,18 +61,17 @@ class HintBus(ABC):
         whose change was made. Returns whether the hints were set. The first failure of an
         outage is a warning, the first success after it an info line.
         """
+        outage = self._after_commit
+        if outage is None:
+            outage = self._after_commit = OutageLog(
+                logger, "hints.set_failed", "hints.set_restored"
+            )
         try:
             await self.set(*names)
         except HintBusError as exc:
-            if not self._failing_after_commit:
-                self._failing_after_commit = True
-                logger.warning(
-                    "hints.set_failed", extra={"hints": sorted(names), "error": str(exc)}
-                )
+            outage.failure({"hints": sorted(names), "error": str(exc)})
             return False
-        if self._failing_after_commit:
-            self._failing_after_commit = False
-            logger.info("hints.set_restored")
+        outage.success()
         return True
 
     @abstractmethod
