@@ -277,32 +277,43 @@ async def read_events(
     return [_event(row) for row in rows]
 
 
-def _read_runs(_dialect: Dialect) -> sa.Select[Any]:
-    """PostgreSQL: the events whose ids lie in any of the runs `firsts[i]`..`lasts[i]`."""
-    bounds = (
-        sa.func.unnest(
-            sa.bindparam("firsts", type_=postgresql.ARRAY(sa.BigInteger())),
-            sa.bindparam("lasts", type_=postgresql.ARRAY(sa.BigInteger())),
+def _read_runs(dialect: Dialect) -> sa.Select[Any]:
+    """The events whose ids lie in any of the runs: PostgreSQL `firsts[i]`..`lasts[i]` (two
+    arrays), SQLite `runs` (a JSON array of [first, last] pairs). Each run is a range of the
+    key's index."""
+    if dialect == "postgresql":
+        bounds = (
+            sa.func.unnest(
+                sa.bindparam("firsts", type_=postgresql.ARRAY(sa.BigInteger())),
+                sa.bindparam("lasts", type_=postgresql.ARRAY(sa.BigInteger())),
+            )
+            .table_valued("first", "last")
+            .render_derived(name="runs")
         )
-        .table_valued("first", "last")
-        .render_derived(name="runs")
-    )
-    return (
-        sa.select(events_table)
-        .join(bounds, _c.id.between(bounds.c.first, bounds.c.last))
-        .order_by(_c.id)
-    )
+        first: sa.ColumnElement[Any] = bounds.c.first
+        last: sa.ColumnElement[Any] = bounds.c.last
+    else:
+        bounds = sa.func.json_each(sa.bindparam("runs", type_=sa.String())).table_valued(
+            "value", name="runs"
+        )
+        first = sa.func.json_extract(bounds.c.value, "$[0]")
+        last = sa.func.json_extract(bounds.c.value, "$[1]")
+    return sa.select(events_table).join(bounds, _c.id.between(first, last)).order_by(_c.id)
 
 
 _READ_RUNS = DirectStatement(_read_runs)
 
 
 async def read_noticed_events(db: Database, notices: Sequence[EventNotice]) -> dict[int, Event]:
-    """PostgreSQL: the events the notices name that exist, by id (one statement)."""
+    """The events the notices name that exist, by id (one statement)."""
     runs = [run for notice in notices for run in notice.runs]
     if not runs:
         return {}
-    params = {"firsts": [first for first, _ in runs], "lasts": [last for _, last in runs]}
+    params: dict[str, Any]
+    if db.dialect == "postgresql":
+        params = {"firsts": [first for first, _ in runs], "lasts": [last for _, last in runs]}
+    else:
+        params = {"runs": json.dumps(runs)}
     async with db.read_statements() as conn:
         rows = await _READ_RUNS.rows(conn, params)
     return {row.id: _event(row._asdict()) for row in rows}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from datetime import UTC, datetime
 
 import pytest
@@ -17,13 +17,14 @@ from corral.infra.events import (
     EventBusClosedError,
     EventBusError,
     Subscription,
+    _listener,
     forget_on_events,
     open_event_bus,
 )
 from corral.infra.events.postgres import PostgresEventBus
 from corral.infra.events.redis import RedisEventBus
 from corral.store.database import Database
-from corral.store.events import WHOLE_EVENTS_MAX, append_events
+from corral.store.events import WHOLE_EVENTS_MAX, EventNotice, append_events
 from tests.conftest import REDIS_URL, require_server
 
 DEADLINE_S = 10.0
@@ -426,3 +427,44 @@ async def test_an_unreachable_server_fails_publish_as_an_event_bus_error(
         if db is not None:
             await db.close()
     assert caplog.messages.count("events.publish_failed") == 1
+
+
+@pytest.mark.redis
+async def test_redis_large_publishes_send_notices_read_only_when_wanted(
+    db: Database, redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis with a database: a publish of many appended events sends notices of their ids
+    and kinds; a bus reads a notice's events from the table (SQLite or PostgreSQL) only when a
+    subscriber of its wants one of those kinds, and delivers them in order."""
+    reads: list[int] = []
+    read = _listener.read_noticed_events
+
+    async def counted(on: Database, notices: Sequence[EventNotice]) -> dict[int, Event]:
+        reads.append(len(notices))
+        return await read(on, notices)
+
+    monkeypatch.setattr(_listener, "read_noticed_events", counted)
+    a = await open_event_bus("redis", prefix=namespace, db=db, redis_url=redis_url)
+    b = await open_event_bus("redis", prefix=namespace, db=db, redis_url=redis_url)
+    many = WHOLE_EVENTS_MAX + 1
+    revoked = Event(
+        kind="token.revoked", entity_type="token", entity_id="t-1", payload={}, created_at=NOW
+    )
+    try:
+        async with b.subscribe() as everything:
+            async with db.transaction() as conn:
+                first = await append_events(conn, [ev(0)] * many, NOW)
+            await a.publish(first)
+            assert await take(everything, many) == first
+        assert reads == [1]  # b, for its subscriber; a has none
+        async with b.subscribe(kinds={"token.revoked"}) as watcher:
+            async with db.transaction() as conn:
+                await a.publish(await append_events(conn, [ev(0)] * many, NOW))
+            async with db.transaction() as conn:
+                [whole] = await append_events(conn, [revoked], NOW)
+            await a.publish([whole])  # a few events go whole
+            assert await take(watcher, 1) == [whole]
+        assert reads == [1]  # the second notice named no kind anyone wanted
+    finally:
+        await a.close()
+        await b.close()

@@ -308,7 +308,9 @@ async def open_event_bus(
             raise ValueError("the redis event bus needs redis_url (a redis://... URL)")
         from corral.infra.events.redis import RedisEventBus
 
-        return await RedisEventBus.open(redis_url, prefix=prefix, ping_interval_s=ping_interval_s)
+        return await RedisEventBus.open(
+            redis_url, db=db, prefix=prefix, ping_interval_s=ping_interval_s
+        )
     raise ValueError(f"unknown event bus kind {kind!r}; use memory, postgres or redis")
 
 

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
+import json
 import logging
 from abc import abstractmethod
 from collections.abc import Sequence
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from corral.domain.events import Event
 from corral.infra._backoff import reconnect_delays
 from corral.infra.events import _CANCEL_RETRY_S, FanOutBus
+from corral.store.events import EventNotice, read_noticed_events
+
+if TYPE_CHECKING:
+    from corral.store.database import Database
 
 logger = logging.getLogger("corral.infra.events")
 
@@ -54,6 +60,52 @@ class ListeningBus(FanOutBus, Generic[_Conn]):
             if event.id is not None:
                 self._saw(event.id)
         super()._deliver(events)
+
+    async def _decode(self, db: Database | None, payloads: Sequence[str | bytes]) -> list[Event]:
+        """The events of these messages, in order. A message is an event's JSON, or a notice
+        of appended events (`EventNotice`): its events are read from `db` if a subscriber wants
+        one of its kinds, else only noted as seen."""
+        decoded: list[Event | EventNotice] = []
+        for payload in payloads:
+            try:
+                data = json.loads(payload)
+                decoded.append(
+                    EventNotice.from_data(data) if "ids" in data else Event.from_data(data)
+                )
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                logger.error(
+                    "events.bad_notification",
+                    extra={"bus": self.prefix, "error": type(exc).__name__, "size": len(payload)},
+                )
+        wanted = [
+            item for item in decoded if isinstance(item, EventNotice) and self._wanted(item.kinds)
+        ]
+        if wanted and db is None:
+            logger.error("events.notice_unreadable", extra={"bus": self.prefix})
+            wanted = []
+        fetched = await read_noticed_events(db, wanted) if db is not None and wanted else {}
+        read = {id(notice) for notice in wanted}
+        ids = sorted(fetched)
+        events: list[Event] = []
+        for item in decoded:
+            if isinstance(item, Event):
+                events.append(item)
+            elif id(item) not in read:
+                self._saw(item.last_id)
+            else:
+                found = [
+                    fetched[i]
+                    for first, last in item.runs
+                    for i in ids[bisect.bisect_left(ids, first) : bisect.bisect_right(ids, last)]
+                ]
+                if len(found) < item.count:
+                    logger.error(
+                        "events.rows_missing",
+                        extra={"bus": self.prefix, "missing": item.count - len(found)},
+                    )
+                self._saw(item.last_id)
+                events.extend(found)
+        return events
 
     def _saw(self, event_id: int) -> None:
         """Note an event as seen (delivered, or passed over as no subscriber wanted it)."""

@@ -10,9 +10,7 @@ events of a notice from the table only if a subscriber wants one of its kinds.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import hashlib
-import json
 import logging
 import re
 from collections.abc import Sequence
@@ -26,9 +24,7 @@ from corral.infra.events import PING_INTERVAL_S, EventBusError
 from corral.infra.events._listener import ListeningBus
 from corral.store.database import Database
 from corral.store.events import (
-    EventNotice,
     notification,
-    read_noticed_events,
     send_notifications,
 )
 
@@ -146,51 +142,9 @@ class PostgresEventBus(ListeningBus[_Listener]):
             while not listener.inbox.empty():
                 batch.append(listener.inbox.get_nowait())
             lost = None in batch
-            self._deliver(await self._decode([p for p in batch if p is not None]))
+            self._deliver(await self._decode(self._db, [p for p in batch if p is not None]))
             if lost:
                 return
-
-    async def _decode(self, payloads: list[str]) -> list[Event]:
-        """Events of these notifications, in order; a notice's read from the table if some
-        subscriber wants one of its kinds, else only noted as seen."""
-        decoded: list[Event | EventNotice] = []
-        for payload in payloads:
-            try:
-                data = json.loads(payload)
-                decoded.append(
-                    EventNotice.from_data(data) if "ids" in data else Event.from_data(data)
-                )
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                logger.error(
-                    "events.bad_notification",
-                    extra={"bus": self.prefix, "error": type(exc).__name__, "size": len(payload)},
-                )
-        wanted = [
-            item for item in decoded if isinstance(item, EventNotice) and self._wanted(item.kinds)
-        ]
-        fetched = await read_noticed_events(self._db, wanted) if wanted else {}
-        read = {id(notice) for notice in wanted}
-        ids = sorted(fetched)
-        events: list[Event] = []
-        for item in decoded:
-            if isinstance(item, Event):
-                events.append(item)
-            elif id(item) not in read:
-                self._saw(item.last_id)
-            else:
-                found = [
-                    fetched[i]
-                    for first, last in item.runs
-                    for i in ids[bisect.bisect_left(ids, first) : bisect.bisect_right(ids, last)]
-                ]
-                if len(found) < item.count:
-                    logger.error(
-                        "events.rows_missing",
-                        extra={"bus": self.prefix, "missing": item.count - len(found)},
-                    )
-                self._saw(item.last_id)
-                events.extend(found)
-        return events
 
     async def _disconnect(self, listener: _Listener) -> None:
         try:

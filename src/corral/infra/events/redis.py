@@ -16,10 +16,14 @@ from corral.domain.events import Event
 from corral.infra._redis import redis_client
 from corral.infra.events import PING_INTERVAL_S, EventBusError
 from corral.infra.events._listener import ListeningBus
+from corral.store.database import Database
+from corral.store.events import WHOLE_EVENTS_MAX, event_notices
 
 logger = logging.getLogger(__name__)
 
 SUBSCRIBE_TIMEOUT_S = 10.0
+# Messages decoded together at most (those already received).
+_BATCH_MAX = 1_000
 
 
 class RedisEventBus(ListeningBus[PubSub]):
@@ -36,12 +40,16 @@ class RedisEventBus(ListeningBus[PubSub]):
         self,
         url: str,
         *,
+        db: Database | None = None,
         prefix: str = "corral",
         ping_interval_s: float = PING_INTERVAL_S,
         backoff_base_s: float = 0.05,
         backoff_cap_s: float = 10.0,
     ) -> None:
         super().__init__(prefix, backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s)
+        # Where appended events are read back from for a notice; without it, every event
+        # is published whole.
+        self._db = db
         self.channel = f"{prefix}:events"
         self._ping_interval_s = ping_interval_s
         self._publisher = redis_client(url)
@@ -56,10 +64,15 @@ class RedisEventBus(ListeningBus[PubSub]):
 
     @classmethod
     async def open(
-        cls, url: str, *, prefix: str = "corral", ping_interval_s: float = PING_INTERVAL_S
+        cls,
+        url: str,
+        *,
+        db: Database | None = None,
+        prefix: str = "corral",
+        ping_interval_s: float = PING_INTERVAL_S,
     ) -> RedisEventBus:
         """A bus already subscribed (so it gets every event published after this returns)."""
-        bus = cls(url, prefix=prefix, ping_interval_s=ping_interval_s)
+        bus = cls(url, db=db, prefix=prefix, ping_interval_s=ping_interval_s)
         try:
             await bus._start()
         except BaseException:
@@ -73,13 +86,23 @@ class RedisEventBus(ListeningBus[PubSub]):
             return
         try:
             async with self._publisher.pipeline(transaction=False) as pipe:
-                for event in events:
-                    pipe.publish(self.channel, event.to_json())
+                for message in self._messages(events):
+                    pipe.publish(self.channel, message)
                 await pipe.execute()
         except (*self.transient_errors, redis.exceptions.RedisError) as exc:
             raise EventBusError(
                 f"could not publish {len(events)} events: {type(exc).__name__}: {exc}"
             ) from exc
+
+    def _messages(self, events: Sequence[Event]) -> list[str]:
+        """What to PUBLISH: each event whole, or for more than WHOLE_EVENTS_MAX appended
+        events, notices of their ids and kinds (`EventNotice`), read back by the listeners
+        whose subscribers want those kinds. Sending every event of a large batch whole cost
+        each manager a message to receive and decode per event, wanted or not."""
+        ids = [event.id for event in events if event.id is not None]
+        if self._db is None or len(events) <= WHOLE_EVENTS_MAX or len(ids) < len(events):
+            return [event.to_json() for event in events]
+        return event_notices(sorted(ids), {event.kind for event in events})
 
     async def close(self) -> None:
         await self._stop_listening()
@@ -109,16 +132,14 @@ class RedisEventBus(ListeningBus[PubSub]):
             message = await pubsub.get_message(
                 ignore_subscribe_messages=True, timeout=self._ping_interval_s
             )
-            if message is None or message.get("type") != "message":
-                continue
-            try:
-                event = Event.from_json(message["data"])
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                logger.error(
-                    "events.bad_message", extra={"bus": self.prefix, "error": type(exc).__name__}
-                )
-                continue
-            self._deliver([event])
+            batch: list[str | bytes] = []
+            # With what else has arrived: the notices among them are read in one statement.
+            while message is not None and len(batch) < _BATCH_MAX:
+                if message.get("type") == "message":
+                    batch.append(message["data"])
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0)
+            if batch:
+                self._deliver(await self._decode(self._db, batch))
 
     async def _disconnect(self, pubsub: PubSub) -> None:
         await pubsub.aclose()  # type: ignore[no-untyped-call]
