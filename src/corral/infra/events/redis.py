@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 import redis.exceptions
+import sqlalchemy as sa
 from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -34,6 +35,10 @@ class RedisEventBus(ListeningBus[PubSub]):
         TimeoutError,
         redis.exceptions.ConnectionError,
         redis.exceptions.TimeoutError,
+        # Reading a notice's events back failed: handled as a lost connection, so the
+        # subscribers get a gap marker (events.dropped) and the listener goes on.
+        sa.exc.DBAPIError,
+        sa.exc.TimeoutError,
     )
 
     def __init__(
