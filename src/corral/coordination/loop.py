@@ -27,6 +27,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from corral.coordination.tasks import Task, TaskRun
+from corral.infra._outage import OutageLog
 from corral.infra.hints import HintBus, HintBusError
 from corral.infra.locks import LockManager, LockManagerClosedError
 
@@ -100,7 +101,10 @@ class DualLoop:
         self._running = False
         self._stopping = False
         self._idle_task: asyncio.Task[Any] | None = None
-        self._hints_down = False
+        # The hint bus's outages, logged once each; while one lasts the loop only ticks.
+        self._hints_outage = OutageLog(
+            logger, "coordinator.hints_unavailable", "coordinator.hints_restored"
+        )
         self._last_worked_at: float | None = None  # clock() when a run that moved sessions ended
         self._next_forced_at = 0.0  # clock() when the long loop is next due
 
@@ -298,16 +302,15 @@ class DualLoop:
             return on_stop
         return idle.result()
 
+    @property
+    def _hints_down(self) -> bool:
+        return self._hints_outage.down
+
     def _hints_failed(self, error: HintBusError) -> None:
-        # Logged once per outage, not on every short tick.
-        if not self._hints_down:
-            self._hints_down = True
-            logger.warning("coordinator.hints_unavailable", extra=self._log_fields(error))
+        self._hints_outage.failure(self._log_fields(error))  # once per outage, not per tick
 
     def _hints_working(self) -> None:
-        if self._hints_down:
-            self._hints_down = False
-            logger.info("coordinator.hints_restored", extra=self._log_fields())
+        self._hints_outage.success(self._log_fields())
 
     def _log_fields(self, error: BaseException | None = None) -> dict[str, object]:
         fields: dict[str, object] = {"task": self.task.name, "hint": self.task.hint}

@@ -23,8 +23,8 @@ class OutageLog:
             self.down = True
             self._logger.warning(self._failed, extra=dict(fields))
 
-    def success(self) -> None:
-        """A call went through: say the outage ended, if there was one."""
+    def success(self, fields: Mapping[str, Any] | None = None) -> None:
+        """A call went through: say the outage ended (with `fields`), if there was one."""
         if self.down:
             self.down = False
-            self._logger.info(self._restored)
+            self._logger.info(self._restored, extra=dict(fields or {}))
