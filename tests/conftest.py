@@ -32,6 +32,9 @@ POSTGRES_URL = os.environ.get(
     "CORRAL_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
 )
 REDIS_URL = os.environ.get("CORRAL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+# Servers nothing listens for (port 1): a connection there is refused at once.
+UNREACHABLE_REDIS_URL = "redis://127.0.0.1:1/0"
+UNREACHABLE_POSTGRES_URL = "postgresql://postgres@127.0.0.1:1/test"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 _skipped: dict[str, int] = {}

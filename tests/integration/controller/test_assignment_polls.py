@@ -12,11 +12,10 @@ from corral.infra.hints.redis import RedisHintBus
 from corral.store.assignments import read_revisions
 from corral.store.database import Database
 from corral.store.tables import agents
+from tests.conftest import UNREACHABLE_REDIS_URL
 from tests.integration._polling import eventually
 from tests.integration.store._factories import add_agents
 
-# Nothing listens on port 1: a connection there is refused at once.
-UNREACHABLE_REDIS = "redis://127.0.0.1:1/0"
 RECHECK_S = 0.05  # the interval under test, not a pause to wait for something
 WAIT_S = 600.0  # a poll's own deadline: far beyond the test's
 DEADLINE_S = 10.0
@@ -30,7 +29,7 @@ async def test_with_the_hint_bus_down_a_changed_assignment_comes_at_the_next_rec
     every poll to its deadline)."""
     [agent_id] = await add_agents(db, [{"cpu": 4000}])
     [revision] = (await read_revisions(db, [agent_id])).values()
-    hints = RedisHintBus(redis_client(UNREACHABLE_REDIS))
+    hints = RedisHintBus(redis_client(UNREACHABLE_REDIS_URL))
     polls = AssignmentPolls(db, hints, RECHECK_S)
     server = asyncio.create_task(polls.run())
     try:

@@ -27,11 +27,10 @@ from corral.store.events import read_events
 from corral.store.placements import commit_placements
 from corral.store.sessions import SessionRepository
 from corral.store.tables import resource_groups, sessions
+from tests.conftest import UNREACHABLE_REDIS_URL
 from tests.integration.store._factories import add_agents, add_user, placement
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
-# Nothing listens on port 1: a connection there is refused at once.
-UNREACHABLE_REDIS = "redis://127.0.0.1:1/0"
 
 
 def spec(**fields: object) -> SessionSpec:
@@ -253,8 +252,8 @@ async def test_a_submission_stands_when_the_hint_and_event_servers_are_unreachab
 ) -> None:
     """Hints and live events go out after the commit: their servers being down costs latency
     (the long loop finds the session), never the submission, nor its cancellation."""
-    hints = RedisHintBus(redis_client(UNREACHABLE_REDIS))
-    events = RedisEventBus(UNREACHABLE_REDIS)
+    hints = RedisHintBus(redis_client(UNREACHABLE_REDIS_URL))
+    events = RedisEventBus(UNREACHABLE_REDIS_URL)
     controller = SessionController(db, hints, events, clock=lambda: NOW)
     owner = await add_user(db)
     try:
@@ -276,7 +275,7 @@ async def test_a_submission_stands_when_the_hint_and_event_servers_are_unreachab
 async def test_an_agent_registers_when_the_hint_server_is_unreachable(db: Database) -> None:
     """A registration is committed before its hints go out: the agent gets its token (had the
     request failed after the commit, the agent could not register again until declared lost)."""
-    hints = RedisHintBus(redis_client(UNREACHABLE_REDIS))
+    hints = RedisHintBus(redis_client(UNREACHABLE_REDIS_URL))
     agents = AgentController(db, hints, join_token="join")
     try:
         registration = await agents.register(

@@ -12,10 +12,9 @@ from corral.coordination.tasks import Task, TaskRun
 from corral.infra._redis import redis_client
 from corral.infra.hints.redis import RedisHintBus
 from corral.infra.locks.memory import MemoryLockManager
+from tests.conftest import UNREACHABLE_REDIS_URL
 from tests.integration._polling import eventually
 
-# Nothing listens on port 1: a connection there is refused at once.
-UNREACHABLE_REDIS = "redis://127.0.0.1:1/0"
 DEADLINE_S = 5.0
 
 
@@ -31,7 +30,7 @@ async def test_an_unreachable_hint_server_leaves_the_long_loop_running(
         runs.append(1)
         return TaskRun(task="schedule", targets=0, changed=0)
 
-    hints = RedisHintBus(redis_client(UNREACHABLE_REDIS))
+    hints = RedisHintBus(redis_client(UNREACHABLE_REDIS_URL))
     loop = DualLoop(
         Task(name="schedule", hint="schedule", run=run, lock="schedule-lock"),
         hints,

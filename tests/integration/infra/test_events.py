@@ -25,7 +25,12 @@ from corral.infra.events.postgres import PostgresEventBus
 from corral.infra.events.redis import RedisEventBus
 from corral.store.database import Database
 from corral.store.events import WHOLE_EVENTS_MAX, EventNotice, append_events
-from tests.conftest import REDIS_URL, require_server
+from tests.conftest import (
+    REDIS_URL,
+    UNREACHABLE_POSTGRES_URL,
+    UNREACHABLE_REDIS_URL,
+    require_server,
+)
 
 DEADLINE_S = 10.0
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
@@ -413,10 +418,8 @@ async def test_an_unreachable_server_fails_publish_as_an_event_bus_error(
 ) -> None:
     """A refused connection is an EventBusError; published after a commit, it is logged once
     per outage instead of raised (the events are in the table)."""
-    db = Database.open("postgresql://postgres@127.0.0.1:1/test") if kind == "postgres" else None
-    bus: EventBus = (
-        PostgresEventBus(db) if db is not None else RedisEventBus("redis://127.0.0.1:1/0")
-    )
+    db = Database.open(UNREACHABLE_POSTGRES_URL) if kind == "postgres" else None
+    bus: EventBus = PostgresEventBus(db) if db is not None else RedisEventBus(UNREACHABLE_REDIS_URL)
     try:
         with pytest.raises(EventBusError, match="could not publish 1 events"):
             await bus.publish([ev(1)])

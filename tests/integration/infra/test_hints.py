@@ -24,6 +24,7 @@ from corral.infra.hints.postgres import (
 from corral.infra.hints.redis import RedisHintBus
 from corral.store.database import Database
 from corral.store.tables import hints
+from tests.conftest import UNREACHABLE_POSTGRES_URL, UNREACHABLE_REDIS_URL
 from tests.integration._statements import recorded_statements
 
 DEADLINE_S = 5.0  # generous: a prompt wake-up takes milliseconds
@@ -373,20 +374,15 @@ async def test_open_hint_bus_explains_missing_arguments(tmp_path: Path) -> None:
     await memory.close()
 
 
-# Nothing listens on port 1: a connection there is refused at once.
-UNREACHABLE_REDIS = "redis://127.0.0.1:1/0"
-UNREACHABLE_POSTGRES = "postgresql://postgres@127.0.0.1:1/test"
-
-
 @pytest.mark.parametrize("kind", ["postgres", "redis"])
 async def test_an_unreachable_server_fails_calls_as_hint_bus_errors(
     kind: HintBusKind, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A refused connection is a HintBusError (the one error callers handle), and a hint set
     after a commit is logged once per outage instead of raised."""
-    db = Database.open(UNREACHABLE_POSTGRES) if kind == "postgres" else None
+    db = Database.open(UNREACHABLE_POSTGRES_URL) if kind == "postgres" else None
     bus: HintBus = (
-        PostgresHintBus(db) if db is not None else RedisHintBus(redis_client(UNREACHABLE_REDIS))
+        PostgresHintBus(db) if db is not None else RedisHintBus(redis_client(UNREACHABLE_REDIS_URL))
     )
     try:
         with pytest.raises(HintBusError, match="could not set hints"):
