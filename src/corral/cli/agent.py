@@ -11,13 +11,13 @@ from typing import Annotated, Literal
 
 import typer
 
+from corral._logging import configure_logging
 from corral.agent.client import HttpManagerClient
 from corral.agent.daemon import AgentConfig, AgentDaemon
 from corral.agent.devices import DeviceAllocator, detect_gpus
 from corral.agent.kernel_worker import WorkerSettings
 from corral.agent.runtime import Runtime
 from corral.cli._common import fail, settings_from_flags
-from corral.cli._logging import configure_logging
 from corral.domain.slots import ResourceSlots, SlotError
 
 RuntimeName = Literal["process", "simulated"]

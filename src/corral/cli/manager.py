@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
+from corral._logging import configure_logging
 from corral._private_file import write_private
 from corral.cli._common import fail, settings_from_flags
-from corral.cli._logging import configure_logging
 from corral.controller.agents import AgentTimings
 from corral.coordination.manager import LoopIntervals
 from corral.manager.daemon import ManagerConfig, run_manager

@@ -10,9 +10,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from corral._logging import configure_logging
 from corral.bench.simulate import SimulationConfig, SimulationError, run_simulation
 from corral.cli._common import fail
-from corral.cli._logging import configure_logging
 
 _err = Console(stderr=True)
 

@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
+from corral._logging import configure_logging
 from corral.cli._common import fail, settings_from_flags
-from corral.cli._logging import configure_logging
 from corral.cli.agent import detect_slots
 from corral.manager.up import UpConfig, UpReady, run_up
 
