@@ -1,8 +1,8 @@
 """How an agent talks to its manager: one interface, over HTTP or in-process.
 
-`HttpManagerClient` is what `corral agent` uses; `corral simulate` plugs thousands of agents
-into one manager through the in-process client (`agent/inprocess.py`), which calls the same
-controller the HTTP routes call.
+`HttpManagerClient` is what `corral agent` uses; `corral simulate` runs thousands of agents in
+a process of their own over a socket pair (`bench/agent_pipe.py`), answered by the same
+controller the HTTP routes call (`manager/inprocess.py`).
 """
 
 from __future__ import annotations

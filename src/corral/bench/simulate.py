@@ -3,34 +3,32 @@
 Everything is the real thing except the kernels and the transport: the session controller
 submits, the coordinator's dual loops drive every phase, and each agent is the real agent daemon
 (registration, heartbeats, long-polled assignments, the progress machine per kernel, batched
-reports) with the simulated runtime, talking to the manager's agent controller in-process. It
-waits until every session is terminal and checks the invariants on the way and at the end:
-no agent over capacity at any moment (the ledger and the agents' own view, sampled), no slot
-left occupied, every session terminal, no transition in the history the tables forbid.
+reports) with the simulated runtime. The agents run in a process of their own, as agents on other
+nodes would, and speak the protocol's messages to the manager's agent controller over a socket
+pair (`agent_pipe.py`, `agent_host.py`). It waits until every session is terminal and checks the
+invariants on the way and at the end: no agent over capacity at any moment (the ledger here, the
+agents' own view in their process, sampled), no slot left occupied, every session terminal, no
+transition in the history the tables forbid.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
+import socket
 import statistics
-import tempfile
+import sys
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
-from corral.agent.daemon import AgentConfig, AgentDaemon
-from corral.agent.kernel_worker import WorkerSettings
-from corral.agent.runtime.simulated import SimulatedRuntime, SimulationProfile
 from corral.bench._scratch import scratch_database
+from corral.bench.agent_host import JOIN_TOKEN, SAMPLE_EVERY_S, HostConfig, Violations
+from corral.bench.agent_pipe import AgentPipeServer
 from corral.bench.latency import backend_label, percentile
 from corral.controller.agents import AgentController, AgentTimings
 from corral.controller.sessions import SessionController
@@ -38,7 +36,6 @@ from corral.coordination.coordinator import SessionCoordinator
 from corral.coordination.manager import task_loops
 from corral.coordination.orchestrator import Orchestrator
 from corral.domain.record import record
-from corral.domain.slots import ResourceSlots
 from corral.domain.spec import SessionSpec
 from corral.domain.status import (
     KERNEL_TRANSITIONS,
@@ -49,17 +46,13 @@ from corral.domain.status import (
 )
 from corral.domain.types import UserId
 from corral.manager.backends import open_buses
-from corral.manager.inprocess import InProcessManagerClient
 from corral.store.agents import read_ledger
 from corral.store.database import Database
 from corral.store.tables import kernel_history, session_history, sessions, users
 
-JOIN_TOKEN = "simulate"
-AGENT_SLOTS = ResourceSlots({"cpu": 8, "mem": "32g"})
 KERNEL_RESOURCES = {"cpu": "1", "mem": "1g"}
 SUBMIT_BATCH = 1_000
-SAMPLE_EVERY_S = 1.0
-MAX_REPORTED_VIOLATIONS = 20
+STOP_WAIT_S = 30.0  # for the agents' process to stop its agents and exit
 # Counting the terminal sessions: every POLL_S, every POLL_NEAR_END_S once at most
 # NEAR_END_SHARE of them (or NEAR_END_MIN) are left.
 POLL_S = 1.0
@@ -86,19 +79,6 @@ class SimulationConfig:
     timeout_s: float = 600.0
 
 
-@dataclass
-class _Violations:
-    """Invariant violations seen so far (a few kept as examples)."""
-
-    count: int = 0
-    examples: list[str] = field(default_factory=list)
-
-    def add(self, what: str) -> None:
-        self.count += 1
-        if len(self.examples) < MAX_REPORTED_VIOLATIONS:
-            self.examples.append(what)
-
-
 async def run_simulation(
     config: SimulationConfig, progress: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
@@ -121,37 +101,35 @@ async def run_simulation(
             task_loops(coordinator.tasks(), buses.hints, buses.locks), grace_period_s=5
         )
         sessions_ctl = SessionController(db, buses.hints, buses.events)
-        violations = _Violations()
-        with tempfile.TemporaryDirectory(prefix="corral-simulate-") as tmp:
-            daemons = _agents(config, controller, Path(tmp))
-            side = [
-                asyncio.create_task(orchestrator.run(), name="sim-orchestrator"),
-                asyncio.create_task(controller.polls.run(), name="sim-watcher"),
-                *(asyncio.create_task(d.run(), name=f"sim-{d.config.agent_id}") for d in daemons),
-            ]
+        violations = Violations()
+        side = [
+            asyncio.create_task(orchestrator.run(), name="sim-orchestrator"),
+            asyncio.create_task(controller.polls.run(), name="sim-watcher"),
+        ]
+        agents = AgentsProcess(controller)
+        try:
+            await agents.start(config)
+            say(f"{config.agents} agents registered; submitting {config.sessions} sessions")
+            owner = await _add_user(db)
+            started = time.perf_counter()
+            await _submit(sessions_ctl, owner, config)
+            sampler = asyncio.create_task(_sample(db, violations))
             try:
-                await asyncio.gather(*(d.registered.wait() for d in daemons))
-                say(f"{len(daemons)} agents registered; submitting {config.sessions} sessions")
-                owner = await _add_user(db)
-                started = time.perf_counter()
-                await _submit(sessions_ctl, owner, config)
-                sampler = asyncio.create_task(_sample(db, daemons, violations))
-                try:
-                    terminal = await _until_terminal(db, config, started, say, side[:2])
-                finally:
-                    sampler.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await sampler
-                elapsed_s = time.perf_counter() - started
+                terminal = await _until_terminal(db, config, started, say, [*side, agents.watcher])
             finally:
-                for daemon in daemons:
-                    await daemon.stop()
-                await orchestrator.stop()
-                for task in side[1:]:
-                    task.cancel()
-                await asyncio.gather(*side, return_exceptions=True)
-            await _check_end(db, violations)
-            summary = await _summary(db)
+                sampler.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sampler
+            elapsed_s = time.perf_counter() - started
+        finally:
+            done = await agents.stop()
+            await orchestrator.stop()
+            for task in side[1:]:
+                task.cancel()
+            await asyncio.gather(*side, return_exceptions=True)
+        violations.add_seen(int(done.get("violations", 0)), done.get("examples", []))
+        await _check_end(db, violations)
+        summary = await _summary(db)
     running_ms = summary.pop("submit_to_running_ms")
     return {
         "benchmark": "simulate",
@@ -166,40 +144,101 @@ async def run_simulation(
         "p50_submit_to_running_ms": round(percentile(running_ms, 0.5), 1) if running_ms else None,
         "p99_submit_to_running_ms": round(percentile(running_ms, 0.99), 1) if running_ms else None,
         **summary,
-        "reports": sum(d.shipper.sent for d in daemons),
+        "reports": int(done.get("reports", 0)),
         "invariant_violations": violations.count,
         "violation_examples": violations.examples,
     }
 
 
-def _agents(config: SimulationConfig, controller: AgentController, tmp: Path) -> list[AgentDaemon]:
-    profile = (
-        SimulationProfile.with_fail_rate(config.fail_rate)
-        if config.fail_rate
-        else SimulationProfile()
-    )
-    # Retries of a failed stage follow at once: simulated faults are not transient waits.
-    worker = WorkerSettings(stop_grace_s=0, retry_delay_s=0, ship_logs=False)
-    daemons = []
-    for index in range(config.agents):
-        agent_id = f"sim-{index:04d}"
-        rng = random.Random(f"{config.seed}-{agent_id}")
-        daemons.append(
-            AgentDaemon(
-                AgentConfig(
-                    agent_id=agent_id,
-                    token=JOIN_TOKEN,
-                    address=f"10.{index // 250}.{index % 250}.1",
-                    slots=AGENT_SLOTS,
-                    data_dir=tmp / agent_id,
-                    worker=worker,
-                ),
-                InProcessManagerClient(controller),
-                SimulatedRuntime(profile, rng=rng, host=agent_id),
-                rng=rng,
+class AgentsProcess:
+    """The simulated agents' process (`agent_host.py`) and the manager's end of its pipe."""
+
+    def __init__(self, controller: AgentController) -> None:
+        self._registered = asyncio.Event()
+        self._done: dict[str, Any] = {}
+        self._stopping = False
+        self._server = AgentPipeServer(controller, self._event)
+        self._process: asyncio.subprocess.Process | None = None
+        self.watcher = asyncio.create_task(self._watch(), name="sim-agents")
+
+    async def start(self, config: SimulationConfig) -> None:
+        """Start the process; return once all its agents are registered."""
+        host_config = HostConfig(agents=config.agents, fail_rate=config.fail_rate, seed=config.seed)
+        ours, theirs = socket.socketpair()
+        try:
+            with theirs:
+                self._process = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "corral.bench.agent_host",
+                    str(theirs.fileno()),
+                    host_config.model_dump_json(),
+                    pass_fds=[theirs.fileno()],
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                )
+            await asyncio.get_running_loop().create_unix_connection(
+                lambda: self._server.connection, sock=ours
             )
+        except BaseException:
+            ours.close()
+            raise
+        registered = asyncio.create_task(self._registered.wait())
+        await asyncio.wait(
+            [registered, self.watcher],
+            timeout=config.timeout_s,
+            return_when=asyncio.FIRST_COMPLETED,
         )
-    return daemons
+        registered.cancel()
+        if not self._registered.is_set():
+            raise SimulationError(f"the simulated agents did not register: {await self._ending()}")
+
+    async def stop(self) -> dict[str, Any]:
+        """Stop the agents as SIGTERM would; what they counted (reports, violations)."""
+        self._stopping = True
+        if self._server.connection.is_open:
+            self._server.send_control("stop")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._server.connection.closed), STOP_WAIT_S)
+        await self._server.close()
+        self.watcher.cancel()
+        await asyncio.gather(self.watcher, return_exceptions=True)
+        if self._process is not None and self._process.returncode is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._process.wait(), STOP_WAIT_S)
+            if self._process.returncode is None:
+                self._process.kill()
+                await self._process.wait()
+        return self._done
+
+    @property
+    def process(self) -> asyncio.subprocess.Process | None:
+        """The agents' process, once started."""
+        return self._process
+
+    def _event(self, header: dict[str, Any]) -> None:
+        if header["event"] == "registered":
+            self._registered.set()
+        elif header["event"] == "done":
+            self._done = header
+
+    async def _watch(self) -> None:
+        await self._server.connection.closed
+        if not self._stopping:
+            raise RuntimeError(await self._ending())
+
+    async def _ending(self) -> str:
+        """How the agents' process ended (or that it is still running)."""
+        if self._process is None:
+            return "their process did not start"
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._process.wait(), STOP_WAIT_S)
+        code = self._process.returncode
+        return (
+            "their process is still running"
+            if code is None
+            else f"their process exited with code {code}"
+        )
 
 
 async def _add_user(db: Database) -> UserId:
@@ -235,7 +274,8 @@ async def _until_terminal(
     services: Sequence[asyncio.Task[None]] = (),
 ) -> int:
     """The number of terminal sessions, once all are; SimulationError at the timeout, or as
-    soon as one of the manager's `services` (its loops, its poll server) has stopped."""
+    soon as one of the `services` (the manager's loops, its poll server, the agents) has
+    stopped."""
     terminal_values = [s.value for s in SESSION_TERMINAL]
     deadline = started + config.timeout_s
     last_said = 0.0
@@ -244,7 +284,7 @@ async def _until_terminal(
             if service.done():
                 error = None if service.cancelled() else service.exception()
                 raise SimulationError(
-                    f"the manager's {service.get_name()} stopped"
+                    f"{service.get_name()} stopped"
                     + (f": {type(error).__name__}: {error}" if error else "")
                     + "; the sessions cannot end"
                 )
@@ -275,29 +315,17 @@ def _poll_interval_s(remaining: int, total: int) -> float:
     return POLL_NEAR_END_S if remaining <= max(NEAR_END_MIN, total * NEAR_END_SHARE) else POLL_S
 
 
-async def _sample(db: Database, daemons: list[AgentDaemon], violations: _Violations) -> None:
-    """Check capacity every sample: in the ledger, and as each agent itself holds kernels."""
-    capacity = AGENT_SLOTS.to_milli()
+async def _sample(db: Database, violations: Violations) -> None:
+    """Check the ledger every sample: no agent's slot occupied past its capacity."""
     while True:
         for agent_id, slots in (await read_ledger(db)).items():
             for slot, (cap, occupied) in slots.items():
                 if not 0 <= occupied <= cap:
                     violations.add(f"ledger {agent_id} {slot}: {occupied} of {cap}")
-        for daemon in daemons:
-            held: Counter[str] = Counter()
-            for worker in daemon.workers.values():
-                if not worker.done:
-                    held.update(worker.launch.slots)
-            for slot, amount in held.items():
-                if amount > capacity.get(slot, 0):
-                    violations.add(
-                        f"agent {daemon.config.agent_id} runs {amount} of {slot} "
-                        f"(capacity {capacity.get(slot, 0)})"
-                    )
         await asyncio.sleep(SAMPLE_EVERY_S)
 
 
-async def _check_end(db: Database, violations: _Violations) -> None:
+async def _check_end(db: Database, violations: Violations) -> None:
     """Nothing occupied, nothing running, no forbidden move in any history."""
     for agent_id, slots in (await read_ledger(db)).items():
         for slot, (_, occupied) in slots.items():
@@ -367,4 +395,4 @@ async def _summary(db: Database) -> dict[str, Any]:
     }
 
 
-__all__ = ["SimulationConfig", "SimulationError", "run_simulation"]
+__all__ = ["AgentsProcess", "SimulationConfig", "SimulationError", "run_simulation"]

@@ -1,7 +1,9 @@
-"""The agent protocol without HTTP: agents in the manager's process call its controller.
+"""The agent protocol without HTTP: the manager's controller called directly, answering as the
+HTTP routes would (their statuses, their errors).
 
-`corral simulate` runs thousands of agents this way; they go through the same controller, and
-so the same store operations, validation and hints, as agents calling the HTTP routes.
+`corral simulate` answers its thousands of agents this way, at the manager's end of their pipe
+(`bench/agent_pipe.py`); they go through the same controller, and so the same store
+operations, validation and hints, as agents calling the HTTP routes.
 """
 
 from __future__ import annotations
