@@ -118,7 +118,7 @@ async def schedule_group(
 
 def _next_page(page: QueuePage | None, snapshot: GroupSnapshot, plan: Plan) -> QueuePage | None:
     """The page after `page`, if the queue may go on and no session blocked what follows."""
-    if page is None or not pages_queue(snapshot.options) or len(snapshot.read) < page.size:
+    if page is None or not pages_queue(snapshot.options) or not snapshot.more_queued:
         return None
     if plan.blocker is not None or not plan.order:
         return None

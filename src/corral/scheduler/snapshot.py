@@ -8,7 +8,7 @@ from datetime import datetime
 import numpy as np
 
 from corral.domain.resource_group import Ordering, ResourceGroupOptions, Sequencer
-from corral.domain.session import PendingSession, SessionWithKernels
+from corral.domain.session import PendingSession
 from corral.domain.status import SessionStatus
 from corral.domain.types import AgentId, UserId
 from corral.scheduler.types import (
@@ -21,6 +21,7 @@ from corral.scheduler.types import (
 from corral.store.database import Database
 from corral.store.scheduling import (
     AgentSlotRow,
+    QueueRead,
     read_agent_slots,
     read_candidates,
     read_dependencies,
@@ -28,6 +29,10 @@ from corral.store.scheduling import (
     read_owner_usage,
     read_queue_page,
 )
+
+# A page of the queue ends where the group's free slots run out (`read_queue_page`), but holds
+# at least this many sessions (or the whole page, if smaller).
+PAGE_AT_LEAST = 256
 
 
 async def load_snapshot(
@@ -50,24 +55,30 @@ async def load_snapshot(
     `limit` caps the candidates at the first sessions in the group's order; a DRF group's
     window is taken oldest first within each priority, since its order depends on usage.
     `page`: read that page of the queue, with the sessions' kernels (`GroupSnapshot.read`), if
-    the group's queue is read in pages (`pages_queue`), else the whole queue so.
+    the group's queue is read in pages (`pages_queue`), else the whole queue so. A page ends
+    early where the sessions demand more than the group has free in total (see
+    `read_queue_page`); the agents' slots are read first for it.
     """
     if limit is not None and page is not None:
         raise ValueError("give load_snapshot either `limit` or `page`, not both")
-    read: list[SessionWithKernels] = []
+    read = QueueRead([], more=False)
     async with db.read_statements() as conn:
         options = ResourceGroupOptions.model_validate(await read_group_options(db, conn, group))
+        pool = build_pool(await read_agent_slots(conn, group))
         if page is not None:
             paged = pages_queue(options)
             read = await read_queue_page(
                 conn,
+                db.dialect,
                 group,
                 now,
                 newest_first=options.sequencer is Sequencer.LIFO,
                 limit=page.size if paged else None,
                 after=page.after if paged else None,
+                free=pool.free_in_total() if paged else None,
+                at_least=min(page.size, PAGE_AT_LEAST),
             )
-            candidates = [PendingSession.of(s) for s in read]
+            candidates = [PendingSession.of(s) for s in read.sessions]
         else:
             candidates = await read_candidates(
                 conn,
@@ -77,7 +88,6 @@ async def load_snapshot(
                 limit=limit,
                 newest_first=options.sequencer is Sequencer.LIFO,
             )
-        pool = build_pool(await read_agent_slots(conn, group))
         counts: dict[UserId, int] = {}
         slots: dict[UserId, dict[str, int]] = {}
         if _reads_owner_usage(options):
@@ -101,7 +111,8 @@ async def load_snapshot(
             for sid, deps in dependencies.items()
         },
         now=now,
-        read=read,
+        read=read.sessions,
+        more_queued=read.more,
     )
 
 

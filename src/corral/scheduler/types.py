@@ -49,6 +49,11 @@ class AgentPool:
     def slot_index(self) -> dict[str, int]:
         return {name: i for i, name in enumerate(self.slot_names)}
 
+    def free_in_total(self) -> dict[str, int]:
+        """Per slot name, what the usable agents have free together."""
+        totals = self.free[self.usable].sum(axis=0)
+        return {name: int(totals[i]) for i, name in enumerate(self.slot_names)}
+
     @classmethod
     def empty(cls) -> AgentPool:
         return cls(
@@ -85,8 +90,10 @@ class GroupSnapshot:
     dependencies: dict[SessionId, list[DependencyState]]
     now: datetime
     # Read for a page of the queue (`QueuePage`): the sessions read, with their kernels (the
-    # whole queue for a group that is not read in pages, `snapshot.pages_queue`).
+    # whole queue for a group that is not read in pages, `snapshot.pages_queue`), and whether
+    # the queue may go on after the last of them.
     read: list[SessionWithKernels] = field(default_factory=list)
+    more_queued: bool = False
 
 
 class VerdictKind(StrEnum):

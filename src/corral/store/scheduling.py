@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import functools
+import json
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -16,11 +17,17 @@ from corral.domain.session import PendingSession, SessionWithKernels
 from corral.domain.status import SESSION_OCCUPYING, SessionStatus
 from corral.domain.types import AgentId, SessionId, UserId
 from corral.store._direct import DirectStatement
-from corral.store._sql import in_constants, in_param, payload, slot_entries
+from corral.store._sql import id_batch, in_constants, in_param, payload, slot_entries
 from corral.store.agents import AGENT_ALIVE
 from corral.store.database import Database, Dialect
 from corral.store.group_options import group_options_naming
-from corral.store.sessions import load_pending, load_with_kernels, pending_view, with_kernels
+from corral.store.sessions import (
+    load_pending,
+    load_with_kernels,
+    pending_view,
+    raw_value,
+    with_kernels,
+)
 from corral.store.tables import (
     agent_slots,
     agents,
@@ -151,40 +158,101 @@ class QueuePlace:
         return cls(session.priority, session.created_at, session.id)
 
 
+@record
+class QueueRead:
+    """What a pass read of its group's queue: sessions with their kernels, and whether the
+    queue may go on after the last of them in queue order."""
+
+    sessions: list[SessionWithKernels]
+    more: bool
+
+
 async def read_queue_page(
     conn: AsyncConnection,
+    dialect: Dialect,
     group: str,
     now: datetime,
     *,
     newest_first: bool,
     limit: int | None,
     after: QueuePlace | None = None,
-) -> list[SessionWithKernels]:
+    free: Mapping[str, int] | None = None,
+    at_least: int = 0,
+) -> QueueRead:
     """The group's candidates (what `read_candidates` selects) with their kernels: the first
     `limit` in queue order that come after `after` (all of them with `limit` None).
 
     A scheduling pass reads its queue a page at a time with it, each page after the last
-    session of the one before; the page comes back in no particular order.
+    session of the one before; the page comes back in no particular order. With `free`, the
+    slots free in the group in total (milli-units), a page also ends at the first session
+    whose demand, added to that of the sessions before it, exceeds them (`_within`), but holds
+    at least `at_least` sessions. No pass under strict ordering gets past that session when the
+    sessions before it all take their share: not all of them and itself can be placed. Those
+    that do not (they wait for a dependency, or can never fit) let the pass read on, a page
+    after this one; `at_least` keeps those pages from shrinking to a session or two when
+    little is free. Sessions are read whole only as far as the page goes; past it only their
+    demand was read. On a nearly full cluster a pass used to read a whole page (5,000 sessions
+    with their kernels) to place the few hundred that fit.
     """
     params: dict[str, Any] = {"group": group, "now": now}
-    if limit is not None:
-        params["limit"] = limit
+    if limit is None:
+        return QueueRead(await load_with_kernels(conn, _WHOLE_QUEUE, params), more=False)
+    params["limit"] = limit
     if after is not None:
         params.update(
             after_priority=after.priority, after_created=after.created_at, after_id=after.id
         )
-    statement = _queue_page_query(
-        limited=limit is not None, newest_first=newest_first, paged=after is not None
+    demands = await _queue_page_query(newest_first=newest_first, paged=after is not None).rows(
+        conn, params
     )
-    return await load_with_kernels(conn, statement, params)
+    count = len(demands) if free is None else max(_within(demands, free), at_least)
+    ids = [row[0] for row in demands[:count]]
+    count = len(ids)
+    read = (
+        await load_with_kernels(conn, _SESSIONS_BY_ID, {"ids": id_batch(dialect, ids).payload})
+        if ids
+        else []
+    )
+    return QueueRead(read, more=count < len(demands) or len(demands) == limit)
+
+
+def _within(demands: Sequence[Sequence[Any]], free: Mapping[str, int]) -> int:
+    """How many of `demands` (id, cluster size, per-kernel slots as JSON; in queue order) a
+    strict pass can get through: all, or up to and including the first session whose demand,
+    added to those before it, exceeds `free`. A session whose kernels differ (no per-kernel
+    slots) counts as demanding nothing: the bound only gets looser."""
+    left = dict(free)
+    decoded: dict[str, dict[str, int]] = {}
+    for index, (_, cluster_size, kernel_slots) in enumerate(demands):
+        if kernel_slots is None:
+            continue
+        per_kernel = decoded.get(kernel_slots)
+        if per_kernel is None:
+            per_kernel = decoded[kernel_slots] = json.loads(kernel_slots)
+        short = False
+        for name, amount in per_kernel.items():
+            left[name] = remaining = left.get(name, 0) - amount * cluster_size
+            short = short or remaining < 0
+        if short:
+            return index + 1
+    return len(demands)
+
+
+_WHOLE_QUEUE = DirectStatement(lambda _dialect: with_kernels(_is_candidate()))
+_SESSIONS_BY_ID = DirectStatement(
+    lambda dialect: with_kernels(in_param(dialect, sessions.c.id, "ids"))
+)
 
 
 @functools.cache
-def _queue_page_query(*, limited: bool, newest_first: bool, paged: bool) -> DirectStatement:
-    """`read_queue_page`'s statement, built once per shape (parameters: group, now, limit,
+def _queue_page_query(*, newest_first: bool, paged: bool) -> DirectStatement:
+    """A page's sessions in queue order with what they demand: id (raw), cluster size and
+    per-kernel slots (JSON text). Built once per shape (parameters: group, now, limit,
     after_priority, after_created, after_id)."""
     s = sessions.c
-    page = sa.select(s.id).where(_is_candidate())
+    page = sa.select(raw_value(s.id), s.cluster_size, sa.cast(s.kernel_slots, sa.Text)).where(
+        _is_candidate()
+    )
     if paged:
         priority = sa.bindparam("after_priority", type_=s.priority.type)
         created = sa.bindparam("after_created", type_=s.created_at.type)
@@ -204,12 +272,10 @@ def _queue_page_query(*, limited: bool, newest_first: bool, paged: bool) -> Dire
                 ),
             )
         )
-    if limited:
-        page = page.order_by(*_queue_order(newest_first)).limit(
-            sa.bindparam("limit", type_=sa.Integer())
-        )
-    where = s.id.in_(page.scalar_subquery())
-    return DirectStatement(lambda _dialect: with_kernels(where))
+    page = page.order_by(*_queue_order(newest_first)).limit(
+        sa.bindparam("limit", type_=sa.Integer())
+    )
+    return DirectStatement(lambda _dialect: page)
 
 
 _AGENT_SLOTS = DirectStatement(

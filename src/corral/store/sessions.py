@@ -423,15 +423,15 @@ _BY_IDS = DirectStatement(lambda dialect: with_kernels(in_param(dialect, session
 def with_kernels(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
     """The sessions matching `where` with every kernel of theirs, oldest session first.
 
-    Ids, timestamps and booleans come back as the driver returns them (`_raw`): each row
+    Ids, timestamps and booleans come back as the driver returns them (`raw_value`): each row
     repeats its session's columns, and `load_with_kernels` converts them once per session.
     """
     s, k = sessions.c, kernels.c
     return (
         sa.select(
-            _raw(s.id),
+            raw_value(s.id),
             s.name,
-            _raw(s.owner_id),
+            raw_value(s.owner_id),
             s.type,
             s.priority,
             s.resource_group,
@@ -439,21 +439,21 @@ def with_kernels(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
             s.cluster_size,
             s.status,
             s.status_info,
-            _raw(s.status_changed_at),
-            _raw(s.created_at),
-            _raw(s.starts_at),
-            _raw(s.requeue_at),
-            _raw(s.requeue_active),
+            raw_value(s.status_changed_at),
+            raw_value(s.created_at),
+            raw_value(s.starts_at),
+            raw_value(s.requeue_at),
+            raw_value(s.requeue_active),
             s.phase,
             s.phase_attempts,
             sa.cast(s.failed_agents, sa.Text),
             s.creation_id,
-            _raw(k.id),
+            raw_value(k.id),
             k.cluster_role,
             k.cluster_index,
             k.agent_id,
             k.status,
-            _raw(k.status_changed_at),
+            raw_value(k.status_changed_at),
             sa.cast(k.requested_slots, sa.Text),
             sa.cast(k.occupied_slots, sa.Text),
             k.exit_code,
@@ -461,7 +461,7 @@ def with_kernels(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
             k.desired_state,
             k.desired_generation,
             k.stage_failure,
-            _raw(s.started_at),
+            raw_value(s.started_at),
         )
         .select_from(sessions.join(kernels, k.session_id == s.id))
         .where(where)
@@ -469,7 +469,7 @@ def with_kernels(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
     )
 
 
-def _raw(column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+def raw_value(column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
     """`column` as the driver returns it: SQLAlchemy converts nothing (see `_Decoders`)."""
     return sa.type_coerce(column, sa.types.NullType())
 
@@ -482,7 +482,7 @@ def _same(value: Any) -> Any:
 
 
 class _Decoders:
-    """A dialect's conversions of `_raw` values, exactly what the columns' own types would do.
+    """A dialect's conversions of `raw_value` values, exactly what the columns' own types would do.
 
     On SQLite UUIDs are hex text, timestamps text and booleans integers; on PostgreSQL the
     driver's values need (almost) nothing.
@@ -561,18 +561,18 @@ def pending_view(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
     s = sessions.c
     return (
         sa.select(
-            _raw(s.id),
+            raw_value(s.id),
             s.name,
-            _raw(s.owner_id),
+            raw_value(s.owner_id),
             s.priority,
             s.resource_group,
             s.cluster_mode,
             s.cluster_size,
             s.status,
-            _raw(s.created_at),
-            _raw(s.starts_at),
-            _raw(s.requeue_at),
-            _raw(s.requeue_active),
+            raw_value(s.created_at),
+            raw_value(s.starts_at),
+            raw_value(s.requeue_at),
+            raw_value(s.requeue_active),
             sa.cast(s.failed_agents, sa.Text),
             sa.cast(s.kernel_slots, sa.Text),
         )

@@ -1,4 +1,5 @@
-"""A scheduling pass reads its queue a page at a time and stops where the queue is blocked."""
+"""A scheduling pass reads its queue a page at a time and stops where the queue is blocked;
+a page ends where the group's free slots run out."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from corral.coordination.coordinator import SessionCoordinator
 from corral.coordination.tasks import TaskRun
 from corral.domain.status import SessionStatus
 from corral.domain.types import SessionId
+from corral.scheduler import snapshot
 from corral.store.database import Database
 from tests.integration.coordination._harness import Cluster, make_cluster
 from tests.integration.store._factories import set_group_options, update_sessions
@@ -135,3 +137,52 @@ async def test_a_blocked_queue_moves_on_as_capacity_frees(db: Database) -> None:
         await c.agent.exit([k.id for k in running.kernels], exit_code=0)
     await c.settle()
     assert {await c.status(sid) for sid in queued} == {S.TERMINATED}
+
+
+async def bounded_cluster(
+    db: Database, cpu: int, monkeypatch: pytest.MonkeyPatch, page: int = 10
+) -> Cluster:
+    """As `paged_cluster` with pages of `page`, each ending where the free cores run out
+    (no floor of sessions per page)."""
+    monkeypatch.setattr(snapshot, "PAGE_AT_LEAST", 1)
+    c = await make_cluster(db, [{"cpu": cpu * 1000}])
+    c.coordinator = SessionCoordinator(db, c.hints, c.events, clock=c.clock, queue_page=page)
+    return c
+
+
+async def test_a_page_ends_where_the_free_slots_run_out(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One core free, ten one-core sessions queued: the pass reads the first two of its page
+    of ten (one placed, the second waits for capacity) and leaves the rest unread."""
+    c = await bounded_cluster(db, cpu=2, monkeypatch=monkeypatch)
+    holder = await c.submit()
+    assert (await schedule(c)).changed == 1
+    queued = await submit_in_turn(c, 10)
+
+    run = await schedule(c)
+
+    assert (run.targets, run.changed) == (2, 1)
+    assert await c.status(holder) is S.SCHEDULED
+    assert await c.status(queued[0]) is S.SCHEDULED
+    [waits] = await notes(c, queued[1:2])
+    assert waits is not None and "no agent has room" in waits
+    assert await notes(c, queued[2:]) == [None] * 8
+
+
+async def test_sessions_that_take_no_capacity_let_the_pass_read_on(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three sessions too large for any agent head the queue: each ends a page (it alone
+    demands more than is free), fails, and blocks nothing, so the same pass reads on, page
+    after page, and places the two small sessions behind them; the third waits."""
+    c = await bounded_cluster(db, cpu=2, monkeypatch=monkeypatch)
+    c.clock.advance(1)
+    too_large = [await c.submit(resources={"cpu": "8"}) for _ in range(3)]
+    small = await submit_in_turn(c, 3)
+
+    run = await schedule(c)
+
+    assert {await c.status(sid) for sid in too_large} == {S.CANCELLED}
+    assert [await c.status(sid) for sid in small] == [S.SCHEDULED, S.SCHEDULED, S.PENDING]
+    assert run.targets == 6

@@ -1,4 +1,5 @@
-"""A group's queue read a page at a time (`read_queue_page`), on SQLite and PostgreSQL."""
+"""A group's queue read a page at a time (`read_queue_page`), on SQLite and PostgreSQL: in
+the sequencers' order, and no further than the group's free slots let a pass go."""
 
 from __future__ import annotations
 
@@ -50,12 +51,15 @@ async def read_all(db: Database, *, newest: bool, size: int | None) -> list[Sess
     after: QueuePlace | None = None
     for _ in range(64):  # more pages than a 30-session queue has: the keyset is broken
         async with db.read_statements() as conn:
-            page = await read_queue_page(
-                conn, "default", NOW, newest_first=newest, limit=size, after=after
+            read = await read_queue_page(
+                conn, db.dialect, "default", NOW, newest_first=newest, limit=size, after=after
             )
+        page = read.sessions
         pages.extend(page)
-        if size is None or len(page) < size:
+        if not read.more:
+            assert size is None or len(page) < size or len(pages) == 30
             return pages
+        assert size is not None and len(page) == size
         last = in_queue_order(page, newest)[-1]
         after = QueuePlace.of(next(s for s in page if s.id == last))
     raise AssertionError("the pages never ended")
@@ -89,10 +93,74 @@ async def test_a_page_holds_only_candidates_of_its_group(db: Database) -> None:
     await update_sessions(db, [inactive], requeue_active=False)
     await update_sessions(db, [placed], status="SCHEDULED")
     async with db.read_statements() as conn:
-        page = await read_queue_page(conn, "default", NOW, newest_first=False, limit=10)
+        read = await read_queue_page(conn, db.dialect, "default", NOW, newest_first=False, limit=10)
         assert await read_pending_groups(conn) == ["default", "other"]
+    page = read.sessions
     assert [s.id for s in page] == [due]
+    assert not read.more
     assert [len(s.kernels) for s in page] == [1]
     await update_sessions(db, [elsewhere], status="CANCELLED")
     async with db.read_statements() as conn:
         assert await read_pending_groups(conn) == ["default"]
+
+
+async def read_first_page(
+    db: Database, free: dict[str, int], limit: int = 10, at_least: int = 0
+) -> tuple[list[SessionId], bool]:
+    async with db.read_statements() as conn:
+        read = await read_queue_page(
+            conn,
+            db.dialect,
+            "default",
+            NOW,
+            newest_first=False,
+            limit=limit,
+            free=free,
+            at_least=at_least,
+        )
+    return sorted(s.id for s in read.sessions), read.more
+
+
+async def test_a_page_ends_at_the_first_session_the_free_slots_cannot_also_hold(
+    db: Database,
+) -> None:
+    """Sessions of 1 and 2 cpu (2 kernels of 1), 4.5 cpu free: the first three demand 4, the
+    fourth would make 5, so no strict pass gets past it. The page holds those four (the fourth
+    to be judged), says more may follow, and the sessions behind are not read."""
+    owner = await add_user(db)
+    one, two = (
+        (await add_session_ids(db, owner, 1)),
+        (await add_session_ids(db, owner, 1, cluster_size=2)),
+    )
+    rest = await add_session_ids(db, owner, 5)
+    ids = [*one, *two, *rest]
+    for index, sid in enumerate(ids):  # queue order: the order they were listed
+        await update_sessions(db, [sid], created_at=NOW - timedelta(seconds=60 - index))
+    assert await read_first_page(db, {"cpu": 4500, "mem": 0}) == (sorted(ids[:4]), True)
+    # Exactly enough for all of them: nothing overflows, the page is the whole queue.
+    assert await read_first_page(db, {"cpu": 8000}) == (sorted(ids), False)
+    # Nothing free: the head of the queue alone, to be judged; or as many as asked at least.
+    assert await read_first_page(db, {"cpu": 0}) == (sorted(ids[:1]), True)
+    assert await read_first_page(db, {"cpu": 0}, at_least=5) == (sorted(ids[:5]), True)
+    assert await read_first_page(db, {"cpu": 0}, at_least=50) == (sorted(ids), False)
+    # A slot the group does not offer at all overflows at once, as nothing free does.
+    await update_sessions(db, [ids[0]], kernel_slots={"cpu": 1000, "cuda.device": 1000})
+    assert await read_first_page(db, {"cpu": 9000}) == (sorted(ids[:1]), True)
+
+
+async def test_a_session_of_unlike_kernels_counts_as_demanding_nothing(db: Database) -> None:
+    """Without per-kernel slots on the session row its demand is not known from the page's
+    columns: the bound skips it (it may only read further), and counts the rest."""
+    owner = await add_user(db)
+    ids = await add_session_ids(db, owner, 4)
+    for index, sid in enumerate(ids):
+        await update_sessions(db, [sid], created_at=NOW - timedelta(seconds=60 - index))
+    await update_sessions(db, ids[:2], kernel_slots=None)
+    assert await read_first_page(db, {"cpu": 1000}) == (sorted(ids), False)
+    assert await read_first_page(db, {"cpu": 500}) == (sorted(ids[:3]), True)
+
+
+async def test_a_full_page_says_more_may_follow(db: Database) -> None:
+    """A page as long as the limit cannot know the queue ended: `more`, then an empty page."""
+    ids = await add_session_ids(db, await add_user(db), 3)
+    assert await read_first_page(db, {"cpu": 10_000}, limit=3) == (sorted(ids), True)
