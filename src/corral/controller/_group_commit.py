@@ -2,6 +2,12 @@
 
 A thousand agents reporting at once become a few transactions instead of a thousand queued on
 one writer: each caller awaits its own result, as if it had written alone.
+
+What must follow a committed batch (`then`: promoting the sessions reports concern) runs in a
+stage of its own, one run at a time over every batch committed since the last run, while the
+next batch is written: a caller still gets its result only once its batch was followed up, but
+the writer no longer waits for the follow-up. Reports used to wait for the batch before theirs
+to be applied and then promoted (0.7 s at the median under `corral simulate` on PostgreSQL).
 """
 
 from __future__ import annotations
@@ -19,18 +25,28 @@ class GroupCommit(Generic[Item, Result]):
 
     `apply` returns one result per item; an exception in its place is raised to that caller
     only. An exception raised by `apply` itself is raised to every caller of the batch.
+
+    `then`, if given, is called with the results (exceptions left out) of one or more applied
+    batches, in order and one call at a time, concurrently with the next `apply`; a caller's
+    result is given once `then` has run over it, or raised to it if `then` raised. A caller
+    whose item failed in `apply` gets its error at once.
     """
 
     def __init__(
         self,
         apply: Callable[[Sequence[Item]], Awaitable[Sequence[Result | BaseException]]],
         *,
+        then: Callable[[Sequence[Result]], Awaitable[None]] | None = None,
         max_batch: int = 2_000,
     ) -> None:
         self._apply = apply
+        self._then = then
         self._max_batch = max_batch
         self._queue: list[tuple[Item, asyncio.Future[Result]]] = []
         self._drainer: asyncio.Task[None] | None = None
+        # Applied, waiting for `then`: each caller's future with its result.
+        self._applied: list[tuple[asyncio.Future[Result], Result]] = []
+        self._follower: asyncio.Task[None] | None = None
 
     async def submit(self, item: Item) -> Result:
         """Queue `item` and wait for its result."""
@@ -57,5 +73,24 @@ class GroupCommit(Generic[Item, Result]):
                     continue
                 if isinstance(result, BaseException):
                     future.set_exception(result)
+                elif self._then is None:
+                    future.set_result(result)
                 else:
+                    self._applied.append((future, result))
+            if self._applied and (self._follower is None or self._follower.done()):
+                self._follower = asyncio.create_task(self._follow(), name="group-commit-then")
+
+    async def _follow(self) -> None:
+        assert self._then is not None
+        while self._applied:
+            applied, self._applied = self._applied, []
+            try:
+                await self._then([result for _, result in applied])
+            except Exception as exc:
+                for future, _ in applied:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for future, result in applied:
+                if not future.done():
                     future.set_result(result)

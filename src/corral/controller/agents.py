@@ -114,7 +114,7 @@ class AgentController:
         self._promote = promote
         self.polls = AssignmentPolls(db, hints, timings.poll_recheck_s)
         self._reports: GroupCommit[tuple[AgentId, Sequence[KernelReport]], ReportOutcome] = (
-            GroupCommit(self._apply_reports)
+            GroupCommit(self._apply_reports, then=self._after_reports)
         )
         self._heartbeats: GroupCommit[AgentId, str] = GroupCommit(self._record_heartbeats)
 
@@ -226,11 +226,11 @@ class AgentController:
     async def _apply_reports(
         self, batches: Sequence[tuple[AgentId, Sequence[KernelReport]]]
     ) -> list[ReportOutcome | KernelReportConflictError]:
-        results = await apply_report_batches(self.db, batches, self.clock())
-        await after_reports(
-            self.hints, [r for r in results if isinstance(r, ReportOutcome)], self._promote
-        )
-        return results
+        return await apply_report_batches(self.db, batches, self.clock())
+
+    async def _after_reports(self, outcomes: Sequence[ReportOutcome]) -> None:
+        # While the next batch is being applied (`GroupCommit`'s `then`).
+        await after_reports(self.hints, outcomes, self._promote)
 
     async def _record_heartbeats(
         self, agent_ids: Sequence[AgentId]

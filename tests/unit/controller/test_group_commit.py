@@ -67,3 +67,78 @@ async def test_a_batch_that_fails_fails_its_callers_and_the_next_batch_goes_on()
     with pytest.raises(RuntimeError, match="whole batch"):
         await doomed
     assert await later == 50
+
+
+class Follower:
+    """A `then` that logs what it followed up and waits at gates the test opens, in turn."""
+
+    def __init__(self, log: list[tuple[str, tuple[int, ...]]]) -> None:
+        self.log = log
+        self.gates: list[asyncio.Event] = []
+        self.fail_on: int | None = None
+
+    async def then(self, results: Sequence[int]) -> None:
+        self.log.append(("then", tuple(results)))
+        gate = asyncio.Event()
+        self.gates.append(gate)
+        await gate.wait()
+        if self.fail_on in results:
+            raise RuntimeError("the follow-up failed")
+
+
+async def test_the_next_batch_is_applied_while_the_last_one_is_followed_up() -> None:
+    """Batch 1 applied, its follow-up in progress: batch 2 is applied meanwhile, and batch
+    1's caller gets its result only when its follow-up is done."""
+    r = Recorder()
+    f = Follower(r.log)
+    commit = GroupCommit(r.apply, then=f.then)
+    r.gate(1).set()
+    r.gate(2).set()
+    first = asyncio.ensure_future(commit.submit(1))
+    await until(lambda: ("then", (10,)) in r.log)
+    second = asyncio.ensure_future(commit.submit(2))
+    await until(lambda: ("apply", (2,)) in r.log)
+    await until(lambda: len(f.gates) == 1)
+    assert not first.done()
+    f.gates[0].set()
+    assert await first == 10
+    await until(lambda: len(f.gates) == 2)
+    f.gates[1].set()
+    assert await second == 20
+    assert r.log == [("apply", (1,)), ("then", (10,)), ("apply", (2,)), ("then", (20,))]
+
+
+async def test_batches_applied_during_a_follow_up_are_followed_up_together() -> None:
+    """One follow-up at a time, in order: what was applied while it ran goes in the next."""
+    r = Recorder()
+    f = Follower(r.log)
+    commit = GroupCommit(r.apply, then=f.then)
+    for first in (1, 2, 3):
+        r.gate(first).set()
+    calls = [asyncio.ensure_future(commit.submit(1))]
+    await until(lambda: len(f.gates) == 1)
+    calls.append(asyncio.ensure_future(commit.submit(2)))
+    await until(lambda: ("apply", (2,)) in r.log)
+    calls.append(asyncio.ensure_future(commit.submit(3)))
+    await until(lambda: ("apply", (3,)) in r.log)
+    f.gates[0].set()
+    await until(lambda: len(f.gates) == 2)
+    f.gates[1].set()
+    assert await asyncio.gather(*calls) == [10, 20, 30]
+    assert [entry for entry in r.log if entry[0] == "then"] == [("then", (10,)), ("then", (20, 30))]
+
+
+async def test_refused_items_skip_the_follow_up_and_a_failed_one_fails_its_callers() -> None:
+    r = Recorder()
+    f = Follower(r.log)
+    f.fail_on = 40
+    commit = GroupCommit(r.apply, then=f.then)
+    r.gate(4).set()
+    good, bad = asyncio.ensure_future(commit.submit(4)), asyncio.ensure_future(commit.submit(-5))
+    with pytest.raises(ValueError, match="bad -5"):
+        await bad  # at once: its follow-up gate is still closed
+    await until(lambda: len(f.gates) == 1)
+    assert r.log[-1] == ("then", (40,))
+    f.gates[0].set()
+    with pytest.raises(RuntimeError, match="follow-up failed"):
+        await good
