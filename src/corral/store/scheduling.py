@@ -24,6 +24,7 @@ from corral.store.group_options import group_options_naming
 from corral.store.sessions import (
     load_pending,
     load_with_kernels,
+    memoised,
     pending_view,
     raw_value,
     with_kernels,
@@ -205,9 +206,10 @@ async def read_queue_page(
     demands = await _queue_page_query(newest_first=newest_first, paged=after is not None).rows(
         conn, params
     )
-    count = len(demands) if free is None else max(_within(demands, free), at_least)
+    count = len(demands)
+    if free is not None:
+        count = min(count, max(_within(demands, free), at_least))
     ids = [row[0] for row in demands[:count]]
-    count = len(ids)
     read = (
         await load_with_kernels(conn, _SESSIONS_BY_ID, {"ids": id_batch(dialect, ids).payload})
         if ids
@@ -222,13 +224,11 @@ def _within(demands: Sequence[Sequence[Any]], free: Mapping[str, int]) -> int:
     added to those before it, exceeds `free`. A session whose kernels differ (no per-kernel
     slots) counts as demanding nothing: the bound only gets looser."""
     left = dict(free)
-    decoded: dict[str, dict[str, int]] = {}
+    decode = memoised(json.loads)  # a page repeats a few request shapes thousands of times
     for index, (_, cluster_size, kernel_slots) in enumerate(demands):
         if kernel_slots is None:
             continue
-        per_kernel = decoded.get(kernel_slots)
-        if per_kernel is None:
-            per_kernel = decoded[kernel_slots] = json.loads(kernel_slots)
+        per_kernel = decode(kernel_slots)
         short = False
         for name, amount in per_kernel.items():
             left[name] = remaining = left.get(name, 0) - amount * cluster_size

@@ -654,14 +654,14 @@ class _Loaders:
         decode = _decoders(dialect)
         return cls(
             uuid=decode.uuid,
-            owner=_memoised(decode.uuid),
-            time=_memoised(decode.time),
-            json=_memoised(json.loads),
+            owner=memoised(decode.uuid),
+            time=memoised(decode.time),
+            json=memoised(json.loads),
             bool=decode.bool,
         )
 
 
-def _memoised(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+def memoised(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """`convert`, run once per distinct raw value (None stays None)."""
     seen: dict[Any, Any] = {}
 
