@@ -1,45 +1,53 @@
-"""The `corral` command line: one typer app, one module per command group."""
+"""The `corral` command line: one typer app, one module per command group.
+
+The user verbs (`run`, `session`, `events`) talk to a manager through the client only; every
+other command is imported when it runs (`_lazy.py`), so a user's command starts in a fraction
+of the time.
+"""
 
 from __future__ import annotations
 
 import typer
 
 from corral._gc import tune_gc
-from corral.cli import (
-    agent,
-    agents_cli,
-    bench,
-    bench_api,
-    db,
-    events,
-    explain,
-    manager,
-    run,
-    session,
-    simulate,
-    states,
-    up,
-)
+from corral.cli import _lazy, events, run, session
+
+
+def _agent_commands(app: typer.Typer) -> None:
+    from corral.cli.agents_cli import agent_ls_command
+
+    app.command("ls")(agent_ls_command)
+
+
+def _bench_commands(app: typer.Typer) -> None:
+    from corral.cli.bench_api import api_command
+
+    app.command("api")(api_command)
+
+
+class _Commands(_lazy.LazyGroup):
+    loaders = {  # noqa: RUF012 (the class attribute of LazyGroup, set once)
+        "states": _lazy.command("states", "corral.cli.states", "states_command"),
+        "explain": _lazy.command("explain", "corral.cli.explain", "explain_command"),
+        "manager": _lazy.command("manager", "corral.cli.manager", "manager_command"),
+        "agent": _lazy.group("agent", "corral.cli.agent", _agent_commands),
+        "up": _lazy.command("up", "corral.cli.up", "up_command"),
+        "simulate": _lazy.command("simulate", "corral.cli.simulate", "simulate_command"),
+        "bench": _lazy.group("bench", "corral.cli.bench", _bench_commands),
+        "db": _lazy.group("db", "corral.cli.db"),
+    }
+
 
 app = typer.Typer(
     name="corral",
     help="corral — a session orchestrator for AI compute clusters.",
     no_args_is_help=True,
     add_completion=False,
+    cls=_Commands,
 )
-app.command("states")(states.states_command)
-app.command("explain")(explain.explain_command)
-app.command("manager")(manager.manager_command)
-app.add_typer(agent.app, name="agent")
-agent.app.command("ls")(agents_cli.agent_ls_command)
 app.command("run", context_settings=run.CONTEXT_SETTINGS)(run.run_command)
 app.add_typer(session.app, name="session")
 app.command("events")(events.events_command)
-app.command("up")(up.up_command)
-app.command("simulate")(simulate.simulate_command)
-bench.app.command("api")(bench_api.api_command)
-app.add_typer(bench.app, name="bench")
-app.add_typer(db.app, name="db")
 
 
 def main() -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
-from pydantic import ValidationError
 
-from corral.settings import Settings, load_settings
+if TYPE_CHECKING:
+    from corral.settings import Settings
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -24,6 +24,12 @@ def fail_unreachable(exc: BaseException) -> NoReturn:
 
 def settings_from_flags(**flags: Any) -> Settings:
     """Load settings with the given flags on top; a bad value exits with a message naming it."""
+    # Here, not at the top: the settings import the store (database URLs), which the user
+    # verbs that share this module never need.
+    from pydantic import ValidationError
+
+    from corral.settings import load_settings
+
     try:
         return load_settings(**flags)
     except ValidationError as exc:
