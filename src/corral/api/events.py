@@ -81,12 +81,30 @@ async def events(
     entity_id: Annotated[str | None, Query(max_length=64)] = None,
     limit: Limit = 100,
     cursor: Cursor = None,
+    tail: Annotated[
+        int | None,
+        Query(ge=1, le=1000, description="follow=false: the last N events (oldest first)"),
+    ] = None,
     last_event_id: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> StreamingResponse | Page[EventOut]:
-    """The caller's events: live (and replayed after `since`), or a page (`follow=false`)."""
+    """The caller's events: live (and replayed after `since`), or a page (`follow=false`;
+    with `tail`, the last events)."""
     owner = None if user.is_admin else user.user_id
     if since is None and last_event_id is not None:
         since = _event_id(last_event_id)
+    if not follow and tail is not None:
+        if cursor is not None:
+            raise Problem(
+                422,
+                "validation-error",
+                "The request is not valid",
+                "tail: the last events come in one page, without a cursor",
+                errors=[{"field": "tail", "message": "cannot be combined with cursor"}],
+            )
+        rows = await read_events(
+            db, after_id=since or 0, limit=tail, owner_id=owner, entity_id=entity_id, newest=True
+        )
+        return Page[EventOut](items=[_out(e) for e in rows], next_cursor=None)
     if not follow:
         after = decode_cursor(LISTING, cursor, int)
         rows = await read_events(

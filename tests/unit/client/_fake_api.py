@@ -328,6 +328,10 @@ class FakeApi:
                 for e in self.events
                 if e["id"] > since and (entity is None or e["entity_id"] == entity)
             ]
+            if "tail" in params:
+                return httpx.Response(
+                    200, json={"items": rows[-int(params["tail"]) :], "next_cursor": None}
+                )
             return self._page(request, rows)
         if not self.events_available:
             return problem(503, "event-stream-unavailable", "this manager has no event bus")

@@ -31,7 +31,7 @@ def test_events_prints_a_table_of_changes(cli: Cli, api: FakeApi) -> None:
     ]  # fmt: skip
     assert second.split()[0] == "2"
     params = api.requests[0].url.params
-    assert (params["follow"], params["limit"]) == ("false", "100")
+    assert (params["follow"], params["tail"]) == ("false", "20")
 
 
 def test_events_json_and_since(cli: Cli, api: FakeApi) -> None:
@@ -46,7 +46,7 @@ def test_events_says_how_to_read_on_when_more_remain(cli: Cli, api: FakeApi) -> 
     """A full page ends with the `--since` to pass for the next one."""
     api.add_session(id=SESSION)
     _emit_now(api)
-    result = cli("events", "--limit", "1")
+    result = cli("events", "--since", "0", "--limit", "1")
     assert len(result.stdout.splitlines()) == 2
     assert result.stderr == "more events follow: add --since 1\n"
 
@@ -74,6 +74,37 @@ def test_events_follow_prints_aligned_lines(cli: Cli, api: FakeApi) -> None:
     change = f"session.status_changed    session {SESSION}  PENDING → SCHEDULED (placed on node-1)"
     assert lines[0].endswith(change)
     assert len(lines) == 2
+
+
+def test_events_shows_the_last_ones_newest_last(cli: Cli, api: FakeApi) -> None:
+    """`--tail N` prints the last N events, oldest of them first."""
+    api.add_session(id=SESSION)
+    _emit_now(api)
+    asyncio.run(api.move(SESSION, "PREPARED"))
+    events = json.loads(cli("events", "--tail", "2", "--json").stdout)
+    assert [e["payload"]["to"] for e in events] == ["PREPARING", "PREPARED"]
+    assert cli("events", "--tail", "1", "--since", "0").exit_code == 2
+
+
+def test_events_of_a_session_named_by_a_prefix(cli: Cli, api: FakeApi) -> None:
+    """`--session` takes a unique prefix of the id, and asks for that session's events."""
+    api.add_session(id=SESSION)
+    _emit_now(api)
+    result = cli("events", "--session", SESSION[:8], "--json")
+    assert result.exit_code == 0, result.output
+    assert len(json.loads(result.stdout)) == 2
+    assert api.requests[-1].url.params["entity_id"] == SESSION
+
+
+def test_events_follow_starts_after_the_tail_it_printed(cli: Cli, api: FakeApi) -> None:
+    """`-f` prints the last events, then streams from the last one shown: none twice."""
+    api.add_session(id=SESSION)
+    api.events_end = True
+    _emit_now(api)
+    lines = cli("events", "-f", "--tail", "1", "--json").stdout.splitlines()
+    assert [json.loads(line)["id"] for line in lines] == [2]
+    stream = api.requests[-1].url.params
+    assert (stream.get("follow"), stream["since"]) == (None, "2")
 
 
 def test_agent_ls_is_a_table_of_agents(cli: Cli, api: FakeApi) -> None:
