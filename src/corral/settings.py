@@ -15,6 +15,8 @@ from pydantic_settings import (
 )
 
 from corral.store.database import async_url
+from corral.store.kernel_logs import DEFAULT_LOG_CAP_BYTES
+from corral.store.retention import DEFAULT_RETENTION_DAYS
 
 
 def default_data_dir() -> Path:
@@ -47,6 +49,14 @@ class Settings(BaseSettings):
     join_token: SecretStr | None = Field(default=None, description="agents' join token")
     heartbeat_timeout_s: float = Field(default=30.0, gt=0, description="agent silence limit")
     assignment_wait_s: float = Field(default=30.0, gt=0, le=120, description="long-poll wait")
+    # Kernels' logs: each stream keeps its newest bytes (0: no cap); ended sessions, with
+    # their logs, history and events, are deleted this many days after they ended (0: kept).
+    log_cap_bytes: int = Field(
+        default=DEFAULT_LOG_CAP_BYTES, ge=0, description="per kernel and stream, bytes"
+    )
+    retention_days: float = Field(
+        default=DEFAULT_RETENTION_DAYS, ge=0, description="days an ended session is kept"
+    )
 
     @field_validator("database_url")
     @classmethod

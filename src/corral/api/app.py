@@ -8,7 +8,16 @@ from dataclasses import field
 from fastapi import FastAPI
 
 from corral import __version__
-from corral.api import agents, agents_admin, events, health, resource_groups, sessions, users
+from corral.api import (
+    agents,
+    agents_admin,
+    events,
+    health,
+    resource_groups,
+    session_logs,
+    sessions,
+    users,
+)
 from corral.api.metrics import metrics_router
 from corral.api.problems import PROBLEM_RESPONSES, install_problem_handlers
 from corral.controller.agents import AgentController
@@ -47,6 +56,7 @@ def create_app(context: ApiContext) -> FastAPI:
         agents.router,
         agents_admin.router,
         sessions.router,
+        session_logs.router,
         resource_groups.router,
         users.router,
         events.router,

@@ -7,43 +7,36 @@ on `creation_id`, and only marks: the coordinator does the rest.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
-from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel
 
-from corral.api._pages import MAX_BIGINT, invalid_cursor
+from corral.api._pages import invalid_cursor
 from corral.api.auth import CurrentUser, Db
 from corral.api.problems import Problem
 from corral.controller.sessions import SessionController, SubmissionError
 from corral.domain.slots import ResourceSlots
 from corral.domain.spec import SessionSpec
-from corral.domain.status import SESSION_TERMINAL, SessionStatus
-from corral.domain.types import KernelId, SessionId, UserId, utcnow
+from corral.domain.status import SessionStatus
+from corral.domain.types import SessionId, UserId, utcnow
 from corral.scheduler.explain import SessionNotFoundError, explain
-from corral.store.kernel_logs import read_log
 from corral.store.session_views import (
     BadCursorError,
     SessionFilter,
     SessionNotEndedError,
     delete_session,
     get_session,
-    kernel_at,
     list_sessions,
     session_history_rows,
-    session_status,
 )
 from corral.store.user_directory import get_user_record
 from corral.store.users import Principal
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
-
-FOLLOW_POLL_S = 0.5  # how often a followed log is read again while the session runs
 
 
 class KernelOut(BaseModel):
@@ -261,48 +254,6 @@ async def terminate_session(
     )
     after = await _visible(db, user, session_id)
     return TerminateOut(id=session_id, outcome=said, status=after["status"])
-
-
-@router.get("/{session_id}/logs", response_class=PlainTextResponse)
-async def session_logs(
-    session_id: uuid.UUID,
-    user: CurrentUser,
-    db: Db,
-    stream: Literal["stdout", "stderr"] = "stdout",
-    kernel: Annotated[int, Query(ge=0)] = 0,
-    offset: Annotated[int, Query(ge=0, le=MAX_BIGINT)] = 0,
-    follow: bool = False,
-) -> Response:
-    """A kernel's output as uploaded so far; with `follow`, streamed until the session ends."""
-    found = await _visible(db, user, session_id)
-    chosen = kernel_at(found, kernel)
-    if chosen is None:
-        raise Problem(
-            404, "kernel-not-found", "No such kernel", f"the session has no kernel {kernel}"
-        )
-    kernel_id = KernelId(chosen["id"])
-    if not follow:
-        data = await read_log(db, kernel_id, stream, offset)
-        return Response(data, media_type="text/plain; charset=utf-8")
-
-    async def chunks() -> AsyncIterator[bytes]:
-        position = offset
-        while True:
-            ended = await _ended(db, session_id)  # read before the log: nothing is missed
-            data = await read_log(db, kernel_id, stream, position)
-            if data:
-                position += len(data)
-                yield data
-            if ended:
-                return
-            await asyncio.sleep(FOLLOW_POLL_S)
-
-    return StreamingResponse(chunks(), media_type="text/plain; charset=utf-8")
-
-
-async def _ended(db: Any, session_id: uuid.UUID) -> bool:
-    status = await session_status(db, session_id)  # every poll of a follow: status only
-    return status is None or SessionStatus(status) in SESSION_TERMINAL
 
 
 @router.get("/{session_id}/history", response_model=HistoryOut)

@@ -61,6 +61,8 @@ def manager_command(
         intervals=LoopIntervals(
             short_interval_s=settings.short_interval_s, long_interval_s=settings.long_interval_s
         ),
+        log_cap_bytes=settings.log_cap_bytes,
+        retention_days=settings.retention_days,
     )
 
     token_file = settings.data_dir.expanduser() / "join-token"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import shutil
 import sys
 from contextlib import aclosing
 from typing import Annotated
@@ -167,32 +168,65 @@ def _facts(session: Session) -> list[list[str]]:
 def logs_command(
     session: SessionArgument,
     follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Keep printing until the session ends.")
+        bool,
+        typer.Option(
+            "--follow", "-f", help="Print the last screenful, then follow until the session ends."
+        ),
     ] = False,
     stderr: Annotated[
-        bool, typer.Option("--stderr", help="The kernel's stderr instead of its stdout.")
+        bool, typer.Option("--stderr", help="The kernels' stderr instead of their stdout.")
     ] = False,
     kernel: Annotated[
-        int, typer.Option(min=0, help="Which kernel (cluster index; 0 is the main one).")
-    ] = 0,
+        int | None,
+        typer.Option(min=0, help="Only this kernel (cluster index; 0 is the main one)."),
+    ] = None,
+    tail: Annotated[
+        int | None, typer.Option("--tail", "-n", min=0, help="Only the last N lines (per kernel).")
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(help="Only output stored since an age (30s, 10m, 2h, 1d) or an ISO time."),
+    ] = None,
+    timestamps: Annotated[
+        bool,
+        typer.Option("--timestamps", "-t", help="Prefix each line with the time it was stored."),
+    ] = False,
 ) -> None:
-    """Print a kernel's output exactly as it wrote it."""
+    """Print the session's output: as written with one kernel, lines prefixed with several."""
     stream: LogStream = "stderr" if stderr else "stdout"
     out = sys.stdout.buffer
+    if follow and tail is None and since is None:
+        tail = screenful()
 
     async def copy(client: Client) -> None:
         session_id = await client.resolve_session_id(session)
         if not follow:
-            out.write(await client.session_logs(session_id, stream=stream, kernel=kernel))
+            out.write(
+                await client.session_logs(
+                    session_id,
+                    stream=stream,
+                    kernel=kernel,
+                    tail=tail,
+                    since=since,
+                    timestamps=timestamps,
+                )
+            )
             out.flush()
             return
-        chunks = client.follow_logs(session_id, stream=stream, kernel=kernel)
+        chunks = client.follow_logs(
+            session_id, stream=stream, kernel=kernel, tail=tail, since=since, timestamps=timestamps
+        )
         async with aclosing(chunks):
             async for chunk in chunks:
                 out.write(chunk)
                 out.flush()
 
     call(copy)
+
+
+def screenful() -> int:
+    """The lines a terminal shows, less the prompt's (24 less one when not a terminal)."""
+    return max(1, shutil.get_terminal_size().lines - 1)
 
 
 @app.command("history")

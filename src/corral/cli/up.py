@@ -29,7 +29,12 @@ def up_command(
     settings = settings_from_flags(data_dir=data_dir)
     configure_logging(log_level)
     config = UpConfig(
-        data_dir=settings.data_dir.expanduser(), slots=detect_slots(), port=port, agents=agents
+        data_dir=settings.data_dir.expanduser(),
+        slots=detect_slots(),
+        port=port,
+        agents=agents,
+        log_cap_bytes=settings.log_cap_bytes,
+        retention_days=settings.retention_days,
     )
 
     def ready(up: UpReady) -> None:

@@ -216,11 +216,14 @@ class Client:
         session_id: SessionRef,
         *,
         stream: LogStream = "stdout",
-        kernel: int = 0,
-        offset: int = 0,
+        kernel: int | None = None,
+        offset: int | None = None,
+        tail: int | None = None,
+        since: str | None = None,
+        timestamps: bool = False,
     ) -> bytes:
-        """The kernel's log as stored so far, from byte `offset`."""
-        params = {"stream": stream, "kernel": kernel, "offset": offset}
+        """The session's output as stored so far (see `follow_logs` for the parameters)."""
+        params = _log_params(stream, kernel, offset, tail, since, timestamps, follow=False)
         response = await self._send("GET", f"{_session_path(session_id)}/logs", params=params)
         return response.content
 
@@ -229,14 +232,20 @@ class Client:
         session_id: SessionRef,
         *,
         stream: LogStream = "stdout",
-        kernel: int = 0,
-        offset: int = 0,
+        kernel: int | None = None,
+        offset: int | None = None,
+        tail: int | None = None,
+        since: str | None = None,
+        timestamps: bool = False,
     ) -> AsyncGenerator[bytes, None]:
-        """The kernel's log from byte `offset` as it grows; ends when the session has ended.
+        """The session's output as it grows; ends when the session has ended.
 
-        Close it (`contextlib.aclosing`) when stopping early.
+        Every kernel's (lines prefixed `[kernel N] ` when it has several) unless `kernel`
+        names one; one kernel's bytes from `offset`; or the last `tail` lines, of those
+        stored `since` (an age like `10m`, or an ISO time); `timestamps` prefixes each line
+        with the time it was stored. Close it (`contextlib.aclosing`) when stopping early.
         """
-        params = {"stream": stream, "kernel": kernel, "offset": offset, "follow": "true"}
+        params = _log_params(stream, kernel, offset, tail, since, timestamps, follow=True)
         async with self._stream("GET", f"{_session_path(session_id)}/logs", params) as response:
             async for chunk in response.aiter_bytes():
                 yield chunk
@@ -295,14 +304,17 @@ class Client:
         entity_id: str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
+        tail: int | None = None,
     ) -> Page[Event]:
-        """One page of the events the caller may see, oldest first, after event id `since`."""
+        """One page of the events the caller may see, oldest first, after event id `since`
+        (`tail`: the last N of them, in one page)."""
         params = {
             "follow": "false",
             "since": since,
             "entity_id": entity_id,
             "limit": limit,
             "cursor": cursor,
+            "tail": tail,
         }
         return Page[Event].model_validate(await self._json("GET", "/v1/events", params=params))
 
@@ -438,6 +450,27 @@ def validate_spec(fields: Mapping[str, Any]) -> SessionSpec:
 
 def _session_path(session_id: SessionRef) -> str:
     return f"/v1/sessions/{quote(str(session_id), safe='')}"
+
+
+def _log_params(
+    stream: LogStream,
+    kernel: int | None,
+    offset: int | None,
+    tail: int | None,
+    since: str | None,
+    timestamps: bool,
+    *,
+    follow: bool,
+) -> dict[str, object]:
+    return {
+        "stream": stream,
+        "kernel": kernel,
+        "offset": offset,
+        "tail": tail,
+        "since": since,
+        "timestamps": timestamps or None,
+        "follow": follow or None,
+    }
 
 
 def _query(params: Mapping[str, object] | None) -> httpx.QueryParams:

@@ -32,7 +32,13 @@ from corral.store.agent_registry import (
 from corral.store.agents import AGENT_ALIVE, NewAgent
 from corral.store.assignments import Assignment
 from corral.store.database import Database
-from corral.store.kernel_logs import LogChunk, OutputBlob, append_log_chunks, store_outputs
+from corral.store.kernel_logs import (
+    DEFAULT_LOG_CAP_BYTES,
+    LogChunk,
+    OutputBlob,
+    append_log_chunks,
+    store_outputs,
+)
 from corral.store.kernel_reports import (
     KernelReport,
     KernelReportConflictError,
@@ -105,8 +111,10 @@ class AgentController:
         timings: AgentTimings = AgentTimings(),
         clock: Clock = utcnow,
         promote: PromoteReported | None = None,
+        log_cap_bytes: int | None = DEFAULT_LOG_CAP_BYTES,
     ) -> None:
         self.db = db
+        self.log_cap_bytes = log_cap_bytes  # per kernel and stream (None: no cap)
         self.hints = hints
         self.timings = timings
         self.clock = clock
@@ -201,8 +209,10 @@ class AgentController:
         return await self._reports.submit((agent_id, reports))
 
     async def upload_logs(self, agent_id: AgentId, chunks: Sequence[LogChunk]) -> None:
-        """Store log chunks of the agent's kernels (idempotent)."""
-        await append_log_chunks(self.db, agent_id, chunks, self.clock())
+        """Store log chunks of the agent's kernels (idempotent), each stream within the cap."""
+        await append_log_chunks(
+            self.db, agent_id, chunks, self.clock(), cap_bytes=self.log_cap_bytes
+        )
 
     async def upload_outputs(self, agent_id: AgentId, outputs: Sequence[OutputBlob]) -> None:
         """Store output files of the agent's kernels (idempotent)."""

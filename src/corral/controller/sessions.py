@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.controller._group_commit import GroupCommit
 from corral.coordination.hints import Hint
-from corral.domain.events import Event
+from corral.domain.events import SESSION_ENTITY, Event
 from corral.domain.record import record
 from corral.domain.results import ResultNote, SchedulingResult, TransitionStatus
 from corral.domain.session import NewSession
@@ -309,7 +309,7 @@ def _created_event(new: NewSession, now: datetime) -> Event:
     return Event(
         id=None,
         kind="session.created",
-        entity_type="session",
+        entity_type=SESSION_ENTITY,
         entity_id=str(new.id),
         owner_id=new.owner_id,
         payload={

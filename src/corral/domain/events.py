@@ -13,6 +13,7 @@ from typing import Any
 from corral.domain.record import record
 
 EntityType = str  # "session", "kernel", "agent", "deployment", "route" (and "bus" for markers)
+SESSION_ENTITY: EntityType = "session"  # a session's events carry its id as entity_id
 
 # Marker a bus yields in place of events it could not deliver (see corral.infra.events).
 DROPPED_KIND = "events.dropped"

@@ -33,11 +33,14 @@ from corral.domain.record import record
 from corral.domain.types import Clock, utcnow
 from corral.infra.events import PING_INTERVAL_S, forget_on_events
 from corral.manager.backends import Buses, open_buses
+from corral.manager.retention import retention_loop
 from corral.store.database import Database
 from corral.store.events import TOKEN_REVOKED
 from corral.store.group_options import forget_group_options
+from corral.store.kernel_logs import DEFAULT_LOG_CAP_BYTES
 from corral.store.migrate import upgrade
 from corral.store.resource_group_store import GROUP_CHANGES
+from corral.store.retention import DEFAULT_RETENTION_DAYS
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +64,8 @@ class ManagerConfig:
     timings: AgentTimings = field(default_factory=AgentTimings)
     intervals: LoopIntervals = field(default_factory=LoopIntervals)
     grace_period_s: float = 10.0
+    log_cap_bytes: int = DEFAULT_LOG_CAP_BYTES  # per kernel and stream; 0: no cap
+    retention_days: float = DEFAULT_RETENTION_DAYS  # ended sessions kept; 0: for ever
 
 
 @dataclass(slots=True)
@@ -145,9 +150,21 @@ class ManagerDaemon:
             timings=config.timings,
             clock=self.clock,
             promote=coordinator.promote_reported,
+            log_cap_bytes=config.log_cap_bytes or None,
         )
         loops = task_loops(coordinator.tasks(), buses.hints, buses.locks, config.intervals)
         loops.append(_sweep_loop(agents, buses, config))
+        retention = retention_loop(
+            db,
+            buses.hints,
+            buses.locks,
+            retention_days=config.retention_days,
+            clock=self.clock,
+            prefix=config.prefix,
+            every_s=config.intervals.long_interval_s,
+        )
+        if retention is not None:
+            loops.append(retention)
         orchestrator = Orchestrator(loops, grace_period_s=config.grace_period_s)
         self.parts = ManagerParts(
             db,

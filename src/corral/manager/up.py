@@ -27,6 +27,8 @@ from corral.domain.slots import ResourceSlots
 from corral.domain.types import utcnow
 from corral.manager.daemon import ManagerConfig, ManagerDaemon
 from corral.store.database import Database
+from corral.store.kernel_logs import DEFAULT_LOG_CAP_BYTES
+from corral.store.retention import DEFAULT_RETENTION_DAYS
 from corral.store.user_directory import get_user_record
 from corral.store.users import create_user, issue_token
 
@@ -44,6 +46,8 @@ class UpConfig:
     port: int = 8470
     host: str = "127.0.0.1"
     agents: int = 1  # local agents sharing the machine's slots (to try multi-node sessions)
+    log_cap_bytes: int = DEFAULT_LOG_CAP_BYTES
+    retention_days: float = DEFAULT_RETENTION_DAYS
 
 
 @record
@@ -77,6 +81,8 @@ async def run_up(
             host=config.host,
             port=config.port,
             join_token=join_token,
+            log_cap_bytes=config.log_cap_bytes,
+            retention_days=config.retention_days,
         )
     )
     managing = await manager.start()

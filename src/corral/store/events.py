@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from corral.domain.events import Event, jsonable_payload
+from corral.domain.events import SESSION_ENTITY, Event, jsonable_payload
 from corral.domain.record import record
 from corral.domain.status import SessionStatus
 from corral.domain.types import SessionId, UserId
@@ -261,20 +261,24 @@ async def read_events(
     limit: int = 1000,
     owner_id: uuid.UUID | None = None,
     entity_id: str | None = None,
+    newest: bool = False,
 ) -> list[Event]:
     """Up to `limit` events with ids above `after_id`, oldest first.
 
     `owner_id` keeps only that owner's events (what a non-admin may see); `entity_id` keeps
-    only one entity's events.
+    only one entity's events. `newest`: the last `limit` of them (still oldest first), read
+    backwards along the id index.
     """
-    query = sa.select(events_table).where(_c.id > after_id).order_by(_c.id).limit(limit)
+    order = _c.id.desc() if newest else _c.id
+    query = sa.select(events_table).where(_c.id > after_id).order_by(order).limit(limit)
     if owner_id is not None:
         query = query.where(_c.owner_id == owner_id)
     if entity_id is not None:
         query = query.where(_c.entity_id == entity_id)
     async with db.read() as conn:
         rows = (await conn.execute(query)).mappings().all()
-    return [_event(row) for row in rows]
+    found = [_event(row) for row in rows]
+    return found[::-1] if newest else found
 
 
 def _read_runs(dialect: Dialect) -> sa.Select[Any]:
@@ -368,5 +372,5 @@ async def append_session_moves(
                 "to": after.value,
                 "reason": reason,
             }
-        events.append((SESSION_STATUS_CHANGED, "session", str(sid), owners.get(sid), found))
+        events.append((SESSION_STATUS_CHANGED, SESSION_ENTITY, str(sid), owners.get(sid), found))
     return await _append(conn, events, now, notify)

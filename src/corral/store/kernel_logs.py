@@ -1,8 +1,14 @@
 """Kernels' logs and outputs, as agents upload them, and reading them back.
 
 Log chunks are keyed by (kernel, stream, byte offset): an agent that re-sends chunks after a
-lost reply writes nothing twice, and reading a stream is the chunks in offset order. Only the
-agent a kernel is placed on may upload for it.
+lost reply writes nothing twice, and reading a stream is the chunks in offset order
+(`log_reading.py`). Only the agent a kernel is placed on may upload for it.
+
+A stream keeps its newest `cap_bytes` (at least, in whole chunks): each upload drops the chunks
+that lie entirely before the stream's end less the cap. That is one statement per stream of
+the upload, reading the stream's last chunk and the chunks to drop through the key's index,
+never the whole stream. A re-sent chunk from before the cut is stored and dropped again in the
+same transaction, so what a reader sees never goes back.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from corral.domain.types import AgentId, KernelId
 from corral.store._sql import in_values
 from corral.store.database import Database, Dialect
 from corral.store.tables import kernel_logs, kernel_outputs, kernels
+
+DEFAULT_LOG_CAP_BYTES = 10 * 1024 * 1024  # per kernel and stream (a manager setting)
 
 
 @record
@@ -45,9 +53,17 @@ class UploadRefusedError(ValueError):
 
 
 async def append_log_chunks(
-    db: Database, agent_id: AgentId, chunks: Sequence[LogChunk], now: datetime
+    db: Database,
+    agent_id: AgentId,
+    chunks: Sequence[LogChunk],
+    now: datetime,
+    *,
+    cap_bytes: int | None = None,
 ) -> None:
-    """Store the chunks (all or none); chunks already stored are left as they are."""
+    """Store the chunks (all or none), keeping each stream's newest `cap_bytes` (None: all).
+
+    Chunks already stored are left as they are.
+    """
     if not chunks:
         return
     rows = [
@@ -63,6 +79,9 @@ async def append_log_chunks(
     async with db.transaction() as conn:
         await _check_owner(conn, db.dialect, agent_id, {c.kernel_id for c in chunks})
         await conn.execute(_insert_ignoring_duplicates(db.dialect, kernel_logs), rows)
+        if cap_bytes is not None:
+            for kernel_id, stream in dict.fromkeys((c.kernel_id, c.stream) for c in chunks):
+                await conn.execute(_drop_before_cap(kernel_id, stream, cap_bytes))
 
 
 async def store_outputs(
@@ -84,28 +103,6 @@ async def store_outputs(
     async with db.transaction() as conn:
         await _check_owner(conn, db.dialect, agent_id, {o.kernel_id for o in outputs})
         await conn.execute(_insert_ignoring_duplicates(db.dialect, kernel_outputs), rows)
-
-
-async def read_log(db: Database, kernel_id: KernelId, stream: str, offset: int = 0) -> bytes:
-    """The stream's bytes from `offset` on, as far as they are contiguous."""
-    async with db.read() as conn:
-        rows = await conn.execute(
-            sa.select(kernel_logs.c.byte_offset, kernel_logs.c.data)
-            .where(
-                kernel_logs.c.kernel_id == kernel_id,
-                kernel_logs.c.stream == stream,
-                kernel_logs.c.byte_offset + sa.func.length(kernel_logs.c.data) > offset,
-            )
-            .order_by(kernel_logs.c.byte_offset)
-        )
-        out = bytearray()
-        position = offset
-        for start, data in rows:
-            if start > position:
-                break  # a gap: a chunk still on its way; stop where the stream is known
-            out += data[position - start :]
-            position = start + len(data)
-    return bytes(out)
 
 
 async def read_outputs(db: Database, kernel_id: KernelId) -> dict[str, bytes]:
@@ -132,6 +129,25 @@ async def _check_owner(
             f"kernel(s) {', '.join(sorted(str(k) for k in refused))} are not placed on "
             f"agent {agent_id}"
         )
+
+
+def _drop_before_cap(kernel_id: KernelId, stream: str, cap_bytes: int) -> sa.Delete:
+    """Delete the stream's chunks that end at or before its end less `cap_bytes`."""
+    c = kernel_logs.c
+    end = (
+        sa.select(c.byte_offset + sa.func.length(c.data))
+        .where(c.kernel_id == kernel_id, c.stream == stream)
+        .order_by(c.byte_offset.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    cutoff = end - cap_bytes
+    return kernel_logs.delete().where(
+        c.kernel_id == kernel_id,
+        c.stream == stream,
+        c.byte_offset < cutoff,  # the index's range; the chunk must also end before the cut
+        c.byte_offset + sa.func.length(c.data) <= cutoff,
+    )
 
 
 def _insert_ignoring_duplicates(dialect: Dialect, table: sa.Table) -> sa.Insert:

@@ -458,6 +458,8 @@ kernel_logs = sa.Table(
     _created(),
     sa.CheckConstraint("stream IN ('stdout', 'stderr')", name="stream_valid"),
     sa.CheckConstraint("byte_offset >= 0", name="offset_not_negative"),
+    # `session logs --since`: the first chunk stored at or after a time, from the index alone.
+    sa.Index(None, "kernel_id", "stream", "created_at", "byte_offset"),
 )
 
 # The files a kernel left in its output directory, uploaded by its agent after it ended.

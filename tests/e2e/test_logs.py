@@ -1,0 +1,120 @@
+"""Logs and events as a user reads them: `corral up`, then `session logs` and `events`."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.e2e._up import Up, start_up
+
+LINE_BYTES = 100  # each line the big job prints, its newline included
+BIG_LINES = 500_000  # 50 MB
+CAP_BYTES = 10 * 1024 * 1024  # the manager's default cap per kernel and stream
+STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ")
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    """`corral up` with one local agent, shared by this module's tests."""
+    yield from start_up(tmp_path_factory.mktemp("logs"))
+
+
+def _ended(up: Up, session_id: str, timeout_s: float = 150) -> dict[str, object]:
+    """The session once it ended (polled, with a deadline)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        shown = up.corral("session", "info", session_id, "--json")
+        assert shown.returncode == 0, shown.stderr
+        info: dict[str, object] = json.loads(shown.stdout)
+        if info["status"] in ("TERMINATED", "ERROR", "CANCELLED"):
+            return info
+        assert time.monotonic() < deadline, f"session {session_id} did not end: {info}"
+        time.sleep(0.5)
+
+
+def _line(i: int) -> str:
+    return f"line {i:09d} ".ljust(LINE_BYTES - 1, "x")
+
+
+@pytest.fixture(scope="module")
+def big(up: Up) -> str:
+    """A finished job that printed 50 MB, 100-byte lines numbered from 0."""
+    program = (
+        "import sys\n"
+        f"w = sys.stdout.write\nfor i in range({BIG_LINES}): "
+        f"w(f'line {{i:09d}} '.ljust({LINE_BYTES - 1}, 'x') + '\\n')"
+    )
+    started = up.corral("run", "--detach", "--name", "big", "--", "python", "-c", program)
+    assert started.returncode == 0, started.stderr
+    session_id = started.stdout.strip().split()[-1]
+    assert _ended(up, session_id)["status"] == "TERMINATED"
+    return session_id
+
+
+def test_a_50_mb_log_keeps_its_newest_part_and_says_what_was_dropped(up: Up, big: str) -> None:
+    """The log is capped: the note first, then the newest ~10 MiB, ending with the last line."""
+    shown = up.corral("session", "logs", big)
+    assert shown.returncode == 0, shown.stderr
+    note, *rest = shown.stdout.splitlines(keepends=True)
+    assert re.fullmatch(r"\[corral: \d+\.\d MB of earlier output dropped\]\n", note)
+    kept = len(shown.stdout) - len(note)
+    assert CAP_BYTES <= kept <= CAP_BYTES + 256 * 1024 + LINE_BYTES
+    assert rest[-1] == _line(BIG_LINES - 1) + "\n"
+    dropped_mb = float(note.split()[1])
+    assert abs(dropped_mb * 1e6 + kept - BIG_LINES * LINE_BYTES) < 0.1e6
+
+
+def test_tail_prints_the_last_lines_of_a_big_log(up: Up, big: str) -> None:
+    """`--tail 5` prints exactly the last five lines."""
+    shown = up.corral("session", "logs", big, "--tail", "5")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == "".join(_line(i) + "\n" for i in range(BIG_LINES - 5, BIG_LINES))
+
+
+def test_timestamps_and_since(up: Up, big: str) -> None:
+    """`--timestamps` prefixes each line with its time; `--since` keeps what came after."""
+    stamped = up.corral("session", "logs", big, "--tail", "2", "--timestamps")
+    lines = stamped.stdout.splitlines()
+    assert len(lines) == 2
+    assert all(STAMP.match(line) for line in lines), lines
+    assert lines[-1].endswith(_line(BIG_LINES - 1))
+    recent = up.corral("session", "logs", big, "--since", "1h", "--tail", "1")
+    assert recent.stdout == _line(BIG_LINES - 1) + "\n"
+    future = up.corral("session", "logs", big, "--since", "2999-01-01T00:00:00Z")
+    assert (future.returncode, future.stdout) == (0, "")
+    bad = up.corral("session", "logs", big, "--since", "yesterday")
+    assert bad.returncode == 2
+    assert "since" in bad.stderr
+
+
+def test_a_multi_kernel_session_prefixes_each_line(up: Up) -> None:
+    """With several kernels, every line says which kernel printed it; `--kernel` picks one."""
+    done = up.corral(
+        "run", "--cluster-size", "2", "--",
+        "python", "-c", "import os; print('rank', os.environ['RANK'])",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (session,) = [
+        s for s in json.loads(up.corral("session", "ls", "--json").stdout) if s["cluster_size"] == 2
+    ]
+    shown = up.corral("session", "logs", session["id"])
+    assert sorted(shown.stdout.splitlines()) == ["[kernel 0] rank 0", "[kernel 1] rank 1"]
+    one = up.corral("session", "logs", session["id"], "--kernel", "1")
+    assert one.stdout == "[kernel 1] rank 1\n"
+
+
+def test_events_tail_shows_the_newest_last_and_a_session_by_prefix(up: Up, big: str) -> None:
+    """`events --tail 3` is the three newest, oldest first; `--session` takes a prefix."""
+    last = json.loads(up.corral("events", "--tail", "3", "--json").stdout)
+    every = json.loads(up.corral("events", "--since", "0", "--limit", "1000", "--json").stdout)
+    assert [e["id"] for e in last] == [e["id"] for e in every[-3:]]
+    mine = json.loads(up.corral("events", "--session", big[:13], "--json").stdout)
+    assert {e["entity_id"] for e in mine} == {big}
+    assert mine[-1]["payload"]["to"] == "TERMINATED"
+
+
+pytestmark = pytest.mark.timeout(600)
