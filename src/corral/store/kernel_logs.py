@@ -5,10 +5,10 @@ lost reply writes nothing twice, and reading a stream is the chunks in offset or
 (`log_reading.py`). Only the agent a kernel is placed on may upload for it.
 
 A stream keeps its newest `cap_bytes` (at least, in whole chunks): each upload drops the chunks
-that lie entirely before the stream's end less the cap. That is one statement per stream of
-the upload, reading the stream's last chunk and the chunks to drop through the key's index,
-never the whole stream. A re-sent chunk from before the cut is stored and dropped again in the
-same transaction, so what a reader sees never goes back.
+that lie before the stream's end less the cap. That is one statement per stream of the upload,
+reading offsets from the key's index and deleting a range of it, never a scan of the stream.
+A re-sent chunk from before the cut is stored and dropped again in the same transaction, so
+what a reader sees never goes back.
 """
 
 from __future__ import annotations
@@ -80,8 +80,11 @@ async def append_log_chunks(
         await _check_owner(conn, db.dialect, agent_id, {c.kernel_id for c in chunks})
         await conn.execute(_insert_ignoring_duplicates(db.dialect, kernel_logs), rows)
         if cap_bytes is not None:
-            for kernel_id, stream in dict.fromkeys((c.kernel_id, c.stream) for c in chunks):
-                await conn.execute(_drop_before_cap(kernel_id, stream, cap_bytes))
+            streams = dict.fromkeys((c.kernel_id, c.stream) for c in chunks)
+            await conn.execute(
+                _DROP_BEFORE_CAP,
+                [{"kernel_id": k, "stream": s, "cap_bytes": cap_bytes} for k, s in streams],
+            )
 
 
 async def store_outputs(
@@ -131,23 +134,38 @@ async def _check_owner(
         )
 
 
-def _drop_before_cap(kernel_id: KernelId, stream: str, cap_bytes: int) -> sa.Delete:
-    """Delete the stream's chunks that end at or before its end less `cap_bytes`."""
+def _drop_before_cap() -> sa.Delete:
+    """Delete a stream's chunks before the one holding its last chunk's offset less the cap.
+
+    Offsets only, never the chunks' lengths: both look-ups are read from the key's index alone
+    (a blob's length can cost a read of its pages on SQLite). What is kept runs from that
+    chunk to the end, at least the cap and at most the cap plus two chunks. Built once, with
+    the stream and the cap as parameters.
+    """
     c = kernel_logs.c
-    end = (
-        sa.select(c.byte_offset + sa.func.length(c.data))
+    kernel_id = sa.bindparam("kernel_id", type_=c.kernel_id.type)
+    stream = sa.bindparam("stream", type_=c.stream.type)
+    last = (
+        sa.select(sa.func.max(c.byte_offset))
         .where(c.kernel_id == kernel_id, c.stream == stream)
-        .order_by(c.byte_offset.desc())
-        .limit(1)
         .scalar_subquery()
     )
-    cutoff = end - cap_bytes
-    return kernel_logs.delete().where(
-        c.kernel_id == kernel_id,
-        c.stream == stream,
-        c.byte_offset < cutoff,  # the index's range; the chunk must also end before the cut
-        c.byte_offset + sa.func.length(c.data) <= cutoff,
+    kept = kernel_logs.alias("kept")
+    holder = (
+        sa.select(sa.func.max(kept.c.byte_offset))
+        .where(
+            kept.c.kernel_id == kernel_id,
+            kept.c.stream == stream,
+            kept.c.byte_offset <= last - sa.bindparam("cap_bytes", type_=sa.BigInteger()),
+        )
+        .scalar_subquery()
     )
+    return kernel_logs.delete().where(
+        c.kernel_id == kernel_id, c.stream == stream, c.byte_offset < holder
+    )
+
+
+_DROP_BEFORE_CAP = _drop_before_cap()
 
 
 def _insert_ignoring_duplicates(dialect: Dialect, table: sa.Table) -> sa.Insert:

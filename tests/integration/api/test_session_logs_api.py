@@ -83,8 +83,8 @@ async def test_a_capped_log_says_what_was_dropped(world: ApiWorld) -> None:
     for i in range(30):  # 3,000 bytes in chunks of 100
         await _upload(world, kernel, i * 100, line)
     shown = await _logs(world, sid)
-    assert shown.startswith(b"[corral: 2.0 kB of earlier output dropped]\n" + line)
-    assert len(shown.splitlines()) == 11  # the note, then the newest 1,000 bytes
+    assert shown.startswith(b"[corral: 1.9 kB of earlier output dropped]\n" + line)
+    assert len(shown.splitlines()) == 12  # the note, then the newest 1,100 bytes
     assert await _logs(world, sid, tail=2) == line * 2  # far from the cut: no note
 
 

@@ -84,13 +84,13 @@ async def test_the_cap_keeps_the_newest_chunks_and_says_what_was_dropped(db: Dat
     parts = [f"{i:03}\n".encode() * 10 for i in range(5)]  # 5 chunks of 40 bytes
     await _upload(db, agent, kernel, parts, cap_bytes=100)
     read = await read_log_from(db, kernel, "stdout")
-    # 200 bytes stored, 100 kept at least: the chunks that end after byte 100.
-    assert (read.skipped, read.end) == (80, 200)
-    assert _text(read) == b"".join(parts[2:])
+    # 200 bytes stored: kept from the chunk holding the last chunk's offset less the cap on.
+    assert (read.skipped, read.end) == (40, 200)
+    assert _text(read) == b"".join(parts[1:])
     tail = await read_log_tail(db, kernel, "stdout", lines=3)
     assert (_text(tail), tail.skipped) == (b"004\n" * 3, 0)
     asked_too_much = await read_log_tail(db, kernel, "stdout", lines=100)
-    assert asked_too_much.skipped == 80
+    assert asked_too_much.skipped == 40
 
 
 async def test_a_resent_chunk_is_stored_once_and_never_brings_back_dropped_bytes(
@@ -110,7 +110,7 @@ async def test_a_resent_chunk_is_stored_once_and_never_brings_back_dropped_bytes
         stored = await conn.scalar(
             sa.select(sa.func.count()).where(kernel_logs.c.kernel_id == kernel)
         )
-    assert stored == 3
+    assert stored == 4
 
 
 async def test_no_cap_keeps_everything(db: Database) -> None:
