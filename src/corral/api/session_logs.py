@@ -2,8 +2,9 @@
 
 The work is done here, on the manager, so a client receives only what it shows: `tail=5` of a
 10 MiB log reads the last chunk or two (`store/log_reading.py`). Every kernel's output by
-default, each line prefixed `[kernel N] ` when the session has several; one kernel, without
-timestamps, is passed through byte for byte (what `corral run` copies to its stdout).
+default, each line prefixed `[kernel N] ` when the session has several; one kernel (the only
+one, or the one asked for) without timestamps is passed through byte for byte (what `corral
+run` copies to its stdout).
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ async def session_logs(
     if offset is not None and len(chosen) > 1:
         raise _invalid("offset", "an offset is one kernel's: give kernel as well")
     moment = _since(since)
-    several = len(found["kernels"]) > 1
+    several = len(chosen) > 1  # one kernel shown, even of several, is shown as it wrote it
     shown = [
         _Shown(
             KernelId(k["id"]),

@@ -58,7 +58,7 @@ async def test_tail_since_and_timestamps_of_one_kernel(world: ApiWorld) -> None:
 
 
 async def test_every_kernel_prefixed_or_one_alone(world: ApiWorld) -> None:
-    """Several kernels: each line says its kernel, in the order stored; `kernel` picks one."""
+    """Several kernels: each line says its kernel, in the order stored; `kernel` shows one."""
     session = await _running(world, cluster_size=2)
     sid = session["id"]
     first, second = sorted(session["kernels"], key=lambda k: k["cluster_index"])
@@ -71,7 +71,7 @@ async def test_every_kernel_prefixed_or_one_alone(world: ApiWorld) -> None:
         "[kernel 1] b2",
         "[kernel 0] a2",
     ]
-    assert await _logs(world, sid, kernel=1, tail=1) == b"[kernel 1] b2\n"
+    assert await _logs(world, sid, kernel=1, tail=1) == b"b2\n"  # one kernel: as written
 
 
 async def test_a_capped_log_says_what_was_dropped(world: ApiWorld) -> None:
