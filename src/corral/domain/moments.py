@@ -29,4 +29,9 @@ def parse_moment(text: str, now: datetime) -> datetime:
             f"{text!r} is neither an age like 30s, 10m, 2h or 1d nor an ISO 8601 time "
             "like 2030-01-01T09:00:00Z"
         ) from None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(f"{text!r} is out of the range of times") from None

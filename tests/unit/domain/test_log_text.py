@@ -60,3 +60,5 @@ def test_a_moment_is_an_age_or_an_iso_time() -> None:
     assert parse_moment("2030-01-01T01:00:00+01:00", T1) == T0
     with pytest.raises(ValueError, match="age like 30s"):
         parse_moment("yesterday", T1)
+    with pytest.raises(ValueError, match="out of the range"):
+        parse_moment("0001-01-01T00:00:00+01:00", T1)
