@@ -14,7 +14,7 @@ import pytest
 
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import KernelId
-from corral.store.kernel_logs import read_log
+from corral.store.log_reading import read_log
 from tests.e2e._cluster import live_cluster, poll
 
 S, K = SessionStatus, KernelStatus

@@ -44,6 +44,12 @@ async def read_log_from(db: Database, kernel_id: KernelId, stream: str, offset: 
         return await _forward(conn, kernel_id, stream, max(offset, dropped), dropped - offset)
 
 
+async def read_log(db: Database, kernel_id: KernelId, stream: str, offset: int = 0) -> bytes:
+    """The stream's bytes from `offset` on, as far as they are contiguous (what is kept)."""
+    read = await read_log_from(db, kernel_id, stream, offset)
+    return b"".join(piece.data for piece in read.pieces)
+
+
 async def read_log_tail(
     db: Database,
     kernel_id: KernelId,

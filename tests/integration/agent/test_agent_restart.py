@@ -28,7 +28,7 @@ from corral.agent.runtime.process import ProcessRuntime
 from corral.domain.slots import ResourceSlots
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import KernelId, SessionId
-from corral.store.kernel_logs import read_log
+from corral.store.log_reading import read_log
 from tests.e2e._cluster import JOIN_TOKEN, LiveCluster, live_cluster
 from tests.integration.agent._support import eventually, process_gone
 from tests.integration.agent.test_process_adoption import WAITER

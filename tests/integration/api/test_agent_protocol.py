@@ -19,7 +19,8 @@ from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import AgentId, KernelId, SessionId
 from corral.store.agents import read_ledger
 from corral.store.database import Database
-from corral.store.kernel_logs import read_log, read_outputs
+from corral.store.kernel_logs import read_outputs
+from corral.store.log_reading import read_log
 from corral.store.tables import sessions
 from tests.integration.coordination._harness import Cluster, make_cluster
 
