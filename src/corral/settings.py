@@ -14,6 +14,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from corral.infra.locks import DEFAULT_LOCK_TTL_S
 from corral.store.database import async_url
 from corral.store.kernel_logs import DEFAULT_LOG_CAP_BYTES
 from corral.store.retention import DEFAULT_RETENTION_DAYS
@@ -56,6 +57,12 @@ class Settings(BaseSettings):
     )
     retention_days: float = Field(
         default=DEFAULT_RETENTION_DAYS, ge=0, description="days an ended session is kept"
+    )
+    # Task locks (Redis or PostgreSQL): a Redis lock's time to live, renewed every third of it,
+    # so a killed manager's locks are free after at most this long; also the deadline of every
+    # call to the lock's server.
+    lock_ttl_s: float = Field(
+        default=DEFAULT_LOCK_TTL_S, gt=0, le=300, description="task lock TTL, seconds"
     )
 
     @field_validator("database_url")

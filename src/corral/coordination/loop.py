@@ -1,7 +1,8 @@
 """The dual loop that drives one coordinator task: a short loop woken by hints, a long loop forced.
 
 Short loop: every `short_interval_s`, or as soon as the task's hint is pushed, run the task if
-the hint could be consumed. While the task is busy (a run of it moved something within the last
+the hint could be consumed (or, while the hint bus is down, whether a hint was set is unknown:
+run it every short tick). While the task is busy (a run of it moved something within the last
 debounce period) a pushed hint is debounced first, so a burst of hints becomes one batch; a
 hint after a quiet spell, or after a run that found nothing to do (a promotion woken before the
 agents answered), runs at once, so a lone submission pays no debounce at any phase. Long loop: every
@@ -14,7 +15,11 @@ take and a release (two round trips to the lock's server) per run. A manager tha
 lock held leaves the hint to the holder, which is waiting for it; the hold ends after
 `lock_linger_s` without a hint, on stop, or when the long loop comes due. While it holds the
 lock the loop claims the task's hint on the bus, so hints set in this manager for the task
-stay in the process (`ClaimableHintBus`).
+stay in the process (`ClaimableHintBus`). A hold found lost (its renewal failed) ends at once.
+
+When the lock's server cannot be reached, the loop runs the task without the lock (the outage
+logged once): its writes are guarded, so the lock only spares a second manager a run that
+would change nothing, and a Redis outage must not stop every session (issue 32, defect 4).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any, TypeVar
 from corral.coordination.tasks import Task, TaskRun
 from corral.infra._outage import OutageLog
 from corral.infra.hints import HintBus, HintBusError
-from corral.infra.locks import LockManager, LockManagerClosedError
+from corral.infra.locks import Hold, LockManager, LockManagerClosedError, LockUnavailableError
 
 __all__ = ["DualLoop"]
 
@@ -105,6 +110,11 @@ class DualLoop:
         self._hints_outage = OutageLog(
             logger, "coordinator.hints_unavailable", "coordinator.hints_restored"
         )
+        # The lock server's outages, logged once each; while one lasts runs go unlocked.
+        self._locks_outage = OutageLog(
+            logger, "coordinator.locks_unavailable", "coordinator.locks_restored"
+        )
+        self.unlocked_runs = 0  # attempts run without the lock because its server was down
         self._last_worked_at: float | None = None  # clock() when a run that moved sessions ended
         self._next_forced_at = 0.0  # clock() when the long loop is next due
 
@@ -181,6 +191,7 @@ class DualLoop:
             # The lock before the hint: a manager that cannot run the task must leave the hint
             # set for the one that can.
             async with self._locks.hold(lock) as held:
+                self._locks_outage.success(self._log_fields())
                 if not held:
                     self.lock_busy += 1
                     return _Outcome.BUSY
@@ -190,7 +201,7 @@ class DualLoop:
                 try:
                     outcome = await self._consume_and_run(forced=forced, retry=retry)
                     # Linger: the next hints of a burst are served under this hold.
-                    while outcome is not _Outcome.FAILED and await self._woken_while_held():
+                    while outcome is not _Outcome.FAILED and await self._woken_while_held(held):
                         outcome = await self._consume_and_run(
                             forced=self._forced_due(), retry=False
                         )
@@ -199,6 +210,11 @@ class DualLoop:
                     await self._release_claim()
         except LockManagerClosedError:
             raise  # closed under a running loop: a shutdown-order bug, not a transient failure
+        except LockUnavailableError as exc:
+            # Raised only by taking the lock (the run's own errors end in _consume_and_run).
+            self._locks_outage.failure(self._log_fields(exc))
+            self.unlocked_runs += 1
+            return await self._consume_and_run(forced=forced, retry=retry)
         except Exception as exc:
             # The lock's server is down: like a failed run, retried after a short interval.
             self.failures += 1
@@ -253,14 +269,14 @@ class DualLoop:
             await self._idle(asyncio.sleep(self._debounce_s), None)
         return not self._stopping
 
-    async def _woken_while_held(self) -> bool:
+    async def _woken_while_held(self, held: Hold) -> bool:
         """Whether a hint came within the linger, so the run goes on under the same hold.
 
         Not once the long loop is due (its forced run takes the lock afresh), the hint bus is
-        down, or the loop is stopping.
+        down, the hold was lost, or the loop is stopping.
         """
         until = min(self._clock() + self._lock_linger_s, self._next_forced_at)
-        while not (self._stopping or self._hints_down):
+        while not (self._stopping or self._hints_down or held.lost):
             # In short ticks, like the loop itself, so the clock is looked at as often.
             remaining_s = until - self._clock()
             if remaining_s <= 0:
@@ -281,8 +297,10 @@ class DualLoop:
         try:
             consumed = await self._hints.consume(self.task.hint)
         except HintBusError as exc:
+            # Unknown whether a hint was set (and lost with the bus): run, so that while the
+            # bus is down the task still runs every short tick rather than every long one.
             self._hints_failed(exc)
-            return False
+            return True
         self._hints_working()
         return consumed
 

@@ -32,6 +32,7 @@ from corral.coordination.tasks import Task, TaskRun
 from corral.domain.record import record
 from corral.domain.types import Clock, utcnow
 from corral.infra.events import PING_INTERVAL_S, forget_on_events
+from corral.infra.locks import DEFAULT_LOCK_TTL_S
 from corral.manager.backends import Buses, open_buses
 from corral.manager.retention import retention_loop
 from corral.store.database import Database
@@ -66,6 +67,7 @@ class ManagerConfig:
     grace_period_s: float = 10.0
     log_cap_bytes: int = DEFAULT_LOG_CAP_BYTES  # per kernel and stream; 0: no cap
     retention_days: float = DEFAULT_RETENTION_DAYS  # ended sessions kept; 0: for ever
+    lock_ttl_s: float = DEFAULT_LOCK_TTL_S
 
 
 @dataclass(slots=True)
@@ -110,7 +112,11 @@ class ManagerDaemon:
             # sends nothing between long loops (DESIGN.md, performance targets).
             ping_s = max(PING_INTERVAL_S, config.intervals.long_interval_s)
             async with open_buses(
-                db, config.redis_url, config.prefix, ping_interval_s=ping_s
+                db,
+                config.redis_url,
+                config.prefix,
+                ping_interval_s=ping_s,
+                lock_ttl_s=config.lock_ttl_s,
             ) as buses:
                 await self._serve(db, buses)
         finally:

@@ -11,6 +11,7 @@ make agents fail preparation or start, ignore their assignments, or let kernels 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from corral.coordination.hints import Hint
 from corral.domain.session import KernelIntent
 from corral.domain.status import KernelStatus
 from corral.domain.types import AgentId, Clock, KernelId, utcnow
-from corral.infra.hints import HintBus
+from corral.infra.hints import HintBus, HintBusError
 from corral.store.assignments import AssignedKernel, read_assignment, read_revisions
 from corral.store.database import Database
 from corral.store.kernel_reports import KernelReport, apply_kernel_reports
@@ -91,8 +92,13 @@ class TestAgent:
         if self.hints is None:
             raise ValueError("TestAgent.run needs a hint bus to wake on")
         while not stop.is_set():
-            await self.hints.wait([Hint.ASSIGNMENTS.value], interval_s)
-            await self.hints.consume(Hint.ASSIGNMENTS.value)
+            try:
+                await self.hints.wait([Hint.ASSIGNMENTS.value], interval_s)
+                await self.hints.consume(Hint.ASSIGNMENTS.value)
+            except HintBusError:
+                # The bus is down: step every interval, as a polling agent would.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), interval_s)
             started = time.perf_counter()
             reports = await self.step()
             if on_step is not None:

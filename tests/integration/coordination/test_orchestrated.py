@@ -26,7 +26,7 @@ from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import SessionId
 from corral.infra.hints import HintBus, HintBusKind, open_hint_bus
 from corral.infra.hints.memory import MemoryHintBus
-from corral.infra.locks import LockManager, open_lock_manager
+from corral.infra.locks import Hold, LockManager, open_lock_manager
 from corral.store.agents import read_ledger
 from corral.store.database import Database
 from corral.store.tables import kernel_history, kernels, session_history, sessions
@@ -225,16 +225,24 @@ async def open_hints(
 
 
 async def start_manager(
-    stack: AsyncExitStack, url: str, kind: HintBusKind, namespace: str, redis_url: str | None
+    stack: AsyncExitStack,
+    url: str,
+    kind: HintBusKind,
+    namespace: str,
+    redis_url: str | None,
+    *,
+    long_interval_s: float = 0.5,
 ) -> Manager:
     """A manager on its own Database of `url`, with hints and locks on `kind`, loops running."""
     db = await open_database(stack, url)
     hints = await open_hints(stack, kind, namespace, db, redis_url)
-    locks = await open_lock_manager(kind, prefix=namespace, postgres_dsn=url, redis_url=redis_url)
+    locks = await open_lock_manager(
+        kind, prefix=namespace, postgres_dsn=url, redis_url=redis_url, ttl_s=1.0
+    )
     stack.push_async_callback(locks.close)
     clock = Clock()
     coordinator = SessionCoordinator(db, hints, clock=clock)
-    intervals = LoopIntervals(short_interval_s=0.02, long_interval_s=0.5)
+    intervals = LoopIntervals(short_interval_s=0.02, long_interval_s=long_interval_s)
     orchestrator = session_orchestrator(coordinator, hints, locks, intervals=intervals)
     await stack.enter_async_context(orchestrator)
     return Manager(SessionController(db, hints, clock=clock), orchestrator)
@@ -328,7 +336,7 @@ class CountingLocks(LockManager):
         self.inner = inner
         self.holds = 0
 
-    def hold(self, name: str) -> AbstractAsyncContextManager[bool]:
+    def hold(self, name: str) -> AbstractAsyncContextManager[Hold]:
         self.holds += 1
         return self.inner.hold(name)
 

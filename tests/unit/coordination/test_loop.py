@@ -13,6 +13,7 @@ import pytest
 from corral.coordination.loop import DualLoop
 from corral.coordination.tasks import Task, TaskRun
 from corral.infra.hints.memory import MemoryHintBus, MemoryHintHub
+from corral.infra.locks import Hold, LockUnavailableError
 from corral.infra.locks.memory import MemoryLockManager
 
 HINT = "schedule"
@@ -375,20 +376,58 @@ async def test_a_failing_run_is_logged_counted_and_retried(
     assert (record.task, record.error) == (HINT, "RuntimeError")  # type: ignore[attr-defined]
 
 
-async def test_with_the_hint_bus_closed_the_long_loop_still_runs(
+async def test_with_the_hint_bus_closed_the_task_runs_every_short_tick(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A dead hint bus means "no hint": forced runs go on, and the outage is logged once."""
+    """A dead hint bus means "a hint may have been lost": the task runs every short tick (not
+    only every long one), the long loop still runs, and the outage is logged once."""
     hints, recorder, clock = MemoryHintBus(), Recorder(), FakeClock()
     await hints.close()
     loop = make_loop(recorder, hints, short_interval_s=0.01, long_interval_s=60, clock=clock)
     with caplog.at_level(logging.WARNING, logger="corral.coordination.loop"):
         async with running(loop):
-            await eventually(lambda: loop.attempts >= 3)
-            assert loop.runs == 0
+            await eventually(lambda: loop.runs >= 3)
+            assert loop.forced_runs == 0
             clock.now = 60
             await eventually(lambda: loop.forced_runs == 1)
     assert caplog.messages.count("coordinator.hints_unavailable") == 1
+
+
+class UnreachableLocks(MemoryLockManager):
+    """A lock manager whose server is down until `restore()`: every hold() raises."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = True
+
+    @asynccontextmanager
+    async def hold(self, name: str) -> AsyncIterator[Hold]:
+        """Raise LockUnavailableError while down, else take the in-process lock."""
+        if self.down:
+            raise LockUnavailableError("the lock server is down")
+        async with super().hold(name) as held:
+            yield held
+
+
+async def test_with_the_lock_server_down_hinted_runs_go_on_unlocked(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A lock that cannot be reached does not stop the task: it runs unlocked, outage logged
+    once, and takes the lock again once the server is back."""
+    hints, locks, recorder = MemoryHintBus(), UnreachableLocks(), Recorder()
+    loop = make_loop(recorder, hints, locks, short_interval_s=NEVER_S, long_interval_s=NEVER_S)
+    with caplog.at_level(logging.INFO, logger="corral.coordination.loop"):
+        async with running(loop):
+            for runs in (1, 2):
+                await hints.set(HINT)
+                await eventually(lambda runs=runs: loop.runs == runs)  # type: ignore[misc]
+            assert (loop.unlocked_runs, loop.lock_holds, loop.failures) == (2, 0, 0)
+            locks.down = False
+            await hints.set(HINT)
+            await eventually(lambda: loop.runs == 3)
+            assert (loop.unlocked_runs, loop.lock_holds) == (2, 1)
+    assert caplog.messages.count("coordinator.locks_unavailable") == 1
+    assert caplog.messages.count("coordinator.locks_restored") == 1
 
 
 async def test_stop_is_idempotent_and_ends_an_idle_loop_at_once() -> None:

@@ -3,7 +3,10 @@
 The lock is an efficiency device, never the guard of correctness (guarded writes make a second
 concurrent run a no-op), so every implementation prefers giving a lock up to holding it forever:
 holds are released on exit, error and cancellation, and die with their holder (an advisory lock
-with its connection, a Redis lock with its TTL).
+with its connection, a Redis lock with its TTL). Every call to the lock's server is bounded in
+time; a hold whose server stops answering is given up at once (`Hold.lost`), and a lock that
+cannot be taken because the server is unreachable raises `LockUnavailableError`, on which the
+caller runs its guarded work without the lock (DESIGN.md, "Coordination").
 """
 
 from __future__ import annotations
@@ -12,10 +15,54 @@ from abc import ABC, abstractmethod
 from contextlib import AbstractAsyncContextManager
 from typing import Literal
 
-__all__ = ["LockKind", "LockManager", "LockManagerClosedError", "open_lock_manager"]
+__all__ = [
+    "DEFAULT_LOCK_TTL_S",
+    "Hold",
+    "LockKind",
+    "LockManager",
+    "LockManagerClosedError",
+    "LockUnavailableError",
+    "open_lock_manager",
+]
 
 LockKind = Literal["memory", "postgres", "redis"]
 LOCK_KINDS: tuple[LockKind, ...] = ("memory", "postgres", "redis")
+
+# How long a Redis lock outlives a holder that stopped renewing it (a killed manager), and how
+# long any call to a lock's server may take. Renewed every third of it while held.
+DEFAULT_LOCK_TTL_S = 5.0
+
+
+class LockUnavailableError(ConnectionError):
+    """The lock's server cannot be reached (or did not answer in time): nobody knows who holds
+    the lock. The caller may run its guarded work without it."""
+
+
+class Hold:
+    """What hold() yields: true if the lock was taken; `lost` once the hold is known gone (its
+    renewal failed, its connection died), after which the holder should end its hold soon."""
+
+    __slots__ = ("_lost", "taken")
+
+    def __init__(self, taken: bool) -> None:
+        self.taken = taken
+        self._lost = False
+
+    def __bool__(self) -> bool:
+        return self.taken
+
+    def __repr__(self) -> str:
+        return f"Hold(taken={self.taken}, lost={self._lost})"
+
+    @property
+    def lost(self) -> bool:
+        """Whether the lock was lost while held (always False for a hold not taken)."""
+        return self._lost
+
+    def lose(self) -> None:
+        """Mark the hold lost (called by the lock manager)."""
+        if self.taken:
+            self._lost = True
 
 
 class LockManagerClosedError(RuntimeError):
@@ -26,12 +73,13 @@ class LockManager(ABC):
     """Named, non-blocking, exclusive locks shared by every manager on one backend."""
 
     @abstractmethod
-    def hold(self, name: str) -> AbstractAsyncContextManager[bool]:
+    def hold(self, name: str) -> AbstractAsyncContextManager[Hold]:
         """Try to take `name` without waiting.
 
-        Yields True while held (released on exit, also on error or cancellation), False if
-        someone else holds it (nothing to release). A second hold() of a name this manager
-        already holds yields False too.
+        Yields a true Hold while held (released on exit, also on error or cancellation), a false
+        one if someone else holds it (nothing to release). A second hold() of a name this
+        manager already holds yields a false one too. Raises LockUnavailableError when the
+        lock's server cannot be reached in time.
         """
 
     @abstractmethod
@@ -45,9 +93,15 @@ async def open_lock_manager(
     prefix: str = "corral",
     postgres_dsn: str | None = None,
     redis_url: str | None = None,
-    ttl_s: float = 30.0,
+    ttl_s: float = DEFAULT_LOCK_TTL_S,
 ) -> LockManager:
-    """Open the lock manager of `kind`, connected and ready (a dead server fails here)."""
+    """Open the lock manager of `kind`, connected and ready (a dead server fails here).
+
+    `ttl_s`: a Redis lock's time to live (renewed every third of it while held); every call to
+    the lock's server, Redis or PostgreSQL, is given at most that long.
+    """
+    if not ttl_s > 0:
+        raise ValueError(f"lock ttl_s must be positive seconds, got {ttl_s!r}")
     if not prefix:
         raise ValueError("lock prefix must not be empty; use e.g. 'corral'")
     if kind == "memory":
@@ -59,7 +113,7 @@ async def open_lock_manager(
             raise ValueError("postgres locks need postgres_dsn (a postgresql://... URL)")
         from corral.infra.locks.postgres import PostgresLockManager
 
-        return await PostgresLockManager.open(postgres_dsn, prefix=prefix)
+        return await PostgresLockManager.open(postgres_dsn, prefix=prefix, timeout_s=ttl_s)
     if kind == "redis":
         if redis_url is None:
             raise ValueError("redis locks need redis_url (a redis://... URL)")

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from corral.infra.locks import LockManager, LockManagerClosedError
+from corral.infra.locks import Hold, LockManager, LockManagerClosedError
 
 
 class MemoryLockManager(LockManager):
@@ -18,19 +18,19 @@ class MemoryLockManager(LockManager):
         self._closed = False
 
     @asynccontextmanager
-    async def hold(self, name: str) -> AsyncIterator[bool]:
+    async def hold(self, name: str) -> AsyncIterator[Hold]:
         """Try to take `name` without waiting; yield whether it was taken."""
         if self._closed:
             raise LockManagerClosedError("this lock manager is closed; open a new one")
         if name in self._locks:
-            yield False
+            yield Hold(False)
             return
         lock = self._locks[name] = asyncio.Lock()
         # Free and never waited on, so acquire() returns without suspending: no cancellation
         # can land between taking the lock and the try below.
         await lock.acquire()
         try:
-            yield True
+            yield Hold(True)
         finally:
             # close() may have released it already, and a new holder may own the name since.
             if self._locks.get(name) is lock:

@@ -3,6 +3,10 @@
 The locks live in the server session, so they die with it: a crashed manager's connection drops
 and its locks are free again. That is why they are held on a raw asyncpg connection of their own
 and never on a pooled SQLAlchemy connection, which would go back to the pool still holding them.
+
+Every wait is bounded by `timeout_s`: for the connection (one query at a time), for connecting,
+for each query. A take that cannot reach the server raises LockUnavailableError; a connection
+that dies marks every hold on it lost.
 """
 
 from __future__ import annotations
@@ -16,12 +20,18 @@ from typing import Any
 
 import asyncpg
 
-from corral.infra.locks import LockManager, LockManagerClosedError
+from corral.infra.locks import (
+    DEFAULT_LOCK_TTL_S,
+    Hold,
+    LockManager,
+    LockManagerClosedError,
+    LockUnavailableError,
+)
 from corral.infra.locks._background import run_to_completion, wait_for_tasks
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_TIMEOUT_S = DEFAULT_LOCK_TTL_S
 
 # Errors after which a closed connection means "lost"; on an open one they are real errors.
 _CONNECTION_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
@@ -61,8 +71,8 @@ class PostgresLockManager(LockManager):
         # Bumped whenever the connection goes: a hold taken in an older generation died with it.
         self._generation = 0
         # PostgreSQL advisory locks are re-entrant within a session, so this guard is what makes
-        # a second hold() of a name in this manager yield False.
-        self._held: set[str] = set()
+        # a second hold() of a name in this manager yield False. A name taken: its Hold.
+        self._held: dict[str, Hold | None] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
 
@@ -84,15 +94,15 @@ class PostgresLockManager(LockManager):
         return int(self._conn.get_server_pid())
 
     @asynccontextmanager
-    async def hold(self, name: str) -> AsyncIterator[bool]:
+    async def hold(self, name: str) -> AsyncIterator[Hold]:
         """Try to take `name` without waiting; yield whether it was taken."""
         if self._closed:
             raise LockManagerClosedError("this lock manager is closed; open a new one")
         if name in self._held:
-            yield False
+            yield Hold(False)
             return
         key = lock_key(self.prefix, name)
-        self._held.add(name)
+        self._held[name] = None
         try:
             generation = await run_to_completion(
                 self._try_lock(key),
@@ -100,14 +110,17 @@ class PostgresLockManager(LockManager):
                 undo=lambda taken: self._unlock(key, taken),
             )
         except BaseException:
-            self._held.discard(name)
+            self._held.pop(name, None)
             raise
         if generation is None:
-            self._held.discard(name)
-            yield False
+            self._held.pop(name, None)
+            yield Hold(False)
             return
+        hold = self._held[name] = Hold(True)
+        if generation != self._generation:
+            hold.lose()  # the connection went between the take and now
         try:
-            yield True
+            yield hold
         finally:
             await run_to_completion(self._release(name, key, generation), tasks=self._tasks)
 
@@ -129,22 +142,35 @@ class PostgresLockManager(LockManager):
 
     async def _try_lock(self, key: int) -> int | None:
         """The generation the lock was taken in, or None if someone else holds it."""
-        async with self._conn_lock:
+        try:
+            # Bounded: behind a hung query the others wait at most one timeout, not one each.
+            async with asyncio.timeout(self._timeout_s):
+                await self._conn_lock.acquire()
+        except TimeoutError as exc:
+            raise LockUnavailableError("the PostgreSQL lock connection is busy") from exc
+        try:
             if self._closed:
                 raise LockManagerClosedError("this lock manager is closed; open a new one")
             sql = "SELECT pg_try_advisory_lock($1)"
             try:
-                taken = await self._query(await self._connection(), sql, key)
-            except LockConnectionLostError:
-                # Found dead on use: once more on a fresh connection; a second loss propagates.
-                taken = await self._query(await self._connection(), sql, key)
+                try:
+                    taken = await self._query(await self._connection(), sql, key)
+                except LockConnectionLostError:
+                    # Found dead on use: once more on a fresh connection.
+                    taken = await self._query(await self._connection(), sql, key)
+            except (LockConnectionLostError, *_CONNECTION_ERRORS) as exc:
+                raise LockUnavailableError(
+                    f"PostgreSQL did not take the lock: {type(exc).__name__}: {exc}"
+                ) from exc
             return self._generation if taken else None
+        finally:
+            self._conn_lock.release()
 
     async def _release(self, name: str, key: int, generation: int) -> None:
         try:
             await self._unlock(key, generation)
         finally:
-            self._held.discard(name)
+            self._held.pop(name, None)
 
     async def _unlock(self, key: int, generation: int | None) -> None:
         async with self._conn_lock:
@@ -206,6 +232,9 @@ class PostgresLockManager(LockManager):
             return
         self._conn = None
         self._generation += 1
+        for hold in self._held.values():
+            if hold is not None:
+                hold.lose()
         logger.warning(
             "locks.connection_lost",
             extra={"lock_prefix": self.prefix, "holds_lost": len(self._held), "reason": reason},

@@ -1,8 +1,15 @@
 """Redis locks: SET NX with a TTL, renewed while held, released by compare-and-delete.
 
-A holder that dies stops renewing and its lock expires after the TTL. Every write after the SET
-checks the random token first, so a holder whose lock expired and was re-taken never extends or
-deletes the new holder's lock.
+A holder that dies stops renewing and its lock expires after the TTL (`lock_ttl_s`, a few
+seconds). Every write after the SET checks the random token first, so a holder whose lock
+expired and was re-taken never extends or deletes the new holder's lock.
+
+Nothing here waits without a bound: every Redis call has a deadline, a renewal that fails (an
+error, no answer in time, or the lock found taken over) gives the hold up at once (`Hold.lost`;
+the key expires by itself), and release waits for the renewal task at most one call's deadline.
+The renewal task stops on a flag, not only on cancellation: on Python 3.11 a cancel that lands as
+redis-py's `wait_for` completes is swallowed, and a renewal relying on cancellation alone would
+renew the lock forever while release waited for it (issue 32, defect 2).
 """
 
 from __future__ import annotations
@@ -18,12 +25,16 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from corral.infra._redis import redis_client
-from corral.infra.locks import LockManager, LockManagerClosedError
+from corral.infra.locks import (
+    DEFAULT_LOCK_TTL_S,
+    Hold,
+    LockManager,
+    LockManagerClosedError,
+    LockUnavailableError,
+)
 from corral.infra.locks._background import run_to_completion, wait_for_tasks
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_TTL_S = 30.0
 
 # KEYS[1] = lock key, ARGV[1] = holder's token, ARGV[2] = new TTL in milliseconds
 _RENEW_LUA = """
@@ -40,6 +51,22 @@ end
 return 0
 """
 
+# Errors meaning "Redis did not answer"; TimeoutError (our deadlines) is an OSError.
+_REDIS_ERRORS = (RedisError, OSError)
+
+
+class _Held:
+    """One hold's state: its key, what the holder sees, whether release began, its renewal."""
+
+    __slots__ = ("hold", "key", "name", "released", "renewal")
+
+    def __init__(self, name: str, key: str, hold: Hold) -> None:
+        self.name = name
+        self.key = key
+        self.hold = hold
+        self.released = False  # set by release: the renewal stops at its next step
+        self.renewal: asyncio.Task[None] | None = None
+
 
 class RedisLockManager(LockManager):
     """Locks at '{prefix}:lock:{name}' holding a random token, with a TTL renewed every ttl/3."""
@@ -49,22 +76,24 @@ class RedisLockManager(LockManager):
         client: aioredis.Redis,
         *,
         prefix: str,
-        ttl_s: float = DEFAULT_TTL_S,
+        ttl_s: float = DEFAULT_LOCK_TTL_S,
         renew_interval_s: float | None = None,
         owns_client: bool = False,
     ) -> None:
         """`renew_interval_s` defaults to ttl_s / 3; tests set it past the TTL to play a frozen
         holder. `owns_client` makes close() close the client too."""
-        if ttl_s <= 0:
+        if not ttl_s > 0:
             raise ValueError(f"lock ttl_s must be positive, got {ttl_s}")
         self.prefix = prefix
         self._client = client
         self._ttl_ms = max(1, round(ttl_s * 1000))
         self._renew_interval_s = ttl_s / 3 if renew_interval_s is None else renew_interval_s
+        # A call's deadline: a renewal sent at ttl/3 that answers by 2·ttl/3 is in time.
+        self._call_timeout_s = ttl_s / 3
         self._owns_client = owns_client
         self._renew = client.register_script(_RENEW_LUA)
         self._release_script = client.register_script(_RELEASE_LUA)
-        self._held: dict[str, tuple[str, asyncio.Task[None]]] = {}  # token -> (key, renewal)
+        self._held: dict[str, _Held] = {}  # by token
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
 
@@ -74,7 +103,7 @@ class RedisLockManager(LockManager):
         url: str,
         *,
         prefix: str,
-        ttl_s: float = DEFAULT_TTL_S,
+        ttl_s: float = DEFAULT_LOCK_TTL_S,
         renew_interval_s: float | None = None,
     ) -> RedisLockManager:
         """A manager with its own client on `url`, PINGed so a dead server fails here."""
@@ -97,22 +126,22 @@ class RedisLockManager(LockManager):
         return f"{self.prefix}:lock:{name}"
 
     @asynccontextmanager
-    async def hold(self, name: str) -> AsyncIterator[bool]:
+    async def hold(self, name: str) -> AsyncIterator[Hold]:
         """Try to take `name` without waiting; yield whether it was taken."""
         if self._closed:
             raise LockManagerClosedError("this lock manager is closed; open a new one")
         key = self.key(name)
         token = secrets.token_hex(16)
-        taken = await run_to_completion(
+        hold = await run_to_completion(
             self._take(name, key, token),
             tasks=self._tasks,
-            undo=lambda _taken: self._release(token),  # a no-op unless it was taken
+            undo=lambda _hold: self._release(token),  # a no-op unless it was taken
         )
-        if not taken:
-            yield False
+        if not hold:
+            yield hold
             return
         try:
-            yield True
+            yield hold
         finally:
             await run_to_completion(self._release(token), tasks=self._tasks)
 
@@ -126,42 +155,66 @@ class RedisLockManager(LockManager):
         if self._owns_client:
             await self._client.aclose()
 
-    async def _take(self, name: str, key: str, token: str) -> bool:
-        if not await self._client.set(key, token, nx=True, px=self._ttl_ms):
-            return False
-        renewal = asyncio.create_task(self._keep_renewed(name, key, token))
-        self._held[token] = (key, renewal)
-        return True
+    async def _take(self, name: str, key: str, token: str) -> Hold:
+        try:
+            async with asyncio.timeout(self._call_timeout_s):
+                taken = await self._client.set(key, token, nx=True, px=self._ttl_ms)
+        except _REDIS_ERRORS as exc:
+            # If the SET went through unseen, the key expires after the TTL: nobody renews it.
+            raise LockUnavailableError(
+                f"Redis did not take lock {name!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+        if not taken:
+            return Hold(False)
+        held = _Held(name, key, Hold(True))
+        held.renewal = asyncio.create_task(self._keep_renewed(held, token), name=f"lock-{name}")
+        self._held[token] = held
+        return held.hold
 
-    async def _keep_renewed(self, name: str, key: str, token: str) -> None:
+    async def _keep_renewed(self, held: _Held, token: str) -> None:
+        """Renew every interval until released; on the first failure give the hold up."""
         while True:
             await asyncio.sleep(self._renew_interval_s)
+            if held.released:
+                return  # also when a cancel was swallowed by a call that completed
             try:
-                async with asyncio.timeout(self._renew_interval_s):
-                    renewed = await self._renew(keys=[key], args=[token, self._ttl_ms])
-            except (RedisError, OSError) as exc:  # TimeoutError is an OSError
-                # Keep trying: the lock stays ours until the TTL runs out.
-                logger.warning(
-                    "locks.renew_failed", extra={"lock": name, "error": type(exc).__name__}
-                )
-                continue
-            if not renewed:
-                logger.warning("locks.lost", extra={"lock": name, "lock_prefix": self.prefix})
+                async with asyncio.timeout(self._call_timeout_s):
+                    renewed = await self._renew(keys=[held.key], args=[token, self._ttl_ms])
+            except _REDIS_ERRORS as exc:
+                self._give_up(held, "locks.renew_failed", type(exc).__name__)
                 return
+            if held.released:
+                return
+            if not renewed:
+                self._give_up(held, "locks.lost", "taken over or expired")
+                return
+
+    def _give_up(self, held: _Held, event: str, error: str) -> None:
+        """The hold can no longer be vouched for: tell its holder; the key expires on its own."""
+        held.hold.lose()
+        logger.warning(event, extra={"lock": held.name, "lock_prefix": self.prefix, "error": error})
 
     async def _release(self, token: str) -> None:
         held = self._held.pop(token, None)
         if held is None:
             return  # released already (by close())
-        key, renewal = held
-        renewal.cancel()
-        await asyncio.wait({renewal})
-        if not renewal.cancelled() and (error := renewal.exception()) is not None:
-            logger.error("locks.renewal_failed", extra={"lock_key": key}, exc_info=error)
+        held.released = True
+        renewal = held.renewal
+        if renewal is not None and not renewal.done():
+            renewal.cancel()
+            # Bounded: the flag ends the renewal at its next step even if this cancel is
+            # swallowed, and a renewal call has a deadline of its own.
+            await asyncio.wait({renewal}, timeout=self._call_timeout_s)
+            if not renewal.done():
+                logger.warning("locks.renewal_stuck", extra={"lock": held.name})
+        elif renewal is not None and not renewal.cancelled() and renewal.exception() is not None:
+            error = renewal.exception()
+            logger.error("locks.renewal_failed", extra={"lock": held.name}, exc_info=error)
         try:
-            await self._release_script(keys=[key], args=[token])
-        except (RedisError, OSError) as exc:
+            async with asyncio.timeout(self._call_timeout_s):
+                await self._release_script(keys=[held.key], args=[token])
+        except _REDIS_ERRORS as exc:
             # Not renewed any more, so it expires within the TTL; the holder's work is done.
             logger.warning(
-                "locks.release_failed", extra={"lock_key": key, "error": type(exc).__name__}
+                "locks.release_failed", extra={"lock": held.name, "error": type(exc).__name__}
             )
