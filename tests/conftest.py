@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import pytest
 import sqlalchemy as sa
@@ -27,6 +28,8 @@ import sqlalchemy as sa
 from corral.store.database import Database
 from corral.store.migrate import upgrade
 from corral.store.tables import metadata
+from corral.testing.redis_server import RedisServer
+from corral.testing.tcp_proxy import TcpProxy
 
 POSTGRES_URL = os.environ.get(
     "CORRAL_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
@@ -131,6 +134,33 @@ def redis_url(redis_unreachable: str | None) -> str:
     """The test Redis URL (skips, or fails in CI, when Redis is down)."""
     require_server("Redis", redis_unreachable)
     return REDIS_URL
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of this test's own, to kill and start again (never the machine's)."""
+    server = RedisServer(tmp_path / "own-redis").start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+async def postgres_proxy(postgres_unreachable: str | None) -> AsyncIterator[TcpProxy]:
+    """A TCP proxy in front of the test PostgreSQL, to cut and restore (never the server)."""
+    require_server("PostgreSQL", postgres_unreachable)
+    target = urlsplit(POSTGRES_URL)
+    async with TcpProxy(target.hostname or "127.0.0.1", target.port or 5432) as proxy:
+        yield proxy
+
+
+def through_proxy(url: str, proxy: TcpProxy) -> str:
+    """The PostgreSQL `url` with its host and port replaced by the proxy's."""
+    parts = urlsplit(url)
+    credentials = parts.netloc.rpartition("@")[0]
+    at = "@" if credentials else ""
+    return parts._replace(netloc=f"{credentials}{at}127.0.0.1:{proxy.port}").geturl()
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from corral.agent.protocol import (
 )
 from corral.api.auth import bearer
 from corral.api.problems import Problem
-from corral.controller._assignment_polls import PollsClosedError
+from corral.controller._assignment_polls import AssignmentsUnavailableError, PollsClosedError
 from corral.controller.agents import (
     AgentAuthError,
     AgentController,
@@ -115,6 +115,8 @@ async def assignments(
         return assignment_message(await agents.assignment(agent_id, since, wait_s))
     except PollsClosedError as exc:
         raise Problem(503, "manager-stopping", "The manager is stopping", str(exc)) from exc
+    except AssignmentsUnavailableError as exc:
+        raise Problem(503, "database-unavailable", "The database is unavailable", str(exc)) from exc
 
 
 @router.post("/{agent_id}/reports", response_model=ReportAccepted)

@@ -5,6 +5,10 @@ arrives, the ASSIGNMENTS hint is set, or `recheck_s` passes (another manager may
 revision; hints are per bus, not per agent), it reads the revisions of every parked agent in
 one query and the assignments of those due (revision moved, first poll, wait over) in three
 more, whatever their number.
+
+A database outage ends no poll and stops nothing: a batch that fails to read is tried again
+after a backoff (the outage logged once), and polls whose wait ran out meanwhile are answered
+503, so their agents poll again (here, or at another manager).
 """
 
 from __future__ import annotations
@@ -16,12 +20,20 @@ from dataclasses import dataclass
 
 from corral.coordination.hints import Hint
 from corral.domain.types import AgentId
+from corral.infra._backoff import reconnect_delays
 from corral.infra._outage import OutageLog
 from corral.infra.hints import HintBus, HintBusError
 from corral.store.assignments import Assignment, read_assignments, read_revisions
 from corral.store.database import Database
+from corral.store.unavailable import database_unavailable
 
 logger = logging.getLogger(__name__)
+
+# Backoff between batches while the database is down: short, so service resumes within about
+# two seconds of its return (issue 32's target), and capped so an outage costs few attempts.
+RETRY_BASE_S = 0.1
+RETRY_CAP_S = 2.0
+_CANCEL_RETRY_S = 0.1
 
 
 class UnknownAgentError(LookupError):
@@ -30,6 +42,10 @@ class UnknownAgentError(LookupError):
 
 class PollsClosedError(RuntimeError):
     """The manager is stopping: the agent should poll again, here or at another manager."""
+
+
+class AssignmentsUnavailableError(RuntimeError):
+    """The database cannot be read now: the agent should poll again, here or elsewhere."""
 
 
 @dataclass(eq=False, slots=True)
@@ -72,24 +88,50 @@ class AssignmentPolls:
     def close(self) -> None:
         """The manager is stopping: every parked poll (and any later one) is told so now."""
         self._closed = True
+        self._wake.set()  # run() returns
         for polls in self._parked.values():
             for poll in polls:
                 if not poll.future.done():
                     poll.future.set_exception(PollsClosedError("the manager is stopping"))
 
     async def run(self) -> None:
-        """Serve polls until cancelled."""
+        """Serve polls until close() (or cancelled); a database outage is waited out, a bug
+        raised.
+
+        close() ends the loop even if a cancellation was lost: on Python 3.11, `wait_for`
+        (here and inside the database driver) swallows a cancel that lands as it completes.
+        """
         listener = asyncio.create_task(self._listen(), name="assignment-polls-hints")
+        outage = OutageLog(
+            logger, "agent.assignment_polls_database_unavailable", "agent.assignment_polls_resumed"
+        )
+        delays = reconnect_delays(RETRY_BASE_S, RETRY_CAP_S)
         try:
-            while True:
+            while not self._closed:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self._until_next_deadline())
                 self._wake.clear()
-                await self.serve()
+                if self._closed:
+                    return
+                try:
+                    await self.serve()
+                except Exception as exc:
+                    if not database_unavailable(exc):
+                        raise  # a bug: the manager stops, loudly
+                    outage.failure({"error": type(exc).__name__})
+                    self._recheck = True  # the failed batch's comparisons are owed
+                    self._answer_expired(AssignmentsUnavailableError("the database is down"))
+                    await asyncio.sleep(next(delays))
+                    self._wake.set()
+                    continue
+                if outage.down:
+                    outage.success()
+                    delays = reconnect_delays(RETRY_BASE_S, RETRY_CAP_S)
         finally:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
+            # Cancelled again until it ends: a cancel can be lost (see above).
+            while not listener.done():
+                listener.cancel()
+                await asyncio.wait({listener}, timeout=_CANCEL_RETRY_S)
 
     async def serve(self) -> None:
         """Answer every parked poll that is due, in one batch.
@@ -153,6 +195,14 @@ class AssignmentPolls:
             self._recheck = True
             if self._parked:
                 self._wake.set()
+
+    def _answer_expired(self, error: Exception) -> None:
+        """Fail the polls whose wait ran out (their agents' requests would time out)."""
+        now = asyncio.get_running_loop().time()
+        for polls in self._parked.values():
+            for poll in polls:
+                if poll.deadline <= now and not poll.future.done():
+                    poll.future.set_exception(error)
 
     def _until_next_deadline(self) -> float | None:
         deadlines = [p.deadline for polls in self._parked.values() for p in polls]

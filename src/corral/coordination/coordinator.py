@@ -13,10 +13,12 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.coordination.due import DueTimes
 from corral.coordination.hints import Hint, hints_after_moves
 from corral.coordination.judge import PhaseLimits, judge
 from corral.coordination.metrics import CoordinatorMetrics
@@ -110,6 +112,7 @@ class SessionCoordinator:
         self.promotions: tuple[SessionPromotionHandler, ...] = PROMOTION_HANDLERS
         # Where the bus can, a run's events go out with its commit, not published after it.
         self._notify = events.commit_channel if events is not None else None
+        self._due = DueTimes(db, self._group_limits)
 
     def tasks(self) -> list[Task]:
         """One task per handler, each woken by its own hint and run under its own lock."""
@@ -118,7 +121,13 @@ class SessionCoordinator:
         return tasks
 
     async def run_lifecycle(self, handler: LifecycleHandler) -> TaskRun:
-        """One run of a lifecycle handler over all its current targets."""
+        """One run of a lifecycle handler over all its current targets; the run reports when
+        the task next comes due without a hint (`coordination.due`)."""
+        run = await self._run_lifecycle(handler)
+        due_in_s = await self._due.due_in_s(handler, self.clock())
+        return run if due_in_s is None else replace(run, due_in_s=due_in_s)
+
+    async def _run_lifecycle(self, handler: LifecycleHandler) -> TaskRun:
         started = time.perf_counter()
         name = handler.name()
         # Every group's limits (for a watching handler they say which sessions may have expired;

@@ -7,7 +7,10 @@ debounce period) a pushed hint is debounced first, so a burst of hints becomes o
 hint after a quiet spell, or after a run that found nothing to do (a promotion woken before the
 agents answered), runs at once, so a lone submission pays no debounce at any phase. Long loop: every
 `long_interval_s`, run the task whatever the hints say. A lost hint or a dead hint bus costs
-latency, never correctness (DESIGN.md, "Coordination").
+latency, never correctness (DESIGN.md, "Coordination"). Due times: a run may report when the
+task next has work that no hint will announce (`TaskRun.due_in_s`: a phase timeout, a start
+time, a deadline); the loop wakes then and runs the task, so time-driven work is done within
+moments of its due time rather than at the long loop.
 
 The task's lock is taken before a run and kept while hints keep coming: a hint within
 `lock_linger_s` of the last run is served under the same hold, so a busy task does not pay a
@@ -35,10 +38,15 @@ from corral.coordination.tasks import Task, TaskRun
 from corral.infra._outage import OutageLog
 from corral.infra.hints import HintBus, HintBusError
 from corral.infra.locks import Hold, LockManager, LockManagerClosedError, LockUnavailableError
+from corral.store.unavailable import database_unavailable
 
 __all__ = ["DualLoop"]
 
 logger = logging.getLogger(__name__)
+
+# After a due run that found the task's lock held elsewhere, try again this soon: the holder
+# may be lingering for hints rather than running the task.
+DUE_BUSY_RETRY_S = 0.25
 
 # A hint within this many debounce periods of a run that moved something is part of a burst.
 # One: a saturated task finds its next hint set as it finishes a run and batches; steady
@@ -97,6 +105,7 @@ class DualLoop:
         # Counters for metrics and tests. `runs` counts completed runs, forced ones included.
         self.runs = 0
         self.forced_runs = 0  # completed runs the long loop forced
+        self.due_runs = 0  # completed runs made because a due time came
         self.failures = 0  # runs (or lock attempts) that raised
         self.attempts = 0  # times the loop decided whether to run (a hint check or a forced run)
         self.wakes = 0  # times a set hint woke the short loop
@@ -115,8 +124,13 @@ class DualLoop:
             logger, "coordinator.locks_unavailable", "coordinator.locks_restored"
         )
         self.unlocked_runs = 0  # attempts run without the lock because its server was down
+        # The database's outages, logged once each; the failed runs are retried meanwhile.
+        self._database_outage = OutageLog(
+            logger, "coordinator.database_unavailable", "coordinator.database_restored"
+        )
         self._last_worked_at: float | None = None  # clock() when a run that moved sessions ended
         self._next_forced_at = 0.0  # clock() when the long loop is next due
+        self._due_at: float | None = None  # clock() when the last run said work comes due
 
     async def run(self) -> None:
         """Drive the task until stop(); a run raising an Exception is logged and retried."""
@@ -128,9 +142,7 @@ class DualLoop:
         retry = False  # a failed run's work is still owed, hint or not
         try:
             while not self._stopping:
-                timeout_s = max(
-                    0.0, min(self._short_interval_s, self._next_forced_at - self._clock())
-                )
+                timeout_s = max(0.0, min(self._short_interval_s, self._until_due() - self._clock()))
                 hinted = True  # unknown after a plain sleep: look (under the lock)
                 if pause or self._hints_down:
                     # A hint still set would make wait() return at once: sleep, don't spin.
@@ -142,12 +154,15 @@ class DualLoop:
                 if self._stopping:
                     break
                 forced = self._forced_due()
-                if not (hinted or forced or retry):
+                due = self._due_passed()
+                if not (hinted or forced or retry or due):
                     # wait() counts a hint already set, so none is: an idle tick takes no lock
                     # and sends nothing to any server.
                     self.attempts += 1
                     continue
-                outcome = await self._attempt(forced=forced, retry=retry)
+                outcome = await self._attempt(forced=forced, retry=retry, due=due)
+                if due and outcome is _Outcome.BUSY and self._due_at is None:
+                    self._due_at = self._clock() + DUE_BUSY_RETRY_S
                 retry = outcome is _Outcome.FAILED or (retry and outcome is _Outcome.BUSY)
                 pause = outcome in (_Outcome.FAILED, _Outcome.BUSY)
         finally:
@@ -159,6 +174,20 @@ class DualLoop:
             return False
         # Ran, failed, or left to the lock's holder: the long loop does its part now.
         self._next_forced_at = self._clock() + self._long_interval_s
+        return True
+
+    def _until_due(self) -> float:
+        """clock() when the loop must look next without a hint: the long loop or a due time."""
+        if self._due_at is None:
+            return self._next_forced_at
+        return min(self._next_forced_at, self._due_at)
+
+    def _due_passed(self) -> bool:
+        """Whether the due time the last run reported has come (then forgotten: the due run
+        reports the next one)."""
+        if self._due_at is None or self._clock() < self._due_at:
+            return False
+        self._due_at = None
         return True
 
     def _busy(self) -> bool:
@@ -182,11 +211,11 @@ class DualLoop:
         if self._idle_task is not None:
             self._idle_task.cancel()
 
-    async def _attempt(self, *, forced: bool, retry: bool) -> _Outcome:
+    async def _attempt(self, *, forced: bool, retry: bool, due: bool = False) -> _Outcome:
         self.attempts += 1
         lock = self.task.lock
         if lock is None:
-            return await self._consume_and_run(forced=forced, retry=retry)
+            return await self._consume_and_run(forced=forced, retry=retry, due=due)
         try:
             # The lock before the hint: a manager that cannot run the task must leave the hint
             # set for the one that can.
@@ -199,7 +228,7 @@ class DualLoop:
                 # Held: the hints set in this process for the task need not leave it.
                 self._hints.claim(self.task.hint)
                 try:
-                    outcome = await self._consume_and_run(forced=forced, retry=retry)
+                    outcome = await self._consume_and_run(forced=forced, retry=retry, due=due)
                     # Linger: the next hints of a burst are served under this hold.
                     while outcome is not _Outcome.FAILED and await self._woken_while_held(held):
                         outcome = await self._consume_and_run(
@@ -214,30 +243,39 @@ class DualLoop:
             # Raised only by taking the lock (the run's own errors end in _consume_and_run).
             self._locks_outage.failure(self._log_fields(exc))
             self.unlocked_runs += 1
-            return await self._consume_and_run(forced=forced, retry=retry)
+            return await self._consume_and_run(forced=forced, retry=retry, due=due)
         except Exception as exc:
             # The lock's server is down: like a failed run, retried after a short interval.
             self.failures += 1
             logger.warning("coordinator.lock_failed", extra=self._log_fields(exc), exc_info=exc)
             return _Outcome.FAILED
 
-    async def _consume_and_run(self, *, forced: bool, retry: bool) -> _Outcome:
+    async def _consume_and_run(self, *, forced: bool, retry: bool, due: bool = False) -> _Outcome:
         # Consumed even when forced, so the run does not repeat right after for the same hint.
         hinted = await self._consume()
-        if not (hinted or forced or retry):
+        if not (hinted or forced or retry or due):
             return _Outcome.SKIPPED
         try:
             result = await self.task.run()
         except Exception as exc:
             self._last_worked_at = self._clock()
             self.failures += 1
-            logger.warning("coordinator.task_failed", extra=self._log_fields(exc), exc_info=exc)
+            if database_unavailable(exc):
+                # An outage fails every run until it ends: said once, not every tick.
+                self._database_outage.failure(self._log_fields(exc))
+            else:
+                logger.warning("coordinator.task_failed", extra=self._log_fields(exc), exc_info=exc)
             return _Outcome.FAILED
+        self._database_outage.success(self._log_fields())
         if result.changed:
             self._last_worked_at = self._clock()
         self.runs += 1
         if forced:
             self.forced_runs += 1
+        elif due:
+            self.due_runs += 1
+        # The run saw the current state: its due time replaces any earlier one.
+        self._due_at = None if result.due_in_s is None else self._clock() + result.due_in_s
         self.last_run = result
         logger.debug(
             "coordinator.task_ran",
@@ -272,10 +310,10 @@ class DualLoop:
     async def _woken_while_held(self, held: Hold) -> bool:
         """Whether a hint came within the linger, so the run goes on under the same hold.
 
-        Not once the long loop is due (its forced run takes the lock afresh), the hint bus is
-        down, the hold was lost, or the loop is stopping.
+        Not once the long loop or a due time comes (that run takes the lock afresh), the hint
+        bus is down, the hold was lost, or the loop is stopping.
         """
-        until = min(self._clock() + self._lock_linger_s, self._next_forced_at)
+        until = min(self._clock() + self._lock_linger_s, self._until_due())
         while not (self._stopping or self._hints_down or held.lost):
             # In short ticks, like the loop itself, so the clock is looked at as often.
             remaining_s = until - self._clock()

@@ -19,6 +19,9 @@ class TaskRun:
     targets: int = 0  # sessions (or entities) the run looked at
     changed: int = 0  # entities whose status changed
     duration_ms: float = 0.0
+    # Seconds from the end of this run until the task next has work that no hint will announce
+    # (a phase timeout, a start time, a deadline); the loop wakes then. None: nothing is due.
+    due_in_s: float | None = None
 
 
 @record

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import ClassVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -65,9 +66,18 @@ class LifecycleHandler(ABC):
     # with those in the target statuses that may have expired (read by the coordinator).
     reads_own_targets: ClassVar[bool] = False
 
+    # True when the handler has work that comes due at a time no hint announces besides its
+    # phase's timeout (the scheduler: start times, requeue backoffs): see `next_due`.
+    reports_due_times: ClassVar[bool] = False
+
     @abstractmethod
     async def execute(self, targets: Sequence[SessionWithKernels]) -> HandlerResult:
         """Act on `targets`; sort them into successes, failures and skips (with notes)."""
+
+    async def next_due(self, conn: AsyncConnection, now: datetime) -> datetime | None:
+        """The earliest moment after `now` at which this handler has new work that no hint
+        will announce (phase timeouts aside: the coordinator tracks those); None by default."""
+        return None
 
     async def on_applied(self, conn: AsyncConnection, applied: AppliedChanges) -> None:
         """Runs inside the transaction that applies the judged result, after the moves.

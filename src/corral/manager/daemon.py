@@ -5,6 +5,10 @@ build the controllers and the session coordinator, then run side by side the coo
 dual loops (plus the lost-agent sweep), the long-poll waker and the HTTP server. Shutdown (on
 `stop()` or when any of them dies): stop accepting requests, stop the loops (grace period, then
 cancellation), close the buses and the database; a crash is re-raised.
+
+Every component waits out an outage of the database or Redis on its own (retrying with backoff,
+logging each outage once; `/readyz` answers 503 meanwhile), so a component that ends is a bug:
+it is logged critical with its traceback and the process exits non-zero.
 """
 
 from __future__ import annotations
@@ -227,9 +231,12 @@ class ManagerDaemon:
             )
             for task in done & components:
                 crash = task.exception() if not task.cancelled() else None
-                logger.error(
+                # Components wait out database and Redis outages themselves: one that ends is
+                # a bug, and the manager stops rather than run on without it.
+                logger.critical(
                     "manager.component_ended",
                     extra={"component": task.get_name(), "error": repr(crash)},
+                    exc_info=crash,
                 )
         finally:
             stopping.cancel()

@@ -4,9 +4,7 @@ defect 4): the loops run unlocked and tick without hints; the database stays the
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from contextlib import AsyncExitStack
-from pathlib import Path
 
 import pytest
 
@@ -24,16 +22,6 @@ from tests.integration.coordination.test_orchestrated import (
     start_manager,
 )
 from tests.integration.store._factories import add_agents, add_user
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """A redis-server of this test's own, to kill mid-run."""
-    server = RedisServer(tmp_path / "redis").start()
-    try:
-        yield server
-    finally:
-        server.kill()
 
 
 @pytest.mark.postgres

@@ -5,10 +5,7 @@ reached through a proxy that is cut, never stopped."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -16,7 +13,7 @@ from corral.infra.locks import LockUnavailableError, open_lock_manager
 from corral.infra.locks.redis import RedisLockManager
 from corral.testing.redis_server import RedisServer
 from corral.testing.tcp_proxy import TcpProxy
-from tests.conftest import POSTGRES_URL, require_server
+from tests.conftest import POSTGRES_URL, through_proxy
 
 DEADLINE_S = 10.0
 
@@ -28,32 +25,6 @@ async def eventually(predicate: Any, timeout_s: float = DEADLINE_S) -> None:
     while not predicate():
         assert loop.time() < deadline, f"still false after {timeout_s} s"
         await asyncio.sleep(0.01)
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """A redis-server of this test's own, killed at the end."""
-    server = RedisServer(tmp_path / "redis").start()
-    try:
-        yield server
-    finally:
-        server.kill()
-
-
-@pytest.fixture
-async def postgres_proxy(postgres_unreachable: str | None) -> AsyncIterator[TcpProxy]:
-    """A TCP proxy in front of the test PostgreSQL, to cut."""
-    require_server("PostgreSQL", postgres_unreachable)
-    target = urlsplit(POSTGRES_URL)
-    async with TcpProxy(target.hostname or "127.0.0.1", target.port or 5432) as proxy:
-        yield proxy
-
-
-def through(proxy: TcpProxy) -> str:
-    """POSTGRES_URL with its host and port replaced by the proxy's."""
-    parts = urlsplit(POSTGRES_URL)
-    user = f"{parts.username}@" if parts.username else ""
-    return parts._replace(netloc=f"{user}127.0.0.1:{proxy.port}").geturl()
 
 
 class SwallowingRenewal:
@@ -74,16 +45,16 @@ class SwallowingRenewal:
         return 1
 
 
-async def test_release_is_bounded_when_a_renewal_swallows_its_cancel(namespace: str) -> None:
+async def test_release_is_bounded_when_a_renewal_swallows_its_cancel(
+    redis_url: str, namespace: str
+) -> None:
     """Leaving a hold returns promptly and the lock is free, although the renewal in flight
     ate the cancel meant to stop it (before the fix: the release waited forever and the
     renewal kept the lock alive)."""
-    from tests.conftest import REDIS_URL
-
     holder = await RedisLockManager.open(
-        REDIS_URL, prefix=namespace, ttl_s=3.0, renew_interval_s=0.01
+        redis_url, prefix=namespace, ttl_s=3.0, renew_interval_s=0.01
     )
-    other = await RedisLockManager.open(REDIS_URL, prefix=namespace, ttl_s=3.0)
+    other = await RedisLockManager.open(redis_url, prefix=namespace, ttl_s=3.0)
     renewal = SwallowingRenewal()
     holder._renew = renewal  # type: ignore[assignment]
     try:
@@ -143,7 +114,10 @@ async def test_postgres_locks_behind_a_cut_connection_are_lost_or_unavailable(
     """A cut PostgreSQL connection marks the holds on it lost; while cut, hold() raises
     LockUnavailableError within the timeout; restored, locks are taken again."""
     locks = await open_lock_manager(
-        "postgres", prefix=namespace, postgres_dsn=through(postgres_proxy), ttl_s=1.0
+        "postgres",
+        prefix=namespace,
+        postgres_dsn=through_proxy(POSTGRES_URL, postgres_proxy),
+        ttl_s=1.0,
     )
     try:
         async with asyncio.timeout(DEADLINE_S):

@@ -50,6 +50,7 @@ class Recorder:
         self.started = asyncio.Event()
         self.gate: asyncio.Event | None = None  # when set, each run waits for it
         self.during_run: Callable[[], Any] | None = None  # awaited inside each run
+        self.due_in_s: float | None = None  # what each run reports as its next due time
 
     async def __call__(self) -> TaskRun:
         self.calls += 1
@@ -60,7 +61,7 @@ class Recorder:
             await self.gate.wait()
         if self.errors:
             raise self.errors.pop(0)
-        return TaskRun(task=HINT, targets=self.calls, changed=self.changes)
+        return TaskRun(task=HINT, targets=self.calls, changed=self.changes, due_in_s=self.due_in_s)
 
 
 def make_loop(
@@ -391,6 +392,68 @@ async def test_with_the_hint_bus_closed_the_task_runs_every_short_tick(
             clock.now = 60
             await eventually(lambda: loop.forced_runs == 1)
     assert caplog.messages.count("coordinator.hints_unavailable") == 1
+
+
+async def test_a_reported_due_time_runs_the_task_then_without_a_hint() -> None:
+    """A run that says work comes due in 5 s is followed by a run at that time, not before,
+    with no hint and no long loop; that run's own report (nothing due) ends it."""
+    hints, recorder, clock = MemoryHintBus(), Recorder(), FakeClock()
+    recorder.due_in_s = 5.0
+    loop = make_loop(recorder, hints, short_interval_s=0.01, long_interval_s=60, clock=clock)
+    async with running(loop):
+        await hints.set(HINT)
+        await eventually(lambda: loop.runs == 1)
+        recorder.due_in_s = None
+        clock.now = 4.9
+        attempts = loop.attempts
+        await eventually(lambda: loop.attempts >= attempts + 3)
+        assert loop.runs == 1
+        clock.now = 5.0
+        await eventually(lambda: loop.runs == 2)
+        assert (loop.due_runs, loop.forced_runs) == (1, 0)
+        attempts = loop.attempts
+        await eventually(lambda: loop.attempts >= attempts + 3)
+    assert loop.runs == 2
+
+
+async def test_a_due_time_shortens_the_wait_of_an_hour_long_tick() -> None:
+    """The loop sleeps until the due time, not its short or long interval (both an hour)."""
+    hints, recorder = MemoryHintBus(), Recorder()
+    recorder.due_in_s = 0.05
+    loop = make_loop(recorder, hints, short_interval_s=NEVER_S, long_interval_s=NEVER_S)
+    async with running(loop):
+        await hints.set(HINT)
+        await eventually(lambda: loop.runs == 1)
+        recorder.due_in_s = None
+        await eventually(lambda: loop.runs == 2)
+    assert loop.due_runs == 1
+
+
+async def test_a_due_run_that_finds_the_lock_busy_tries_again_soon() -> None:
+    """A due time met with the lock held elsewhere is not dropped: the run comes once the
+    lock is free, without a hint."""
+    hints, locks, recorder, clock = MemoryHintBus(), MemoryLockManager(), Recorder(), FakeClock()
+    recorder.due_in_s = 1.0
+    loop = make_loop(
+        recorder,
+        hints,
+        locks,
+        short_interval_s=0.01,
+        long_interval_s=60,
+        lock_linger_s=0,
+        clock=clock,
+    )
+    async with running(loop):
+        await hints.set(HINT)
+        await eventually(lambda: loop.runs == 1)
+        recorder.due_in_s = None
+        async with locks.hold(LOCK) as held:
+            assert held
+            clock.now = 1.0
+            await eventually(lambda: loop.lock_busy >= 1)
+            clock.now = 2.0  # past the busy retry
+        await eventually(lambda: loop.runs == 2)
+    assert loop.due_runs == 1
 
 
 class UnreachableLocks(MemoryLockManager):

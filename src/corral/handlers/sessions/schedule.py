@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from datetime import datetime
+
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.domain.results import HandlerResult, StatusTransitions, TransitionStatus
 from corral.domain.session import SessionWithKernels
@@ -12,6 +15,7 @@ from corral.handlers.base import LifecycleHandler
 from corral.scheduler.scheduler import PassResult, schedule_group
 from corral.scheduler.types import QueuePage
 from corral.store.database import Database
+from corral.store.due_times import next_placeable
 from corral.store.placements import OnCommitted
 from corral.store.scheduling import read_pending_groups
 
@@ -38,6 +42,7 @@ class ScheduleNewSessions(LifecycleHandler):
 
     commits_successes = True
     reads_own_targets = True
+    reports_due_times = True
 
     def __init__(
         self,
@@ -77,6 +82,10 @@ class ScheduleNewSessions(LifecycleHandler):
             expired=cancel,
             give_up=cancel,
         )
+
+    async def next_due(self, conn: AsyncConnection, now: datetime) -> datetime | None:
+        """When a PENDING session's start time or requeue backoff next ends."""
+        return await next_placeable(conn, now)
 
     async def execute(self, targets: Sequence[SessionWithKernels]) -> HandlerResult:
         """Place what fits, group by group; `targets` is unused (the queue is read here)."""
