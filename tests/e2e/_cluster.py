@@ -48,6 +48,7 @@ class LiveCluster:
     owner: UserId
     tmp_path: Path
     agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    more_managers: list[tuple[ManagerDaemon, asyncio.Task[None]]] = field(default_factory=list)
 
     async def restart_manager(self) -> None:
         """Stop the manager and start a new one on the same database and port."""
@@ -58,10 +59,24 @@ class LiveCluster:
         assert self.manager.parts is not None
         self.db = self.manager.parts.db
 
+    async def start_manager(self, port: int = 0) -> tuple[ManagerDaemon, asyncio.Task[None]]:
+        """Another manager on the same database, hints and join token (stopped at the end)."""
+        started = await _start(replace(self.manager.config, port=port))
+        self.more_managers.append(started)
+        return started
+
     def start_agent(
-        self, agent_id: str, slots: str, *args: str, address: str = "127.0.0.1"
+        self,
+        agent_id: str,
+        slots: str,
+        *args: str,
+        address: str = "127.0.0.1",
+        managers: Collection[str] = (),
     ) -> None:
-        """Start `corral agent` as a process; its log goes to <tmp>/<agent_id>.log."""
+        """Start `corral agent` as a process; its log goes to <tmp>/<agent_id>.log.
+
+        `managers`: the URLs it is given (default: this cluster's manager).
+        """
         log = (self.tmp_path / f"{agent_id}.log").open("wb")
         self.agents[agent_id] = subprocess.Popen(
             [
@@ -70,7 +85,7 @@ class LiveCluster:
                 "corral",
                 "agent",
                 "--manager",
-                self.manager.url,
+                ",".join(managers or [self.manager.url]),
                 "--token",
                 JOIN_TOKEN,
                 "--id",
@@ -203,5 +218,6 @@ async def live_cluster(
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        await cluster.manager.stop()
-        await cluster.runner
+        for manager, runner in [(cluster.manager, cluster.runner), *cluster.more_managers]:
+            await manager.stop()
+            await runner

@@ -7,10 +7,14 @@ controller the HTTP routes call (`manager/inprocess.py`).
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import httpx
 
+from corral.agent.endpoints import Endpoint
 from corral.agent.protocol import (
     AssignmentMessage,
     HeartbeatResponse,
@@ -23,6 +27,13 @@ from corral.agent.protocol import (
     RegisterResponse,
     ReportBatch,
 )
+
+logger = logging.getLogger(__name__)
+
+# How long after the first manager failed the agent tries it again (when on another one).
+FAILBACK_AFTER_S = 30.0
+# Connecting to a manager: beyond this it counts as unreachable and the next one is tried.
+CONNECT_TIMEOUT_S = 3.0
 
 
 class ManagerUnavailableError(ConnectionError):
@@ -79,11 +90,43 @@ class ManagerClient(Protocol):
 
 
 class HttpManagerClient:
-    """The agent protocol over HTTP with bearer tokens."""
+    """The agent protocol over HTTP with bearer tokens, to one manager of several.
 
-    def __init__(self, base_url: str, *, timeout_s: float = 10.0) -> None:
+    Calls go to the current manager; on a connection error or a 5xx the same call goes to the
+    next one at once (each at most once per call; then ManagerUnavailableError, and the caller
+    backs off). While on another than the first, the first is tried again with the next call
+    once `failback_after_s` passed since it last failed: the agent returns to it once it is back.
+    """
+
+    def __init__(
+        self,
+        managers: str | Sequence[str | Endpoint],
+        *,
+        timeout_s: float = 10.0,
+        failback_after_s: float = FAILBACK_AFTER_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if isinstance(managers, str):
+            managers = [managers]
+        endpoints = [m if isinstance(m, Endpoint) else Endpoint(m.rstrip("/")) for m in managers]
+        if not endpoints:
+            raise ValueError("an agent needs at least one manager URL")
         self._timeout_s = timeout_s
-        self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout_s)
+        self._failback_after_s = failback_after_s
+        self._clock = clock
+        self.endpoints = tuple(endpoints)
+        # Connecting to a manager that is gone should fail fast, so the next one is tried.
+        timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, CONNECT_TIMEOUT_S))
+        self._http = [
+            httpx.AsyncClient(
+                base_url=e.url,
+                timeout=timeout,
+                headers={"Host": e.host} if e.host is not None else None,
+            )
+            for e in endpoints
+        ]
+        self.current = 0  # index of the manager calls go to first
+        self._first_failed_at: float | None = None  # clock() when the first manager last failed
         self._token: str | None = None
 
     async def register(self, request: RegisterRequest, token: str) -> RegisterResponse:
@@ -143,8 +186,22 @@ class HttpManagerClient:
         )
 
     async def close(self) -> None:
-        """Close the connection pool."""
-        await self._http.aclose()
+        """Close the connection pools."""
+        for http in self._http:
+            await http.aclose()
+
+    def _order(self) -> list[int]:
+        """The managers to try for a call, in order: the current one first, except that the
+        first is tried first again once `failback_after_s` passed since it failed."""
+        count = len(self._http)
+        order = [(self.current + i) % count for i in range(count)]
+        failed_at = self._first_failed_at
+        if self.current != 0 and (
+            failed_at is None or self._clock() - failed_at >= self._failback_after_s
+        ):
+            order.remove(0)
+            order.insert(0, 0)
+        return order
 
     async def _call(
         self,
@@ -159,19 +216,46 @@ class HttpManagerClient:
         bearer = token or self._token
         if bearer is None:
             raise RuntimeError("register first: no agent token yet")
-        try:
-            response = await self._http.request(
-                method,
-                path,
-                json=json,
-                params=params,
-                headers={"Authorization": f"Bearer {bearer}"},
-                timeout=timeout_s if timeout_s is not None else self._timeout_s,
+        failures: list[str] = []
+        for index in self._order():
+            try:
+                response = await self._http[index].request(
+                    method,
+                    path,
+                    json=json,
+                    params=params,
+                    headers={"Authorization": f"Bearer {bearer}"},
+                    timeout=timeout_s if timeout_s is not None else self._timeout_s,
+                )
+            except httpx.HTTPError as exc:
+                failures.append(f"{self.endpoints[index]}: {type(exc).__name__}: {exc}")
+                self._failed(index)
+                continue
+            if response.status_code >= 500:
+                failures.append(f"{self.endpoints[index]}: HTTP {response.status_code}")
+                self._failed(index)
+                continue
+            self._answered(index)
+            return self._result(response)
+        raise ManagerUnavailableError(f"{method} {path}: " + "; ".join(failures))
+
+    def _failed(self, index: int) -> None:
+        if index == 0:
+            self._first_failed_at = self._clock()
+
+    def _answered(self, index: int) -> None:
+        if index != self.current:
+            logger.info(
+                "agent.manager_switched",
+                extra={
+                    "manager": str(self.endpoints[index]),
+                    "previous": str(self.endpoints[self.current]),
+                },
             )
-        except httpx.HTTPError as exc:
-            raise ManagerUnavailableError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
-        if response.status_code >= 500:
-            raise ManagerUnavailableError(f"{method} {path}: HTTP {response.status_code}")
+            self.current = index
+
+    @staticmethod
+    def _result(response: httpx.Response) -> Any:
         if response.status_code >= 400:
             try:
                 problem = response.json()

@@ -12,9 +12,10 @@ from typing import Annotated, Literal
 import typer
 
 from corral._logging import configure_logging
-from corral.agent.client import HttpManagerClient
+from corral.agent.client import FAILBACK_AFTER_S, HttpManagerClient
 from corral.agent.daemon import AgentConfig, AgentDaemon
 from corral.agent.devices import DeviceAllocator, detect_gpus
+from corral.agent.endpoints import ManagerURLError, parse_manager_urls, resolve_endpoints
 from corral.agent.kernel_worker import WorkerSettings
 from corral.agent.runtime import Runtime
 from corral.cli._common import fail, settings_from_flags
@@ -44,8 +45,18 @@ app = typer.Typer(
 def agent_command(
     ctx: typer.Context,
     manager: Annotated[
-        str | None, typer.Option(help="The manager's URL, e.g. http://10.0.0.1:8470")
+        str | None,
+        typer.Option(
+            help="The manager's URL, e.g. http://10.0.0.1:8470; several, comma-separated, in "
+            "order of preference (a name with several addresses stands for each): the agent "
+            "fails over to the next on a connection error and returns to the first when it "
+            "is back."
+        ),
     ] = None,
+    failback_after: Annotated[
+        float,
+        typer.Option(min=0.1, help="Seconds before a failed first manager is tried again."),
+    ] = FAILBACK_AFTER_S,
     token: Annotated[
         str | None,
         typer.Option(envvar="CORRAL_AGENT_TOKEN", help="The join token (or the agent's own)."),
@@ -84,6 +95,10 @@ def agent_command(
         return
     if not manager:
         fail("--manager is required to run an agent, e.g. --manager http://10.0.0.1:8470")
+    try:
+        managers = resolve_endpoints(parse_manager_urls(manager))
+    except ManagerURLError as exc:
+        fail(f"--manager: {exc}")
     if not token:
         fail("--token (or CORRAL_AGENT_TOKEN) is required: the manager's join token")
     if runtime not in ("process", "simulated"):
@@ -115,7 +130,8 @@ def agent_command(
     configure_logging(log_level)
     chosen = _runtime(runtime, images)
     devices = DeviceAllocator(int(capacity.get("cuda.device", 0)))
-    asyncio.run(_run(config, manager, chosen, devices))
+    client = HttpManagerClient(managers, failback_after_s=failback_after)
+    asyncio.run(_run(config, client, chosen, devices))
 
 
 def _runtime(name: str, images: dict[str, str]) -> Runtime:
@@ -129,9 +145,9 @@ def _runtime(name: str, images: dict[str, str]) -> Runtime:
 
 
 async def _run(
-    config: AgentConfig, manager: str, runtime: Runtime, devices: DeviceAllocator
+    config: AgentConfig, client: HttpManagerClient, runtime: Runtime, devices: DeviceAllocator
 ) -> None:
-    daemon = AgentDaemon(config, HttpManagerClient(manager), runtime, devices=devices)
+    daemon = AgentDaemon(config, client, runtime, devices=devices)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda: asyncio.ensure_future(daemon.stop()))
