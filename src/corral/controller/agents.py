@@ -15,6 +15,7 @@ from datetime import timedelta
 
 from corral.controller._assignment_polls import AssignmentPolls, UnknownAgentError
 from corral.controller._group_commit import GroupCommit
+from corral.controller._outage_grace import OutageGrace
 from corral.coordination.hints import PROMOTION_HINTS, Hint, hints_after_report
 from corral.domain.record import record
 from corral.domain.slots import ResourceSlots
@@ -121,6 +122,7 @@ class AgentController:
         self._join_token = join_token
         self._promote = promote
         self.polls = AssignmentPolls(db, hints, timings.poll_recheck_s)
+        self._grace = OutageGrace(db, timings.heartbeat_timeout_s)
         self._reports: GroupCommit[tuple[AgentId, Sequence[KernelReport]], ReportOutcome] = (
             GroupCommit(self._apply_reports, then=self._after_reports)
         )
@@ -219,10 +221,12 @@ class AgentController:
         await store_outputs(self.db, agent_id, outputs, self.clock())
 
     async def sweep_lost(self) -> LostAgents:
-        """Mark agents silent past the timeout LOST and fail their kernels (`agent_lost`)."""
+        """Mark agents silent past the timeout LOST and fail their kernels (`agent_lost`);
+        none within a timeout of a database outage (`_outage_grace`)."""
         now = self.clock()
-        lost = await mark_lost_agents(
-            self.db, now - timedelta(seconds=self.timings.heartbeat_timeout_s), now
+        cutoff = now - timedelta(seconds=self.timings.heartbeat_timeout_s)
+        lost = await self._grace.run(
+            now, lambda: mark_lost_agents(self.db, cutoff, now), LostAgents
         )
         if lost.agent_ids:
             logger.warning(

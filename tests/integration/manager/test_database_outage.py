@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from corral.controller._assignment_polls import AssignmentPolls
+from corral.controller.agents import AgentController, AgentTimings
 from corral.coordination.hints import Hint
 from corral.coordination.manager import LoopIntervals
 from corral.infra.hints.memory import MemoryHintBus
@@ -19,9 +20,11 @@ from corral.manager.daemon import ManagerConfig, ManagerDaemon
 from corral.store.assignments import read_revisions
 from corral.store.database import Database
 from corral.store.tables import agents
+from corral.store.unavailable import database_unavailable
 from corral.testing.tcp_proxy import TcpProxy
 from tests.conftest import through_proxy
 from tests.integration._polling import eventually
+from tests.integration.coordination._harness import Clock
 from tests.integration.store._factories import add_agents
 
 pytestmark = pytest.mark.postgres
@@ -141,3 +144,31 @@ async def test_a_manager_survives_its_database_and_says_so_in_readyz(
         postgres_proxy.restore()
         await manager.stop()
         await asyncio.wait_for(runner, 30)
+
+
+async def test_no_agent_is_lost_for_the_silence_of_a_database_outage(
+    direct_db: Database, proxied_db: Database, postgres_proxy: TcpProxy
+) -> None:
+    """After a lost sweep failed on the database, agents get a full heartbeat timeout from
+    its return before any is declared LOST (their heartbeats failed meanwhile); then a silent
+    one is."""
+    [agent_id] = await add_agents(direct_db, [{"cpu": 1000}])  # last heard from at NOW
+    clock = Clock()
+    agents_controller = AgentController(
+        proxied_db,
+        MemoryHintBus(),
+        join_token=None,
+        timings=AgentTimings(heartbeat_timeout_s=30.0),
+        clock=clock,
+    )
+    clock.advance(60)  # silent for twice the timeout, as through a long outage
+    postgres_proxy.cut()
+    with pytest.raises(Exception) as failed:
+        await agents_controller.sweep_lost()
+    assert database_unavailable(failed.value)
+    postgres_proxy.restore()
+    assert (await agents_controller.sweep_lost()).agent_ids == []
+    clock.advance(29.9)
+    assert (await agents_controller.sweep_lost()).agent_ids == []
+    clock.advance(0.2)
+    assert (await agents_controller.sweep_lost()).agent_ids == [agent_id]
