@@ -84,7 +84,10 @@ class AgentConfig:
     on_shutdown: ShutdownPolicy = "stop"
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     backoff_initial_s: float = 0.5
-    backoff_max_s: float = 30.0
+    # Capped low: after a manager's (or its database's) outage the agent's next report,
+    # heartbeat or poll is at most this far away, so work resumes within seconds. A failed
+    # attempt is one refused connection or one 503, cheap for a manager even from many agents.
+    backoff_max_s: float = 5.0
     shutdown_flush_s: float = 10.0  # how long a stopping agent tries to deliver its reports
 
 
