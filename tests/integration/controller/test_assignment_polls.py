@@ -7,7 +7,9 @@ import asyncio
 import pytest
 
 from corral.controller._assignment_polls import AssignmentPolls
+from corral.domain.types import AgentId
 from corral.infra._redis import redis_client
+from corral.infra.hints.memory import MemoryHintBus
 from corral.infra.hints.redis import RedisHintBus
 from corral.store.assignments import read_revisions
 from corral.store.database import Database
@@ -50,3 +52,23 @@ async def test_with_the_hint_bus_down_a_changed_assignment_comes_at_the_next_rec
         await hints.close()
     assert assignment.revision == revision + 1
     assert caplog.messages.count("agent.assignment_hints_unavailable") == 1
+
+
+async def test_a_bug_in_a_batch_still_ends_the_poll_server(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only database outages are waited out: any other error ends run() with that error, so
+    the manager stops loudly instead of serving nothing."""
+    polls = AssignmentPolls(db, MemoryHintBus(), RECHECK_S)
+
+    async def broken() -> None:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(polls, "serve", broken)
+    poll = asyncio.create_task(polls.get(AgentId("agent-1"), None, WAIT_S))  # wakes the server
+    try:
+        with pytest.raises(ZeroDivisionError):
+            await asyncio.wait_for(polls.run(), DEADLINE_S)
+    finally:
+        polls.close()
+        await asyncio.gather(poll, return_exceptions=True)
