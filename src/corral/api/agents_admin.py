@@ -46,10 +46,8 @@ class AgentOut(BaseModel):
     last_heartbeat_at: datetime | None
     status_changed_at: datetime
     created_at: datetime
-    capacity: str = Field(description="slots offered, e.g. 'cpu=8 mem=16GiB'")
-    occupied: str = Field(description="slots held by kernels, e.g. 'cpu=1' ('' when idle)")
-    capacity_milli: dict[str, int] = Field(description="slots offered, in milli-units")
-    occupied_milli: dict[str, int] = Field(description="slots held, in milli-units")
+    capacity: ResourceSlots = Field(description="slots offered")
+    occupied: ResourceSlots = Field(description="slots held by its kernels ({} when idle)")
     kernels: int = Field(description="how many kernels on the agent have not ended")
 
 
@@ -105,10 +103,8 @@ def agent_out(agent: AgentView) -> AgentOut:
         last_heartbeat_at=agent.last_heartbeat_at,
         status_changed_at=agent.status_changed_at,
         created_at=agent.created_at,
-        capacity=ResourceSlots.from_milli(agent.capacity).format_human(),
-        occupied=ResourceSlots.from_milli(agent.occupied).format_human(),
-        capacity_milli=agent.capacity,
-        occupied_milli=agent.occupied,
+        capacity=ResourceSlots.from_milli(agent.capacity),
+        occupied=ResourceSlots.from_milli(agent.occupied),
         kernels=agent.kernel_count,
     )
 

@@ -7,7 +7,7 @@ from dataclasses import field
 
 from fastapi import FastAPI
 
-from corral import __version__
+from corral import package_version
 from corral.api import (
     agents,
     agents_admin,
@@ -43,7 +43,7 @@ class ApiContext:
 
 def create_app(context: ApiContext) -> FastAPI:
     """The API app over the manager's controllers (the caller runs their side tasks)."""
-    app = FastAPI(title="corral", version=__version__, docs_url=None, redoc_url=None)
+    app = FastAPI(title="corral", version=package_version(), docs_url=None, redoc_url=None)
     app.state.context = context
     app.state.db = context.db
     app.state.agents = context.agents

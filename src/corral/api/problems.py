@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -9,6 +10,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from corral.domain.field_errors import FieldError, describe, field_errors
 
 PROBLEM_BASE = "https://corral.dev/problems/"
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -82,14 +85,7 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        errors = [
-            {"field": _field(error.get("loc", ())), "message": error.get("msg", "")}
-            for error in exc.errors()
-        ]
-        detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors) or "invalid request"
-        problem = Problem(422, "validation-error", "The request is not valid", detail)
-        problem.extra["errors"] = errors
-        return problem_response(problem, request)
+        return problem_response(invalid_request(field_errors(exc.errors())), request)
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
@@ -102,9 +98,12 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, on_http)
 
 
-def _field(location: Any) -> str:
-    # ("body", "slots", "cpu") → "slots.cpu"; the part of the request is implied.
-    parts = [str(p) for p in location]
-    if parts and parts[0] in {"body", "query", "path", "header"}:
-        parts = parts[1:] or parts
-    return ".".join(parts)
+def invalid_request(errors: Sequence[FieldError]) -> Problem:
+    """422 `validation-error`: each invalid field in `errors`, all of them in `detail`."""
+    return Problem(
+        422,
+        "validation-error",
+        "The request is not valid",
+        describe(errors) or "invalid request",
+        errors=[{"field": e.field, "message": e.message} for e in errors],
+    )

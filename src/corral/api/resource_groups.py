@@ -11,9 +11,10 @@ from pydantic import BaseModel, Field, ValidationError
 
 from corral.api._pages import Cursor, Limit, Page, decode_cursor, page_of
 from corral.api.auth import AdminUser, CurrentUser, Db
-from corral.api.problems import Problem
+from corral.api.problems import Problem, invalid_request
 from corral.coordination.hints import Hint
 from corral.domain.events import Event
+from corral.domain.field_errors import field_errors
 from corral.domain.resource_group import ResourceGroupOptions
 from corral.store.resource_group_store import (
     ResourceGroupExistsError,
@@ -156,20 +157,7 @@ async def _after_change(context: ApiContext, events: list[Event], by: str) -> No
 
 
 def _invalid_options(exc: ValidationError) -> Problem:
-    errors = [
-        {
-            "field": ".".join(["options", *(str(p) for p in error["loc"])]),
-            "message": error["msg"],
-        }
-        for error in exc.errors()
-    ]
-    return Problem(
-        422,
-        "validation-error",
-        "The request is not valid",
-        "; ".join(f"{e['field']}: {e['message']}" for e in errors),
-        errors=errors,
-    )
+    return invalid_request(field_errors(exc, under=("options",)))
 
 
 def _not_found(name: str) -> Problem:

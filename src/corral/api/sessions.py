@@ -17,8 +17,9 @@ from pydantic import BaseModel
 
 from corral.api._pages import invalid_cursor
 from corral.api.auth import CurrentUser, Db
-from corral.api.problems import Problem
+from corral.api.problems import Problem, invalid_request
 from corral.controller.sessions import SessionController, SubmissionError
+from corral.domain.field_errors import FieldError
 from corral.domain.slots import ResourceSlots
 from corral.domain.spec import SessionSpec
 from corral.domain.status import SessionStatus
@@ -76,7 +77,7 @@ class SessionOut(BaseModel):
     priority: int
     image: str
     command: list[str]
-    resources: dict[str, str]  # per kernel, human readable
+    resources: ResourceSlots  # per kernel
     creation_id: str | None
     kernels: list[KernelOut] | None = None
 
@@ -144,13 +145,9 @@ def _out(row: dict[str, Any], *, with_kernels: bool = False) -> SessionOut:
         **{k: row[k] for k in SessionOut.model_fields.keys() - _FROM_SPEC if k in row},
         image=str(spec.get("image", "")),
         command=list(spec.get("command") or []),
-        resources={name: _human(resources, name) for name in sorted(resources)},
+        resources=resources,
         kernels=[KernelOut(**k) for k in row["kernels"]] if with_kernels else None,
     )
-
-
-def _human(slots: ResourceSlots, name: str) -> str:
-    return ResourceSlots({name: slots[name]}).format_human().split("=", 1)[-1]
 
 
 async def _visible(db: Any, user: Principal, session_id: uuid.UUID) -> dict[str, Any]:
@@ -179,13 +176,7 @@ async def create_session(
     try:
         submitted = await _controller(request).enqueue(spec, user.user_id)
     except SubmissionError as exc:
-        raise Problem(
-            422,
-            "validation-error",
-            "The request is not valid",
-            str(exc),
-            errors=[{"field": exc.field, "message": exc.message}],
-        ) from exc
+        raise invalid_request([FieldError(exc.field, exc.message)]) from exc
     if submitted.written is None:
         response.status_code = 200
         return _out(await _visible(db, user, submitted.session_id), with_kernels=True)

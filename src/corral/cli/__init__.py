@@ -7,10 +7,16 @@ of the time.
 
 from __future__ import annotations
 
+import sys
+from typing import Annotated
+
 import typer
 
+from corral import package_version
 from corral._gc import tune_gc
 from corral.cli import _lazy, events, run, session
+from corral.cli._common import FAILURE_EXIT
+from corral.cli._usage import is_help_shown, usage_message
 
 
 def _agent_commands(app: typer.Typer) -> None:
@@ -45,12 +51,54 @@ app = typer.Typer(
     add_completion=False,
     cls=_Commands,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"corral {package_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print corral's version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """corral — a session orchestrator for AI compute clusters."""
+
+
+@app.command("version")
+def version_command() -> None:
+    """Print corral's version."""
+    _print_version(True)
+
+
 app.command("run", context_settings=run.CONTEXT_SETTINGS)(run.run_command)
 app.add_typer(session.app, name="session")
 app.command("events")(events.events_command)
 
 
 def main() -> None:
-    """Entry point of the `corral` console script."""
+    """Entry point of the `corral` console script: errors end as one `corral: error:` line.
+
+    Exit codes: 2 for usage errors (a bad flag or value), 1 for other failures, 130 on Ctrl-C.
+    """
     tune_gc()
-    app()
+    try:
+        # Not standalone: click's errors come here instead of typer's boxed panels.
+        code = app(prog_name="corral", standalone_mode=False)
+    except typer.TyperException as exc:
+        if not is_help_shown(exc):
+            typer.echo(f"corral: error: {usage_message(exc)}", err=True)
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        typer.echo("corral: error: aborted", err=True)
+        sys.exit(FAILURE_EXIT)
+    sys.exit(code if isinstance(code, int) else 0)

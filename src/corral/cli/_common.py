@@ -6,11 +6,17 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
+from corral.domain.field_errors import describe, field_errors
+
 if TYPE_CHECKING:
     from corral.settings import Settings
 
+# Exit codes of every command: a usage error (a bad flag or value), any other failure.
+USAGE_EXIT = 2
+FAILURE_EXIT = 1
 
-def fail(message: str, code: int = 2) -> NoReturn:
+
+def fail(message: str, code: int = USAGE_EXIT) -> NoReturn:
     """Print `corral: error: <message>` to stderr and exit with `code`."""
     typer.echo(f"corral: error: {message}", err=True)
     raise typer.Exit(code)
@@ -19,7 +25,10 @@ def fail(message: str, code: int = 2) -> NoReturn:
 def fail_unreachable(exc: BaseException) -> NoReturn:
     """Exit 1 saying a server the command needs did not answer."""
     reason = str(exc).rstrip(".")
-    fail(f"cannot reach the server: {reason}; is it running, and is the URL right?", code=1)
+    fail(
+        f"cannot reach the server: {reason}; is it running, and is the URL right?",
+        code=FAILURE_EXIT,
+    )
 
 
 def settings_from_flags(**flags: Any) -> Settings:
@@ -33,11 +42,7 @@ def settings_from_flags(**flags: Any) -> Settings:
     try:
         return load_settings(**flags)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
-            for e in exc.errors()
-        )
-        fail(f"invalid setting — {problems}")
+        fail(f"invalid setting — {describe(field_errors(exc))}")
 
 
 def without_credentials(url: str) -> str:

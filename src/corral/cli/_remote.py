@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from corral.cli._common import fail
+from corral.cli._common import FAILURE_EXIT, USAGE_EXIT, fail
 from corral.client import Client, ClientConfigError, CorralError, ValidationError
 
 T = TypeVar("T")
@@ -53,9 +53,9 @@ def call(work: Callable[[Client], Coroutine[Any, Any, T]]) -> T:
     except KeyboardInterrupt:
         raise typer.Exit(INTERRUPTED_EXIT) from None
     except (ClientConfigError, ValidationError) as exc:
-        fail(str(exc), code=2)
+        fail(str(exc), code=USAGE_EXIT)
     except CorralError as exc:
-        fail(str(exc), code=1)
+        fail(str(exc), code=FAILURE_EXIT)
 
 
 def print_json(value: object) -> None:

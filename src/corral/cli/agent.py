@@ -62,7 +62,7 @@ def agent_command(
         typer.Option(envvar="CORRAL_AGENT_TOKEN", help="The join token (or the agent's own)."),
     ] = None,
     slots: Annotated[
-        str, typer.Option(help="`auto`, or e.g. cpu=8,mem=32g,cuda.device=2")
+        str, typer.Option(help="`auto`, or e.g. cpu=8,mem=32Gi,cuda.device=2")
     ] = "auto",
     resource_group: Annotated[str, typer.Option(help="The agent's resource group.")] = "default",
     runtime: Annotated[

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sys
 import uuid
+from decimal import Decimal
 from typing import Annotated, Any
 
 import typer
@@ -13,10 +14,26 @@ from corral.cli._common import fail
 from corral.cli._follow import SessionFollower, Terminal, confirm_on_terminal
 from corral.cli._remote import call
 from corral.client import Client, UnreachableError, ValidationError, validate_spec
+from corral.domain.field_errors import FieldError, describe
+from corral.domain.slots import SlotError, parse_amount
 from corral.domain.spec import ClusterMode, SessionSpec, SessionType
 
 # Register with these: options end at CMD, so `corral run python -c ...` needs no `--`.
 CONTEXT_SETTINGS: dict[str, Any] = {"allow_interspersed_args": False}
+
+# The flag that sets each field of the spec, to name it in an error.
+_FLAGS = {
+    "name": "--name",
+    "image": "--image",
+    "env": "--env",
+    "resources.cpu": "--cpu",
+    "resources.mem": "--mem",
+    "resources.cuda.device": "--gpus",
+    "resources": "--cpu/--mem/--gpus",
+    "cluster_size": "--cluster-size",
+    "resource_group": "--resource-group",
+    "priority": "--priority",
+}
 
 # A lone argument with these is a shell script, not a program name.
 _SHELL_SYNTAX = re.compile(r"[\s|&;<>()$`*?]")
@@ -36,8 +53,13 @@ def run_command(
             metavar="CMD", help="The program and its arguments (after `--`).", show_default=False
         ),
     ],
-    cpu: Annotated[str, typer.Option(help="CPU cores per kernel; fractions allowed (0.5).")] = "1",
-    mem: Annotated[str, typer.Option(help="Memory per kernel, e.g. 512m, 4g.")] = "1g",
+    cpu: Annotated[
+        str, typer.Option(help="CPU cores per kernel: 2, 0.5 or 500m (milli-cores).")
+    ] = "1",
+    mem: Annotated[
+        str,
+        typer.Option(help="Memory per kernel: 4Gi (4·2³⁰ bytes), 4G (4·10⁹), 4g (= 4Gi)."),
+    ] = "1g",
     gpus: Annotated[int, typer.Option(min=0, help="GPUs per kernel.")] = 0,
     cluster_size: Annotated[int, typer.Option(min=1, help="How many kernels to run.")] = 1,
     multi_node: Annotated[
@@ -83,7 +105,11 @@ def run_command(
         command=command,
         image=image or default_image(command),
         name=name,
-        resources={"cpu": cpu, "mem": mem, **({"cuda.device": gpus} if gpus else {})},
+        resources={
+            "cpu": _amount("--cpu", "cpu", cpu),
+            "mem": _amount("--mem", "mem", mem),
+            **({"cuda.device": gpus} if gpus else {}),
+        },
         cluster_size=cluster_size,
         cluster_mode=ClusterMode.MULTI_NODE if multi_node else ClusterMode.SINGLE_NODE,
         resource_group=resource_group,
@@ -119,7 +145,14 @@ def _spec(**fields: Any) -> SessionSpec:
     try:
         return validate_spec(fields)
     except ValidationError as exc:
-        fail(str(exc))
+        fail(describe(FieldError(_FLAGS.get(e.field, e.field), e.message) for e in exc.errors))
+
+
+def _amount(flag: str, slot: str, text: str) -> Decimal:
+    try:
+        return parse_amount(slot, text)
+    except SlotError as exc:
+        fail(f"{flag} {text}: {exc.problem}")
 
 
 def _environment(items: list[str]) -> dict[str, str]:

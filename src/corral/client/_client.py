@@ -20,7 +20,7 @@ from urllib.parse import quote
 import httpx
 import pydantic
 
-from corral import __version__
+from corral import package_version
 from corral.client._sse import parse_sse
 from corral.client.config import ClientConfig, check_url, load_client_config
 from corral.client.errors import (
@@ -41,6 +41,7 @@ from corral.client.models import (
     TerminateResult,
     User,
 )
+from corral.domain.field_errors import describe, field_errors
 from corral.domain.spec import SessionSpec
 
 T = TypeVar("T")
@@ -72,7 +73,10 @@ class Client:
         self.timeout_s = timeout_s
         self._http = httpx.AsyncClient(
             base_url=self.url,
-            headers={"Authorization": f"Bearer {token}", "User-Agent": f"corral/{__version__}"},
+            headers={
+                "Authorization": f"Bearer {token}",
+                "User-Agent": f"corral/{package_version()}",
+            },
             timeout=timeout_s,
             transport=transport,
         )
@@ -433,15 +437,9 @@ def validate_spec(fields: Mapping[str, Any]) -> SessionSpec:
     try:
         return SessionSpec.model_validate(fields)
     except pydantic.ValidationError as exc:
-        errors = [
-            FieldError(
-                ".".join(str(part) for part in error["loc"]) or "spec",
-                error["msg"].removeprefix("Value error, "),
-            )
-            for error in exc.errors()
-        ]
+        errors = field_errors(exc)
         raise ValidationError(
-            "; ".join(f"{e.field}: {e.message}" for e in errors),
+            describe(errors),
             type=VALIDATION_PROBLEM,
             title="The session spec is not valid",
             errors=errors,

@@ -7,19 +7,11 @@ from collections.abc import Sequence
 
 import httpx
 
-from corral.domain.record import record
+from corral.domain.field_errors import FieldError as FieldError  # re-exported: the SDK names it
 
 ABOUT_BLANK = "about:blank"
 # How much of a body that is not problem details an error message quotes.
 _QUOTED_BODY_CHARS = 200
-
-
-@record
-class FieldError:
-    """One invalid field of a request: its dotted path (e.g. `resources.cpu`) and what is wrong."""
-
-    field: str
-    message: str
 
 
 class CorralError(Exception):

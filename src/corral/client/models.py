@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict
 
 from corral.domain.slots import ResourceSlots
 from corral.domain.status import KernelStatus, SessionStatus
@@ -127,18 +127,6 @@ class Agent(ApiModel):
     capacity: ResourceSlots
     occupied: ResourceSlots
     kernels: int  # kernels on the agent that have not ended
-
-    @model_validator(mode="before")
-    @classmethod
-    def _exact_slots(cls, data: Any) -> Any:
-        # The API sends slots both human-readable and exact (milli-units); keep the exact ones.
-        if isinstance(data, dict):
-            data = dict(data)
-            for name in ("capacity", "occupied"):
-                milli = data.get(f"{name}_milli")
-                if isinstance(milli, dict):
-                    data[name] = ResourceSlots.from_milli(milli)
-        return data
 
 
 class Event(ApiModel):

@@ -3,6 +3,11 @@
 A slot is a name such as `cpu`, `mem` or `cuda.device` and a non-negative `Decimal` amount.
 Amounts are decimals, never floats, so that `0.1 + 0.2` cpu is exactly `0.3` and a capacity
 check never fails on binary rounding.
+
+In JSON (the API, every `--json` output) slots are numbers in base units: cpu in cores
+(`0.5`), mem in bytes as an integer, devices as counts. Text amounts are Kubernetes
+quantities (`500m` = 0.5, `4G` = 4·10⁹, `4Gi` = 4·2³⁰); for byte slots the old lowercase
+spellings keep their old binary meaning (`4g` = 4Gi, `512m` = 512Mi), as in Slurm's `--mem`.
 """
 
 from __future__ import annotations
@@ -27,22 +32,78 @@ from pydantic_core import core_schema
 
 # The store keeps amounts as integers in thousandths of a unit.
 MILLI = Decimal(1000)
+# The largest amount of one slot: 1P (a petabyte of memory). The store's 64-bit milli-units
+# hold 9.2·10¹⁵, and sums of many agents' capacities must still fit.
+MAX_AMOUNT = Decimal(10**15)
+# A fractional amount stays below this, so that it has at most 15 significant digits with its
+# three decimals: what a JSON number (a double) carries exactly to every client.
+MAX_FRACTIONAL_AMOUNT = Decimal(10**12)
 
 
 class SlotError(ValueError):
-    """A resource slot name or amount is invalid; the message names the slot."""
+    """A resource slot name or amount is invalid: `problem` says what, `slot` names the slot."""
+
+    def __init__(self, slot: str | None, problem: str) -> None:
+        super().__init__(f"slot {slot!r}: {problem}" if slot is not None else problem)
+        self.slot = slot
+        self.problem = problem
+
+
+class SlotTypeError(SlotError, TypeError):
+    """An amount of a type slots do not take (a float, a bool, None)."""
 
 
 _NAME_RE = re.compile(r"[a-z][a-z0-9_]*(\.[a-z0-9_]+)*")
-_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
-_COUNT_RE = re.compile(rf"[+-]?{_NUMBER}")
-_SIZE_RE = re.compile(rf"(?P<sign>[+-]?)(?P<number>{_NUMBER})(?P<unit>[A-Za-z]*)")
+# A Kubernetes quantity: a signed decimal, then an exponent (`1e3`) or a unit suffix (`Gi`).
+_QUANTITY_RE = re.compile(
+    r"(?P<number>[+-]?(?:\d+(?:\.\d*)?|\.\d+))(?:[eE](?P<exponent>[+-]?\d{1,2})|(?P<unit>[A-Za-z]+))?"
+)
 _ITEM_SEPARATOR_RE = re.compile(r"\s*,\s*|\s+")
 _EQUALS_RE = re.compile(r"\s*=\s*")
 
-# Binary (1024-based) unit powers, like Slurm's `--mem=4G`.
-_UNIT_POWERS = {"k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
-_HUMAN_UNITS = (("PiB", 5), ("TiB", 4), ("GiB", 3), ("MiB", 2), ("KiB", 1))
+_PREFIXES = "kMGTPE"  # kilo to exa; Kubernetes writes the binary ones Ki, Mi, Gi, Ti, Pi, Ei
+_BINARY = {f"{p.upper()}i": Decimal(1024**power) for power, p in enumerate(_PREFIXES, 1)}
+_DECIMAL = {p: Decimal(1000**power) for power, p in enumerate(_PREFIXES, 1)}
+# Every slot: Kubernetes' suffixes, exactly as Kubernetes spells them (`500m` cpu is 0.5).
+_COUNT_UNITS = {
+    "": Decimal(1),
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    **_DECIMAL,
+    **_BINARY,
+}
+# corral's spellings before it followed Kubernetes, read case-insensitively: binary, as in
+# Slurm's `--mem=4g`. A milli-byte means nothing, so `512m` of memory stays 512 MiB.
+_LEGACY_BYTE_UNITS = {
+    f"{p}{suffix}": Decimal(1024**power)
+    for power, p in enumerate("kmgtp", 1)
+    for suffix in ("", "b", "i", "ib")
+}
+# Byte slots: Kubernetes' and SI/IEC sizes (`4G` = `4GB` = 4·10⁹, `4Gi` = `4GiB` = 4·2³⁰),
+# with the lowercase old spellings (`4g`, `512m`, `4k` = 4096) as they were.
+_BYTE_UNITS = {
+    "": Decimal(1),
+    **{unit: size for unit, size in _DECIMAL.items() if unit != "k"},
+    **{f"{unit}B": size for unit, size in _DECIMAL.items()},
+    **_BINARY,
+    **{f"{unit}B": size for unit, size in _BINARY.items()},
+    **{unit: size for unit, size in _LEGACY_BYTE_UNITS.items() if unit.islower()},
+}
+_COUNT_FORMS = "a number like 2 or 0.5, or a Kubernetes quantity like 500m (= 0.5) or 2k"
+_BYTE_FORMS = (
+    "bytes like 4294967296, or a size like 4Gi or 4GiB (4·2³⁰), 4G or 4GB (4·10⁹), "
+    "or the old 4g (= 4Gi) and 512m (= 512Mi)"
+)
+# Units a byte amount is shown in, largest first: the first that divides it exactly is used
+# (binary before decimal of about the same size); `parse()` reads each back.
+_HUMAN_UNITS = tuple(
+    sorted(
+        [(f"{unit}B", int(size)) for unit, size in (*_BINARY.items(), *_DECIMAL.items())],
+        key=lambda unit_size: -unit_size[1],
+    )
+)
+_BRIEF_UNITS = tuple((f"{unit}B", int(size)) for unit, size in reversed(_BINARY.items()))
 # Well-known slots come first when listed; the rest follow by name.
 _LEADING_SLOTS = {"cpu": 0, "mem": 1}
 _ZERO = Decimal(0)
@@ -56,8 +117,8 @@ class ResourceSlots(Mapping[str, Decimal]):
 
     Zero amounts are dropped on construction, so `{"cpu": 1}` equals `{"cpu": 1, "mem": 0}`.
     Byte slots (`mem` and any slot whose last dotted part is `mem`, e.g. `cuda.mem`) hold whole
-    bytes; a fractional byte amount rounds up. Size units are binary (1024-based), like Slurm's
-    `--mem=4G`: `4g`, `4G`, `4gb`, `4Gi` and `4GiB` all mean 4 * 1024**3 bytes.
+    bytes; a fractional byte amount rounds up. Text amounts are Kubernetes quantities (see the
+    module's docstring): `4Gi`, `4GiB` and the old `4g` mean 4·2³⁰ bytes, `4G` and `4GB` 4·10⁹.
     """
 
     __slots__ = ("_amounts",)
@@ -97,16 +158,24 @@ class ResourceSlots(Mapping[str, Decimal]):
         for item in items:
             name, amount = _parse_item(item)
             if name in amounts:
-                raise SlotError(f"slot {name!r}: given more than once; give each slot once")
+                raise SlotError(name, "given more than once; give each slot once")
             amounts[name] = amount
         return cls(amounts)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, str | int]) -> ResourceSlots:
-        """Rebuild slots from `to_json()` output."""
-        return cls(data)
+    def from_json(cls, data: Mapping[str, object]) -> ResourceSlots:
+        """Read slots in their JSON form (`to_json()`), or with quantity strings like `"4Gi"`."""
+        return cls({name: _from_json_amount(amount) for name, amount in data.items()})
 
-    def to_json(self) -> dict[str, str]:
+    def to_json(self) -> dict[str, int | float]:
+        """The JSON form: numbers in base units, e.g. `{"cpu": 0.5, "mem": 4294967296}`.
+
+        A whole amount is an int; a fractional one a float, which is exact because fractional
+        amounts stay below `MAX_FRACTIONAL_AMOUNT` (and JSON readers read back the same decimal).
+        """
+        return {name: _json_number(amount) for name, amount in self._amounts.items()}
+
+    def to_text(self) -> dict[str, str]:
         """Amounts as canonical decimal strings without exponent, e.g. `{"cpu": "0.5"}`."""
         return {name: _decimal_text(amount) for name, amount in self._amounts.items()}
 
@@ -120,8 +189,9 @@ class ResourceSlots(Mapping[str, Decimal]):
             scaled = amount * MILLI
             if scaled != scaled.to_integral_value():
                 raise SlotError(
-                    f"slot {name!r}: {_decimal_text(amount)} is finer than corral keeps; "
-                    "use at most 3 decimal places (e.g. 0.125)"
+                    name,
+                    f"{_decimal_text(amount)} is finer than corral keeps; "
+                    "use at most 3 decimal places (e.g. 0.125)",
                 )
             milli[name] = int(scaled)
         return milli
@@ -174,8 +244,9 @@ class ResourceSlots(Mapping[str, Decimal]):
             have = remaining.get(name, _ZERO)
             if amount > have:
                 raise SlotError(
-                    f"slot {name!r}: cannot take {_decimal_text(amount)} from "
-                    f"{_decimal_text(have)}; the result would be negative"
+                    name,
+                    f"cannot take {_decimal_text(amount)} from "
+                    f"{_decimal_text(have)}; the result would be negative",
                 )
             remaining[name] = _EXACT.subtract(have, amount)
         return ResourceSlots._trusted(remaining)
@@ -184,7 +255,9 @@ class ResourceSlots(Mapping[str, Decimal]):
         if isinstance(factor, bool) or not isinstance(factor, int):
             return NotImplemented
         if factor < 0:
-            raise SlotError(f"cannot multiply resources by {factor}; use an integer 0 or above")
+            raise SlotError(
+                None, f"cannot multiply resources by {factor}; use an integer 0 or above"
+            )
         return ResourceSlots._trusted(
             {name: _EXACT.multiply(amount, factor) for name, amount in self._amounts.items()}
         )
@@ -209,7 +282,7 @@ class ResourceSlots(Mapping[str, Decimal]):
         return hash(frozenset(self._amounts.items()))
 
     def __repr__(self) -> str:
-        return f"ResourceSlots({self.to_json()!r})"
+        return f"ResourceSlots({self.to_text()!r})"
 
     def __setattr__(self, name: str, value: object) -> NoReturn:
         raise AttributeError("ResourceSlots is immutable; build a new one instead")
@@ -219,7 +292,7 @@ class ResourceSlots(Mapping[str, Decimal]):
 
     def __reduce__(self) -> tuple[type[ResourceSlots], tuple[dict[str, str]]]:
         # Copy and pickle through the constructor, since attributes cannot be set afterwards.
-        return (ResourceSlots, (self.to_json(),))
+        return (ResourceSlots, (self.to_text(),))
 
     @classmethod
     def __get_pydantic_core_schema__(
@@ -234,16 +307,39 @@ class ResourceSlots(Mapping[str, Decimal]):
     def __get_pydantic_json_schema__(
         cls, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
     ) -> JsonSchemaValue:
+        if handler.mode == "serialization":
+            return {
+                "type": "object",
+                "additionalProperties": {"type": "number", "minimum": 0},
+                "description": _JSON_FORM,
+                "examples": [{"cpu": 2, "mem": 4294967296, "cuda.device": 1}, {"cpu": 0.5}],
+            }
         return {
             "anyOf": [
                 {
                     "type": "object",
-                    "additionalProperties": {"type": ["string", "integer", "number"]},
+                    "additionalProperties": {"type": ["number", "string"]},
                 },
                 {"type": "string"},
             ],
-            "examples": [{"cpu": "2", "mem": "4g"}, "cpu=2,mem=4g"],
+            "description": f"{_JSON_FORM} {_TEXT_FORMS}",
+            "examples": [
+                {"cpu": 2, "mem": 4294967296},
+                {"cpu": "500m", "mem": "4Gi"},
+                "cpu=2,mem=4Gi",
+            ],
         }
+
+
+_JSON_FORM = (
+    "Resource slots: numbers in base units, cpu in cores (0.5 is half a core), mem in bytes "
+    "as an integer, devices (cuda.device) as counts."
+)
+_TEXT_FORMS = (
+    "An amount may also be a Kubernetes quantity string: 500m (= 0.5), 2k, 4G (4·10⁹), "
+    "4Gi (4·2³⁰); for byte slots also 4GB, 4GiB and the old lowercase 4g (= 4Gi) and "
+    "512m (= 512Mi). The whole field may be a string like 'cpu=2,mem=4Gi'."
+)
 
 
 def is_byte_slot(name: str) -> bool:
@@ -251,40 +347,73 @@ def is_byte_slot(name: str) -> bool:
     return name.rsplit(".", 1)[-1] == "mem"
 
 
+def parse_amount(name: str, text: str) -> Decimal:
+    """One slot's amount from text such as `0.5`, `500m` or `4Gi`, checked like any amount."""
+    _check_name(name)
+    return _normalise(name, _amount_from_text(name, text), shown=text.strip())
+
+
 def _check_name(name: object) -> None:
     if not isinstance(name, str):
         raise TypeError(f"slot names must be strings (got {name!r})")
     if _NAME_RE.fullmatch(name) is None:
         raise SlotError(
-            f"slot {name!r}: invalid name; use lowercase letters, digits and '_', "
-            f"in dotted parts like cuda.device"
+            name,
+            "invalid name; use lowercase letters, digits and '_', in dotted parts like cuda.device",
         )
 
 
 def _coerce(name: str, value: object) -> Decimal:
     if isinstance(value, float):
-        raise TypeError(
-            f"slot {name!r}: float amounts are not accepted (got {value!r}); "
-            f"pass a Decimal, an int or a string like '0.5' to avoid binary rounding"
+        raise SlotTypeError(
+            name,
+            f"float amounts are not accepted (got {value!r}); pass a Decimal, an int or a "
+            "string like '0.5' to avoid binary rounding",
         )
     if isinstance(value, bool) or not isinstance(value, Decimal | int | str):
-        raise TypeError(
-            f"slot {name!r}: amount must be a Decimal, an int or a string "
-            f"(got {type(value).__name__})"
+        raise SlotTypeError(
+            name, f"amount must be a number or a string like '4Gi' (got {_kind(value)})"
         )
     if isinstance(value, str):
         return _amount_from_text(name, value)
     return Decimal(value)
 
 
+def _from_json_amount(value: object) -> Any:
+    # JSON numbers with a fraction arrive as floats: their shortest repr is the decimal meant.
+    # Anything else goes to the constructor as it is, which says what it does not take.
+    if isinstance(value, float):
+        return Decimal(repr(value))
+    return value
+
+
+def _json_number(amount: Decimal) -> int | float:
+    whole = int(amount)
+    return whole if whole == amount else float(amount)
+
+
+def _kind(value: object) -> str:
+    return "true/false" if isinstance(value, bool) else type(value).__name__
+
+
 def _normalise(name: str, amount: Decimal, *, shown: str | None) -> Decimal:
+    got = shown if shown is not None else None
     if not amount.is_finite():
-        raise SlotError(f"slot {name!r}: amount must be a finite number (got {amount})")
+        raise SlotError(name, f"amount must be a finite number (got {got or amount})")
     if amount < 0:
-        got = shown if shown is not None else _decimal_text(amount)
-        raise SlotError(f"slot {name!r}: amount must not be negative (got {got})")
+        raise SlotError(name, f"must not be negative (got {got or _decimal_text(amount)})")
+    if amount > MAX_AMOUNT:
+        raise SlotError(
+            name, f"{got or _decimal_text(amount)} is more than corral handles; at most 1P (10¹⁵)"
+        )
     if is_byte_slot(name):
         amount = amount.to_integral_value(rounding=ROUND_CEILING)
+    elif amount >= MAX_FRACTIONAL_AMOUNT and amount != amount.to_integral_value():
+        raise SlotError(
+            name,
+            f"{got or _decimal_text(amount)} has a fraction and is too large; "
+            "an amount with a fraction must be below 10¹²",
+        )
     return Decimal(_decimal_text(amount))
 
 
@@ -297,50 +426,53 @@ def _canonical(amounts: dict[str, Decimal]) -> dict[str, Decimal]:
 def _parse_item(item: str) -> tuple[str, Decimal]:
     text = item.strip()
     if not text:
-        raise SlotError("empty resource item; write name=amount items like cpu=2,mem=4g")
+        raise SlotError(None, "empty resource item; write name=amount items like cpu=2,mem=4Gi")
     raw_name, equals, amount_text = text.partition("=")
     name = raw_name.strip()
     if not equals:
-        raise SlotError(f"slot {name!r}: missing '=' in {text!r}; write name=amount like cpu=2")
+        raise SlotError(name, f"missing '=' in {text!r}; write name=amount like cpu=2")
     if not name:
-        raise SlotError(f"empty slot name in {text!r}; write name=amount like cpu=2")
-    _check_name(name)
+        raise SlotError(None, f"empty slot name in {text!r}; write name=amount like cpu=2")
     if not amount_text.strip():
-        raise SlotError(f"slot {name!r}: missing amount after '='; write {name}=<amount>")
-    return name, _normalise(name, _amount_from_text(name, amount_text), shown=amount_text.strip())
+        _check_name(name)
+        raise SlotError(name, f"missing amount after '='; write {name}=<amount>")
+    return name, parse_amount(name, amount_text)
 
 
 def _amount_from_text(name: str, raw: str) -> Decimal:
     text = raw.strip()
-    if not is_byte_slot(name):
-        if _COUNT_RE.fullmatch(text) is None:
-            raise SlotError(
-                f"slot {name!r}: {text!r} is not a number; {name} takes a plain count like 2 or 0.5"
-            )
-        return Decimal(text)
-    match = _SIZE_RE.fullmatch(text)
+    byte_slot = is_byte_slot(name)
+    match = _QUANTITY_RE.fullmatch(text)
     if match is None:
+        what = "a size" if byte_slot else "a quantity"
+        raise SlotError(name, f"{text!r} is not {what}; {name} takes {_forms(byte_slot)}")
+    number = Decimal(match["number"])
+    if match.lastindex == 1:  # a plain number, the common case: nothing to scale
+        return number
+    if match["exponent"] is not None:
+        return number.scaleb(int(match["exponent"]), _EXACT)
+    unit = match["unit"] or ""
+    scale = _unit_scale(unit, byte_slot)
+    if scale is None:
         raise SlotError(
-            f"slot {name!r}: {text!r} is not a size; "
-            f"{name} takes bytes like 4294967296 or a size like 4g or 1.5GiB"
+            name, f"unknown unit {unit!r} in {text!r}; {name} takes {_forms(byte_slot)}"
         )
-    power = _unit_power(name, match["unit"], text)
-    amount = _EXACT.multiply(Decimal(match["number"]), Decimal(1024**power))
-    return -amount if match["sign"] == "-" else amount
+    return _EXACT.multiply(number, scale)
 
 
-def _unit_power(name: str, unit: str, text: str) -> int:
-    if not unit:
-        return 0
-    prefix = unit.lower()
-    for suffix in ("ib", "i", "b"):
-        if prefix.endswith(suffix) and len(prefix) > len(suffix):
-            prefix = prefix[: -len(suffix)]
-            break
-    power = _UNIT_POWERS.get(prefix)
-    if power is None:
-        raise SlotError(f"slot {name!r}: unknown unit {unit!r} in {text!r} (use k, m, g, t or p)")
-    return power
+def _unit_scale(unit: str, byte_slot: bool) -> Decimal | None:
+    if not byte_slot:
+        return _COUNT_UNITS.get(unit)
+    scale = _BYTE_UNITS.get(unit)
+    if scale is None:
+        # Other spellings of the old units (`4G`'s cousins `4Gb`, `4K`, `4GIB`) keep their
+        # old binary meaning; only Kubernetes' own spellings changed.
+        scale = _LEGACY_BYTE_UNITS.get(unit.lower())
+    return scale
+
+
+def _forms(byte_slot: bool) -> str:
+    return _BYTE_FORMS if byte_slot else _COUNT_FORMS
 
 
 def _decimal_text(amount: Decimal) -> str:
@@ -354,9 +486,9 @@ def _human_amount(name: str, amount: Decimal) -> str:
     if not is_byte_slot(name):
         return _decimal_text(amount)
     size = int(amount)
-    for suffix, power in _HUMAN_UNITS:
-        if size % 1024**power == 0:
-            return f"{size // 1024**power}{suffix}"
+    for suffix, unit in _HUMAN_UNITS:
+        if size % unit == 0:
+            return f"{size // unit}{suffix}"
     return str(size)
 
 
@@ -365,9 +497,9 @@ def _brief_amount(name: str, amount: Decimal) -> str:
     if not is_byte_slot(name):
         return exact
     size = int(amount)
-    for suffix, power in _HUMAN_UNITS:
-        if size >= 1024**power:
-            rounded = f"{size / 1024**power:.1f}".removesuffix(".0")
+    for suffix, unit in _BRIEF_UNITS:
+        if size >= unit:
+            rounded = f"{size / unit:.1f}".removesuffix(".0")
             # An exact form that is no longer than the rounded one says more: keep it.
             return exact if len(exact) <= len(rounded) + len(suffix) else f"{rounded}{suffix}"
     return exact
@@ -379,16 +511,9 @@ def _from_pydantic_input(value: object) -> ResourceSlots:
     if isinstance(value, str):
         return ResourceSlots.parse(value)
     if isinstance(value, Mapping):
-        # JSON clients send 0.5 as a float; its shortest repr is the decimal they meant.
-        amounts = {
-            name: Decimal(repr(amount)) if isinstance(amount, float) else amount
-            for name, amount in value.items()
-        }
-        try:
-            return ResourceSlots(amounts)
-        except TypeError as error:
-            raise SlotError(str(error)) from error
+        return ResourceSlots.from_json(value)
     raise SlotError(
-        "resources must be a mapping like {'cpu': 2, 'mem': '4g'} "
-        f"or a string like 'cpu=2,mem=4g' (got {type(value).__name__})"
+        None,
+        "resources must be an object like {'cpu': 2, 'mem': 4294967296} "
+        f"or a string like 'cpu=2,mem=4Gi' (got {_kind(value)})",
     )

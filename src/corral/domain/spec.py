@@ -120,7 +120,7 @@ class SessionSpec(BaseModel):
     @classmethod
     def _check_resources(cls, value: ResourceSlots) -> ResourceSlots:
         if value.is_zero():
-            raise ValueError("resources must request at least one slot, like cpu=1,mem=1g")
+            raise ValueError("resources must request at least one slot, like cpu=1,mem=1Gi")
         value.to_milli()  # raises SlotError (a ValueError) for amounts the store cannot hold
         return value
 

@@ -103,19 +103,18 @@ async def test_every_route_needs_a_token_and_admin_routes_an_admin(
         assert response.status_code not in (401, 403), response.text
 
 
-async def test_agents_list_shows_slots_as_text_and_milli_units(
+async def test_agents_list_shows_slots_as_numbers_in_base_units(
     world: ApiWorld, http: httpx.AsyncClient
 ) -> None:
-    """An agent's capacity reads as `cpu=8 mem=16GiB` and in milli-units; idle, no kernels."""
+    """An agent's capacity is the slots' JSON form (cores, bytes); idle, it holds nothing."""
     (agent_id,) = world.cluster.agents
     response = await http.get("/v1/agents", headers=world.alice.headers)
     assert response.status_code == 200, response.text
     (agent,) = response.json()["items"]
     assert agent["id"] == agent_id
     assert agent["status"] == "ALIVE" and agent["schedulable"] is True
-    assert agent["capacity"] == "cpu=8 mem=16GiB"
-    assert agent["capacity_milli"] == {"cpu": 8000, "mem": 16 * 1024**3 * 1000}
-    assert (agent["occupied"], agent["occupied_milli"], agent["kernels"]) == ("", {}, 0)
+    assert agent["capacity"] == {"cpu": 8, "mem": 16 * 1024**3}
+    assert (agent["occupied"], agent["kernels"]) == ({}, 0)
     one = await http.get(f"/v1/agents/{agent_id}", headers=world.alice.headers)
     assert one.json() == agent
 
@@ -170,7 +169,7 @@ async def test_drained_agent_gets_no_kernels_until_undrained(
     await world.cluster.coordinator.run_all()
     assert await world.cluster.status(sid) is not SessionStatus.PENDING
     agent = (await http.get(f"/v1/agents/{agent_id}", headers=world.bob.headers)).json()
-    assert (agent["occupied"], agent["kernels"]) == ("cpu=1", 1)
+    assert (agent["occupied"], agent["kernels"]) == ({"cpu": 1}, 1)
     page = await http.get("/v1/events?follow=false", headers=world.admin.headers)
     kinds = [e["kind"] for e in page.json()["items"] if e["entity_type"] == "agent"]
     assert kinds == ["agent.drained", "agent.undrained"]
@@ -208,6 +207,27 @@ async def test_resource_groups_crud(world: ApiWorld, http: httpx.AsyncClient) ->
     problem(
         await http.delete("/v1/resource-groups/gpu", headers=admin), 404, "resource-group-not-found"
     )
+
+
+async def test_group_slot_limits_read_as_numbers(world: ApiWorld, http: httpx.AsyncClient) -> None:
+    """A group's max_slots_per_owner, given as quantities, reads back in the slots' JSON form."""
+    options = {"max_slots_per_owner": {"cpu": "1500m", "mem": "4G"}}
+    created = await http.post(
+        "/v1/resource-groups", json={"name": "g", "options": options}, headers=world.admin.headers
+    )
+    assert created.status_code == 201, created.text
+    expected = {"cpu": 1.5, "mem": 4 * 10**9}
+    assert created.json()["options"]["max_slots_per_owner"] == expected
+    got = await http.get("/v1/resource-groups/g", headers=world.alice.headers)
+    assert got.json()["options"]["max_slots_per_owner"] == expected
+    bad = await http.patch(
+        "/v1/resource-groups/g",
+        json={"options": {"max_slots_per_owner": {"cpu": "-1"}}},
+        headers=world.admin.headers,
+    )
+    assert problem(bad, 422, "validation-error")["errors"] == [
+        {"field": "options.max_slots_per_owner.cpu", "message": "must not be negative (got -1)"}
+    ]
 
 
 @pytest.mark.parametrize(

@@ -56,7 +56,7 @@ async def test_create_returns_the_session_and_is_idempotent_on_creation_id(
     assert first.status_code == 201, first.text
     body = first.json()
     assert (body["owner"], body["status"], body["image"]) == ("alice", "PENDING", "python")
-    assert body["resources"] == {"cpu": "1"}
+    assert body["resources"] == {"cpu": 1}
     assert [k["cluster_index"] for k in body["kernels"]] == [0, 1]
     again = await create(world, world.alice, creation_id="job-1", cluster_size=2)
     assert again.status_code == 200
@@ -85,11 +85,71 @@ async def test_the_created_session_is_answered_as_a_read_shows_it(world: ApiWorl
 async def test_bad_specs_are_422_naming_the_field_and_write_nothing(world: ApiWorld) -> None:
     """A bad field, or a resource group that does not exist, names the field; nothing stored."""
     bad_cpu = await create(world, world.alice, resources={"cpu": "-1"})
-    assert "resources" in problem(bad_cpu, 422, "validation-error")["errors"][0]["field"]
+    assert problem(bad_cpu, 422, "validation-error")["errors"] == [
+        {"field": "resources.cpu", "message": "must not be negative (got -1)"}
+    ]
     no_group = await create(world, world.alice, resource_group="nowhere")
     assert problem(no_group, 422, "validation-error")["errors"][0]["field"] == "resource_group"
     page = await world.http.get("/v1/sessions", headers=world.alice.headers)
     assert page.json()["items"] == []
+
+
+async def test_resources_read_as_numbers_in_base_units(world: ApiWorld) -> None:
+    """Quantity strings in, the JSON form out: cpu in cores, mem in bytes, in create, get, list."""
+    created = await create(
+        world, world.alice, resources={"cpu": "500m", "mem": "4Gi", "cuda.device": 1}
+    )
+    assert created.status_code == 201, created.text
+    expected = {"cpu": 0.5, "mem": 4 * 1024**3, "cuda.device": 1}
+    assert created.json()["resources"] == expected
+    read = await world.http.get(f"/v1/sessions/{created.json()['id']}", headers=world.alice.headers)
+    assert read.json()["resources"] == expected
+    legacy = await create(world, world.alice, resources="cpu=1.5,mem=512m")
+    assert legacy.json()["resources"] == {"cpu": 1.5, "mem": 512 * 1024**2}
+    decimal = await create(world, world.alice, resources={"cpu": 2, "mem": "4G"})
+    assert decimal.json()["resources"] == {"cpu": 2, "mem": 4 * 10**9}
+    listed = await world.http.get("/v1/sessions", headers=world.alice.headers)
+    assert [s["resources"] for s in listed.json()["items"]] == [
+        {"cpu": 2, "mem": 4 * 10**9},
+        {"cpu": 1.5, "mem": 512 * 1024**2},
+        expected,
+    ]
+
+
+async def test_invalid_fields_are_worded_by_corral_not_pydantic(world: ApiWorld) -> None:
+    """422 details say `field: must ...`: no `Value error,`, no `Input should`, no `body.`."""
+    bad = await create(
+        world, world.alice, priority=500, cluster_size=0, colour="blue", resources={"mem": "4x"}
+    )
+    body = problem(bad, 422, "validation-error")
+    assert {e["field"]: e["message"] for e in body["errors"]} == {
+        "priority": "must be 100 or less",
+        "cluster_size": "must be 1 or more",
+        "colour": "is not a known field; check its spelling",
+        "resources.mem": body["errors"][0]["message"],
+    }
+    assert body["errors"][0]["message"].startswith("unknown unit 'x' in '4x'; mem takes bytes")
+    for text in ("Value error", "Input should", "body."):
+        assert text not in body["detail"]
+    assert body["detail"].startswith("resources.mem: unknown unit 'x'")
+    no_image = await world.http.post(
+        "/v1/sessions", json={"command": ["true"]}, headers=world.alice.headers
+    )
+    assert problem(no_image, 422, "validation-error")["detail"] == "image: is required"
+
+
+async def test_openapi_documents_the_slot_json_form(world: ApiWorld) -> None:
+    """The OpenAPI document: sessions' resources out as numbers, in as numbers or quantities."""
+    document = (await world.http.get("/openapi.json")).json()
+    schemas = document["components"]["schemas"]
+    output = schemas["SessionOut"]["properties"]["resources"]
+    assert output["type"] == "object"
+    assert output["additionalProperties"] == {"type": "number", "minimum": 0}
+    assert "mem in bytes" in output["description"]
+    spec = next(v for k, v in schemas.items() if k.startswith("SessionSpec"))
+    accepted = spec["properties"]["resources"]
+    assert {option["type"] for option in accepted["anyOf"]} == {"object", "string"}
+    assert "Kubernetes quantity" in accepted["description"]
 
 
 async def test_users_see_only_their_own_sessions_and_admins_see_all(world: ApiWorld) -> None:

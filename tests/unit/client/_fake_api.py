@@ -61,7 +61,7 @@ def session_json(**fields: Any) -> dict[str, Any]:
         "priority": 0,
         "image": "python",
         "command": ["python", "-c", "print(42)"],
-        "resources": {"cpu": "1", "mem": "1GiB"},
+        "resources": {"cpu": 1, "mem": 1024**3},
         "creation_id": None,
         "kernels": [kernel_json(0)],
     }
@@ -98,10 +98,8 @@ def agent_json(agent_id: str, **fields: Any) -> dict[str, Any]:
         "last_heartbeat_at": NOW.isoformat(),
         "status_changed_at": NOW.isoformat(),
         "created_at": NOW.isoformat(),
-        "capacity": "cpu=8 mem=16GiB",
-        "occupied": "cpu=1",
-        "capacity_milli": {"cpu": 8000, "mem": 16 * 1024**3 * 1000},
-        "occupied_milli": {"cpu": 1000},
+        "capacity": {"cpu": 8, "mem": 16 * 1024**3},
+        "occupied": {"cpu": 1},
         "kernels": 1,
         **fields,
     }

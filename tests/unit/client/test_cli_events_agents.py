@@ -126,7 +126,7 @@ def test_agent_ls_json(cli: Cli, api: FakeApi) -> None:
     api.agents = [agent_json("node-1")]
     (agent,) = json.loads(cli("agent", "ls", "--json").stdout)
     assert agent["id"] == "node-1"
-    assert agent["capacity"] == {"cpu": "8", "mem": str(16 * 1024**3)}
+    assert agent["capacity"] == {"cpu": 8, "mem": 16 * 1024**3}
 
 
 def _emit_now(api: FakeApi) -> None:

@@ -62,7 +62,7 @@ def test_the_submitted_spec_is_a_batch_session_with_the_flags(cli: Cli, api: Fak
     assert spec["type"] == "BATCH"
     assert spec["image"] == "python"
     assert spec["command"] == ["python", "train.py", "--epochs", "3"]
-    assert spec["resources"] == {"cpu": "2", "mem": str(4 * 1024**3), "cuda.device": "1"}
+    assert spec["resources"] == {"cpu": 2, "mem": 4 * 1024**3, "cuda.device": 1}
     assert (spec["cluster_size"], spec["cluster_mode"]) == (2, "multi-node")
     assert (spec["name"], spec["env"]) == ("train", {"SEED": "1"})
     assert len(spec["creation_id"]) == 32
@@ -133,7 +133,7 @@ def test_an_invalid_flag_is_refused_before_submitting(cli: Cli, api: FakeApi) ->
     """A bad memory amount exits 2 with the problem, and nothing is sent."""
     result = cli("run", "--mem", "lots", "--", "true")
     assert result.exit_code == 2
-    assert result.stderr.startswith("corral: error: resources")
+    assert result.stderr.startswith("corral: error: --mem lots: 'lots' is not a size")
     assert api.requests == []
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import pickle
 from decimal import Decimal
 
@@ -11,9 +12,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from corral.domain.slots import ResourceSlots, SlotError, is_byte_slot
+from corral.domain.slots import (
+    MAX_AMOUNT,
+    MAX_FRACTIONAL_AMOUNT,
+    ResourceSlots,
+    SlotError,
+    is_byte_slot,
+    parse_amount,
+)
 
 GIB = 1024**3
+GB = 10**9
 
 # --- parsing ---------------------------------------------------------------------------------
 
@@ -25,16 +34,36 @@ GIB = 1024**3
         ("cpu=0.5", {"cpu": Decimal("0.5")}),
         ("cpu=.25", {"cpu": Decimal("0.25")}),
         ("cpu=2,mem=4g,cuda.device=1", {"cpu": 2, "mem": 4 * GIB, "cuda.device": 1}),
-        (" cpu = 2 ,  mem=4G ", {"cpu": 2, "mem": 4 * GIB}),
+        (" cpu = 2 ,  mem=4Gi ", {"cpu": 2, "mem": 4 * GIB}),
         ("cpu=2 mem=4GiB", {"cpu": 2, "mem": 4 * GIB}),
-        ("mem=4gb", {"mem": 4 * GIB}),
+        # Kubernetes: decimal suffixes as Kubernetes spells them, binary ones with an i.
+        ("cpu=500m", {"cpu": Decimal("0.5")}),
+        ("cpu=1500m", {"cpu": Decimal("1.5")}),
+        ("cpu=2k", {"cpu": 2000}),
+        ("cpu=1Ki", {"cpu": 1024}),
+        ("cpu=1e3", {"cpu": 1000}),
+        ("cpu=25e-2", {"cpu": Decimal("0.25")}),
+        ("cpu=500000u", {"cpu": Decimal("0.5")}),
+        ("mem=4G", {"mem": 4 * GB}),
+        ("mem=4GB", {"mem": 4 * GB}),
+        ("mem=512M", {"mem": 512 * 10**6}),
+        ("mem=4kB", {"mem": 4000}),
+        ("mem=1T", {"mem": 10**12}),
+        ("mem=1P", {"mem": 10**15}),
         ("mem=4Gi", {"mem": 4 * GIB}),
-        ("mem=4GB", {"mem": 4 * GIB}),
+        ("mem=2KiB", {"mem": 2048}),
+        ("mem=1.5Gi", {"mem": 3 * GIB // 2}),
+        ("mem=1e9", {"mem": GB}),
+        # The old spellings of byte slots keep their binary meaning: `512m` is not milli.
+        ("mem=4g", {"mem": 4 * GIB}),
+        ("mem=4gb", {"mem": 4 * GIB}),
+        ("mem=4gib", {"mem": 4 * GIB}),
+        ("mem=4Gb", {"mem": 4 * GIB}),
         ("mem=512m", {"mem": 512 * 1024**2}),
         ("mem=1k", {"mem": 1024}),
-        ("mem=2KiB", {"mem": 2048}),
+        ("mem=1K", {"mem": 1024}),
+        ("mem=1KB", {"mem": 1024}),
         ("mem=1t", {"mem": 1024**4}),
-        ("mem=1P", {"mem": 1024**5}),
         ("mem=1.5g", {"mem": 3 * GIB // 2}),
         ("mem=0.1k", {"mem": 103}),
         ("mem=4096", {"mem": 4096}),
@@ -53,19 +82,25 @@ def test_parse_valid(text: str, expected: dict[str, int | Decimal]) -> None:
 @pytest.mark.parametrize(
     ("text", "slot", "fragment"),
     [
-        ("mem=4x", "mem", "unknown unit 'x' in '4x' (use k, m, g, t or p)"),
+        ("mem=4x", "mem", "unknown unit 'x' in '4x'; mem takes bytes like 4294967296, or a size"),
         ("mem=4kk", "mem", "unknown unit 'kk'"),
         ("mem=4b", "mem", "unknown unit 'b'"),
-        ("cpu=2g", "cpu", "'2g' is not a number; cpu takes a plain count like 2 or 0.5"),
-        ("cpu=-1", "cpu", "amount must not be negative (got -1)"),
-        ("mem=-1k", "mem", "amount must not be negative (got -1k)"),
+        ("mem=4u", "mem", "unknown unit 'u'"),
+        ("cpu=2g", "cpu", "unknown unit 'g' in '2g'; cpu takes a number like 2 or 0.5, or a "),
+        ("cpu=2GB", "cpu", "unknown unit 'GB'"),
+        ("cpu=-1", "cpu", "must not be negative (got -1)"),
+        ("mem=-1k", "mem", "must not be negative (got -1k)"),
         ("cpu", "cpu", "missing '='"),
         ("cpu=1,cpu=2", "cpu", "given more than once"),
-        ("cpu=abc", "cpu", "is not a number"),
-        ("cpu=1e3", "cpu", "is not a number"),
-        ("cpu=nan", "cpu", "is not a number"),
-        ("cpu=Infinity", "cpu", "is not a number"),
+        ("cpu=abc", "cpu", "'abc' is not a quantity; cpu takes a number like 2 or 0.5"),
+        ("cpu=1e100", "cpu", "is not a quantity"),
+        ("cpu=nan", "cpu", "is not a quantity"),
+        ("cpu=Infinity", "cpu", "is not a quantity"),
         ("mem=inf", "mem", "is not a size"),
+        ("mem=2Pi", "mem", "2Pi is more than corral handles; at most 1P"),
+        ("mem=1E", "mem", "more than corral handles"),
+        ("cpu=1e16", "cpu", "more than corral handles"),
+        ("cpu=1000000000000.5", "cpu", "an amount with a fraction must be below 10¹²"),
         ("mem=g", "mem", "is not a size"),
         ("cpu=", "cpu", "missing amount"),
         ("CPU=1", "CPU", "invalid name"),
@@ -122,8 +157,9 @@ def test_constructor_rejects_float_and_other_types(value: object) -> None:
 @pytest.mark.parametrize(
     ("amounts", "fragment"),
     [
-        ({"cpu": Decimal(-1)}, "slot 'cpu': amount must not be negative (got -1)"),
-        ({"cpu": -1}, "slot 'cpu': amount must not be negative (got -1)"),
+        ({"cpu": Decimal(-1)}, "slot 'cpu': must not be negative (got -1)"),
+        ({"cpu": -1}, "slot 'cpu': must not be negative (got -1)"),
+        ({"cpu": 10**15 + 1}, "slot 'cpu': 1000000000000001 is more than corral handles"),
         ({"cpu": Decimal("NaN")}, "slot 'cpu': amount must be a finite number"),
         ({"gpu": Decimal("Infinity")}, "slot 'gpu': amount must be a finite number"),
         ({"Bad Name": 1}, "slot 'Bad Name': invalid name"),
@@ -141,6 +177,22 @@ def test_constructor_rejects_invalid_amounts(
 def test_slot_error_is_a_value_error() -> None:
     """SlotError is a ValueError, so callers and pydantic treat it as bad input."""
     assert issubclass(SlotError, ValueError)
+
+
+def test_slot_error_carries_the_slot_and_the_problem() -> None:
+    """A SlotError names its slot apart from the problem, so callers can place it (a field)."""
+    with pytest.raises(SlotError) as caught:
+        ResourceSlots.parse("cpu=1,mem=-4Gi")
+    assert (caught.value.slot, caught.value.problem) == ("mem", "must not be negative (got -4Gi)")
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "amount"),
+    [("cpu", "500m", Decimal("0.5")), ("mem", " 512m ", 512 * 1024**2), ("mem", "4G", 4 * GB)],
+)
+def test_parse_amount_reads_one_slot(name: str, text: str, amount: Decimal | int) -> None:
+    """parse_amount reads one flag's value, e.g. `--mem 512m`, by the same rules as parse."""
+    assert parse_amount(name, text) == amount
 
 
 def test_byte_slots_round_up_to_whole_bytes() -> None:
@@ -247,16 +299,26 @@ def test_zero_names_and_is_zero() -> None:
 # --- serialisation ---------------------------------------------------------------------------
 
 
-def test_to_json_uses_canonical_decimal_strings() -> None:
-    """to_json gives plain decimal strings with no exponent and no trailing zeros."""
+def test_to_json_gives_numbers_in_base_units() -> None:
+    """to_json: whole amounts as ints (bytes for mem), fractional ones as floats."""
     slots = ResourceSlots({"cpu": Decimal("0.50"), "mem": Decimal("4E+9"), "tpu": Decimal("1E+2")})
-    assert slots.to_json() == {"cpu": "0.5", "mem": "4000000000", "tpu": "100"}
+    assert slots.to_json() == {"cpu": 0.5, "mem": 4000000000, "tpu": 100}
+    assert [type(v) for v in slots.to_json().values()] == [float, int, int]
     assert ResourceSlots.from_json(slots.to_json()) == slots
 
 
-def test_from_json_accepts_ints() -> None:
-    """from_json reads integer amounts as well as strings."""
-    assert ResourceSlots.from_json({"cpu": 2, "mem": "1024"}) == ResourceSlots.parse("cpu=2,mem=1k")
+def test_to_text_uses_canonical_decimal_strings() -> None:
+    """to_text gives plain decimal strings with no exponent and no trailing zeros."""
+    slots = ResourceSlots({"cpu": Decimal("0.50"), "mem": Decimal("4E+9")})
+    assert slots.to_text() == {"cpu": "0.5", "mem": "4000000000"}
+
+
+def test_from_json_accepts_numbers_and_quantity_strings() -> None:
+    """from_json reads ints, JSON floats as the decimal they print as, and quantity strings."""
+    expected = ResourceSlots({"cpu": Decimal("0.1"), "mem": 1024})
+    assert ResourceSlots.from_json({"cpu": 0.1, "mem": 1024}) == expected
+    assert ResourceSlots.from_json({"cpu": "100m", "mem": "1Ki"}) == expected
+    assert ResourceSlots.from_json({"cpu": "0.1", "mem": "1k"}) == expected
 
 
 @pytest.mark.parametrize(
@@ -266,8 +328,11 @@ def test_from_json_accepts_ints() -> None:
         ("cuda.device=1,mem=4g,cpu=2", "cpu=2 mem=4GiB cuda.device=1"),
         ("mem=1.5g", "mem=1536MiB"),
         ("mem=0.1k", "mem=103"),
+        ("mem=4G", "mem=4GB"),
+        ("mem=1000", "mem=1kB"),
         ("cuda.mem=2t", "cuda.mem=2TiB"),
-        ("mem=3p", "mem=3PiB"),
+        ("mem=1P", "mem=1PB"),
+        ("cpu=500m", "cpu=0.5"),
         ("cpu=0.25", "cpu=0.25"),
         ("", ""),
     ],
@@ -281,11 +346,13 @@ def test_format_human(text: str, human: str) -> None:
     ("text", "brief"),
     [
         ("cpu=2,mem=24684084k", "cpu=2 mem=23.5GiB"),  # a host's memory, as detected
-        ("mem=3000000k", "mem=2.9GiB"),
+        ("mem=3000000k", "mem=3072MB"),
+        ("mem=3000001k", "mem=2.9GiB"),
         ("mem=4g,cuda.device=2", "mem=4GiB cuda.device=2"),
         ("mem=512m", "mem=512MiB"),
         ("mem=1.5g", "mem=1.5GiB"),
-        ("mem=1000", "mem=1000"),
+        ("mem=4G", "mem=4GB"),
+        ("mem=1001", "mem=1001"),
         ("cpu=0.25", "cpu=0.25"),
     ],
 )
@@ -315,6 +382,7 @@ class _Model(BaseModel):
         {"cpu": 2, "mem": "4g"},
         {"cpu": "2", "mem": 4 * GIB},
         {"cpu": 2.0, "mem": "4GiB"},
+        {"cpu": "2000m", "mem": 4 * GIB},
         {"cpu": Decimal(2), "mem": "4g"},
         "cpu=2,mem=4g",
         ResourceSlots({"cpu": 2, "mem": "4g"}),
@@ -335,12 +403,19 @@ def test_pydantic_reads_json_floats_as_their_decimal() -> None:
 @pytest.mark.parametrize(
     ("value", "fragment"),
     [
-        ({"cpu": -1}, "slot 'cpu': amount must not be negative"),
-        ({"cpu": True}, "slot 'cpu': amount must be a Decimal, an int or a string"),
+        ({"cpu": -1}, "slot 'cpu': must not be negative"),
+        (
+            {"cpu": True},
+            "slot 'cpu': amount must be a number or a string like '4Gi' (got true/false)",
+        ),
+        (
+            {"cpu": None},
+            "slot 'cpu': amount must be a number or a string like '4Gi' (got NoneType)",
+        ),
         ({"cpu": float("nan")}, "slot 'cpu': amount must be a finite number"),
         ({"mem": "4x"}, "slot 'mem': unknown unit 'x'"),
-        ("cpu=2g", "slot 'cpu': '2g' is not a number"),
-        (5, "resources must be a mapping"),
+        ("cpu=2g", "slot 'cpu': unknown unit 'g'"),
+        (5, "resources must be an object like"),
     ],
 )
 def test_pydantic_errors_carry_the_slot_message(value: object, fragment: str) -> None:
@@ -355,22 +430,28 @@ def test_pydantic_errors_carry_the_slot_message(value: object, fragment: str) ->
 def test_pydantic_serialises_to_json_dict() -> None:
     """A model dumps the field as the to_json() dict, which validates back to an equal value."""
     model = _Model(resources=ResourceSlots.parse("cpu=0.5,mem=1g"))
-    assert model.model_dump() == {"resources": {"cpu": "0.5", "mem": "1073741824"}}
+    assert model.model_dump() == {"resources": {"cpu": 0.5, "mem": 1073741824}}
+    assert model.model_dump_json() == '{"resources":{"cpu":0.5,"mem":1073741824}}'
     assert _Model.model_validate_json(model.model_dump_json()) == model
 
 
 def test_pydantic_json_schema_describes_both_forms() -> None:
-    """The JSON schema offers an object of amounts or a slot string."""
+    """Input: an object of numbers or quantity strings, or a slot string; output: numbers."""
     schema = _Model.model_json_schema()["properties"]["resources"]
     assert {option["type"] for option in schema["anyOf"]} == {"object", "string"}
+    assert "Kubernetes quantity" in schema["description"]
+    output = _Model.model_json_schema(mode="serialization")["properties"]["resources"]
+    assert output["type"] == "object"
+    assert output["additionalProperties"] == {"type": "number", "minimum": 0}
+    assert "mem in bytes" in output["description"]
 
 
 # --- properties ------------------------------------------------------------------------------
 
 _COUNT_NAMES = ["cpu", "cuda.device", "cuda.shares", "tpu"]
 _BYTE_NAMES = ["mem", "cuda.mem"]
-_counts = st.decimals(min_value=0, max_value=10**9, places=3)
-_bytes = st.integers(min_value=0, max_value=2**60)
+_counts = st.decimals(min_value=0, max_value=MAX_FRACTIONAL_AMOUNT - 1, places=3)
+_bytes = st.integers(min_value=0, max_value=int(MAX_AMOUNT))
 
 
 @st.composite
@@ -400,8 +481,54 @@ def test_property_human_format_parses_back(a: ResourceSlots) -> None:
 
 @given(_slots())
 def test_property_json_round_trip(a: ResourceSlots) -> None:
-    """from_json(to_json()) gives back exactly the same slots."""
+    """from_json(to_json()) gives back exactly the same slots, through JSON text too."""
     assert ResourceSlots.from_json(a.to_json()) == a
+    assert ResourceSlots.from_json(json.loads(json.dumps(a.to_json()))) == a
+    assert _Model.model_validate_json(_Model(resources=a).model_dump_json()).resources == a
+
+
+@given(_slots())
+def test_property_text_round_trip(a: ResourceSlots) -> None:
+    """The text form reads back exactly, as amounts and as repr."""
+    assert ResourceSlots(a.to_text()) == a
+    assert eval(repr(a)) == a
+
+
+_SIZE_UNITS = st.sampled_from(["", "k", "m", "g", "t", "Ki", "Mi", "Gi", "Ti", "M", "G", "T"])
+
+
+@given(st.integers(min_value=0, max_value=10**6), _SIZE_UNITS)
+def test_property_size_units_scale_exactly(number: int, unit: str) -> None:
+    """`N<unit>` is N times the unit's size: binary for Ki.. and the old k/m/g/t, decimal for
+    Kubernetes' M/G/T; a size within the bound parses, one above it names the bound."""
+    size = {"": 1, "M": 10**6, "G": 10**9, "T": 10**12}.get(unit) or 1024 ** (
+        "kmgt".index(unit[0].lower()) + 1
+    )
+    if number * size > MAX_AMOUNT:
+        with pytest.raises(SlotError, match="more than corral handles"):
+            parse_amount("mem", f"{number}{unit}")
+    else:
+        assert parse_amount("mem", f"{number}{unit}") == number * size
+
+
+@given(st.integers(min_value=0, max_value=10**12))
+def test_property_milli_suffix_is_a_thousandth(milli: int) -> None:
+    """`Nm` cpu is N/1000 cores, and reads back from the JSON form as the same amount."""
+    amount = parse_amount("cpu", f"{milli}m")
+    assert amount * 1000 == milli
+    assert ResourceSlots.from_json(ResourceSlots({"cpu": amount}).to_json()) == ResourceSlots(
+        {"cpu": amount}
+    )
+
+
+@given(st.decimals(min_value=MAX_AMOUNT, max_value=MAX_AMOUNT * 10, places=0))
+def test_property_amounts_above_the_bound_name_it(amount: Decimal) -> None:
+    """Every amount above 10¹⁵ is refused with a message naming the slot and the bound."""
+    if amount == MAX_AMOUNT:
+        assert ResourceSlots({"cpu": amount})["cpu"] == MAX_AMOUNT
+        return
+    with pytest.raises(SlotError, match=r"slot 'cpu': .* at most 1P"):
+        ResourceSlots({"cpu": amount})
 
 
 @given(_slots(), _slots(), st.integers(min_value=0, max_value=256))

@@ -1,0 +1,129 @@
+"""The CLI as a user runs it: `--version`, and every error as one `corral: error:` line."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from tests.e2e._cli import corral
+from tests.e2e._up import Up, _home_env, start_up
+
+USAGE_EXIT = 2
+FAILURE_EXIT = 1
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """A user with nothing configured."""
+    return _home_env(tmp_path)
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[Up]:
+    """`corral up` with one local agent."""
+    yield from start_up(tmp_path)
+
+
+def one_error_line(stderr: str) -> str:
+    """The message of stderr's only line, which must be `corral: error: ...`: no box, no trace."""
+    lines = stderr.splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("corral: error: "), stderr
+    assert "Traceback" not in stderr and "╭" not in stderr, stderr
+    return lines[0].removeprefix("corral: error: ")
+
+
+def free_port() -> int:
+    """A local port nothing listens on (bound, then closed)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+@pytest.mark.parametrize("args", [("--version",), ("version",)])
+def test_version_prints_the_package_version(env: dict[str, str], args: tuple[str, ...]) -> None:
+    """`corral --version` and `corral version` print the installed package's version, exit 0."""
+    done = corral(*args, env=env)
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"corral {version('corral')}\n", "")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("run", "--bogus", "--", "true"),
+            "no such option: --bogus",
+        ),
+        (("nosuch",), "no such command 'nosuch'; see `corral --help`"),
+        (
+            ("run", "--gpus", "-1", "--", "true"),
+            "--gpus: must be 0 or more (got -1); see `corral run",
+        ),
+        (("run", "--gpus", "two", "--", "true"), "--gpus: must be a whole number (got two)"),
+        (("run",), "missing argument 'CMD'; see `corral run --help`"),
+        (("session", "info"), "missing argument 'SESSION'; see `corral session info --help`"),
+        (("run", "--priority", "500", "--", "true"), "--priority: must be 100 or less"),
+        (
+            ("run", "--mem", "4x", "--", "true"),
+            "--mem 4x: unknown unit 'x' in '4x'; mem takes bytes like 4294967296, or a size like "
+            "4Gi or 4GiB (4·2³⁰), 4G or 4GB (4·10⁹), or the old 4g (= 4Gi) and 512m (= 512Mi)",
+        ),
+        (("run", "--cpu", "2g", "--", "true"), "--cpu 2g: unknown unit 'g' in '2g'; cpu takes"),
+        (("run", "--cpu", "-1", "--", "true"), "--cpu -1: must not be negative (got -1)"),
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_2(
+    env: dict[str, str], args: tuple[str, ...], message: str
+) -> None:
+    """A bad flag, command or value: exit 2 and one `corral: error:` line saying what to fix."""
+    done = corral(*args, env=env)
+    assert done.returncode == USAGE_EXIT, done.stderr
+    assert done.stdout == ""
+    assert one_error_line(done.stderr).startswith(message)
+
+
+def test_an_unreachable_server_exits_1_saying_so(env: dict[str, str]) -> None:
+    """No server at the configured URL: exit 1, one line naming the URL and what to check."""
+    url = f"http://127.0.0.1:{free_port()}"
+    done = corral("session", "ls", env={**env, "CORRAL_URL": url, "CORRAL_TOKEN": "crl_x"})
+    assert done.returncode == FAILURE_EXIT, done.stderr
+    message = one_error_line(done.stderr)
+    assert message.startswith(f"cannot reach corral at {url}")
+    assert message.endswith("is the manager running (`corral up`), and is the URL right?")
+
+
+def test_server_errors_and_quantities_through_a_real_manager(up: Up) -> None:
+    """A server-side 422 is a usage error in our words; `--mem 512m` is 512 MiB, `--cpu 500m`
+    half a core; `--json` shows slots as numbers in base units, for sessions and agents."""
+    refused = up.corral("run", "--resource-group", "nowhere", "--", "true")
+    assert refused.returncode == USAGE_EXIT, refused.stderr
+    assert one_error_line(refused.stderr) == (
+        "resource_group: resource group 'nowhere' does not exist"
+    )
+    missing = up.corral("session", "info", "00000000-0000-0000-0000-000000000000")
+    assert missing.returncode == FAILURE_EXIT, missing.stderr
+    one_error_line(missing.stderr)
+
+    submitted = up.corral("run", "-d", "--cpu", "500m", "--mem", "512m", "--", "true")
+    assert submitted.returncode == 0, submitted.stderr
+    session_id = submitted.stdout.strip()
+    info = json.loads(up.corral("session", "info", session_id, "--json").stdout)
+    assert info["resources"] == {"cpu": 0.5, "mem": 512 * 1024**2}
+    listed = json.loads(up.corral("session", "ls", "--json").stdout)
+    assert [s["resources"] for s in listed] == [{"cpu": 0.5, "mem": 512 * 1024**2}]
+    shown = up.corral("session", "info", session_id)
+    assert "cpu=0.5 mem=512MiB per kernel" in shown.stdout
+    decimal = up.corral("run", "-d", "--mem", "1G", "--", "true")
+    decimal_info = json.loads(up.corral("session", "info", decimal.stdout.strip(), "--json").stdout)
+    assert decimal_info["resources"] == {"cpu": 1, "mem": 10**9}
+
+    (agent,) = json.loads(up.corral("agent", "ls", "--json").stdout)
+    assert set(agent["capacity"]) >= {"cpu", "mem"}
+    assert all(isinstance(amount, int | float) for amount in agent["capacity"].values())
+    assert isinstance(agent["capacity"]["mem"], int)
