@@ -75,7 +75,10 @@ class AssignedKernelMessage(_Message):
     desired_state: KernelIntent | None
     desired_generation: int
     stage_failure: str | None
-    slots: dict[str, int]  # milli-units the kernel occupies
+    # Not the users' JSON form of slots: the agent applies limits from the store's integers.
+    slots: dict[str, int] = Field(
+        description="what the kernel occupies, in milli-units (1 cpu = 1000, 1 byte = 1000)"
+    )
     spec: dict[str, Any]
 
 
