@@ -32,8 +32,8 @@ from pydantic_core import core_schema
 
 # The store keeps amounts as integers in thousandths of a unit.
 MILLI = Decimal(1000)
-# The largest amount of one slot: 1P (a petabyte of memory). The store's 64-bit milli-units
-# hold 9.2·10¹⁵, and sums of many agents' capacities must still fit.
+# The largest amount of one slot: 1P (a petabyte of memory), 10¹⁸ in the store's milli-units,
+# which are 64-bit integers (at most 9.2·10¹⁸): anything larger is a typo, not a machine.
 MAX_AMOUNT = Decimal(10**15)
 # A fractional amount stays below this, so that it has at most 15 significant digits with its
 # three decimals: what a JSON number (a double) carries exactly to every client.
