@@ -22,8 +22,9 @@ from corral.store.database import Database
 from corral.store.tables import kernel_logs
 
 _c = kernel_logs.c
-# Chunks read per query while walking a stream backwards for its last lines.
-TAIL_BATCH = 8
+# Chunks read per query while walking a stream backwards for its last lines: the last chunk
+# alone first (a few lines are in it), then more at a time.
+TAIL_BATCHES = (1, 8)
 
 
 @record
@@ -120,13 +121,15 @@ async def _tail_start(conn: AsyncConnection, kernel_id: KernelId, stream: str, l
     expected_end: int | None = None  # the next (later) chunk's offset, to notice a gap
     start = 0
     first = True
+    batch = TAIL_BATCHES[0]
     while True:
         query = (
             sa.select(_c.byte_offset, _c.data)
             .where(_c.kernel_id == kernel_id, _c.stream == stream)
             .order_by(_c.byte_offset.desc())
-            .limit(TAIL_BATCH)
+            .limit(batch)
         )
+        batch = TAIL_BATCHES[-1]
         if before is not None:
             query = query.where(_c.byte_offset < before)
         rows: list[Any] = list(await conn.execute(query))
