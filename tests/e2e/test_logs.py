@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -115,6 +118,29 @@ def test_events_tail_shows_the_newest_last_and_a_session_by_prefix(up: Up, big: 
     mine = json.loads(up.corral("events", "--session", big[:13], "--json").stdout)
     assert {e["entity_id"] for e in mine} == {big}
     assert mine[-1]["payload"]["to"] == "TERMINATED"
+
+
+def test_a_follower_stops_on_sigint_even_when_started_with_it_ignored(up: Up, big: str) -> None:
+    """`events -f` ends with 130 on SIGINT, also as a background job that ignores SIGINT."""
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "corral", "events", "-f", "--json", "--session", big],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=up.env,
+        # What a shell does for a script's background job (and so for a suite run that way).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        assert follower.stdout is not None
+        assert json.loads(follower.stdout.readline())["entity_id"] == big  # it is following
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(timeout=60) == 130
+    finally:
+        follower.kill()
+        follower.wait()
+        if follower.stdout is not None:
+            follower.stdout.close()
 
 
 pytestmark = pytest.mark.timeout(600)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import signal
 import sys
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from datetime import UTC, datetime
@@ -45,12 +46,23 @@ def call(work: Callable[[Client], Coroutine[Any, Any, T]]) -> T:
     """
 
     async def main() -> T:
-        async with connect() as client:
-            return await work(client)
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        # SIGINT cancels the command even when it was started with SIGINT ignored: a shell
+        # starts a script's background jobs so (a test suite run in the background too), and
+        # Python then raises no KeyboardInterrupt, so `events -f` or `logs -f` ran on after
+        # a Ctrl-C or a `kill -INT`. `corral run` and `corral up` handle SIGINT themselves.
+        loop.add_signal_handler(signal.SIGINT, task.cancel)
+        try:
+            async with connect() as client:
+                return await work(client)
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
 
     try:
         return asyncio.run(main())
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         raise typer.Exit(INTERRUPTED_EXIT) from None
     except (ClientConfigError, ValidationError) as exc:
         fail(str(exc), code=USAGE_EXIT)
