@@ -49,20 +49,30 @@ def call(work: Callable[[Client], Coroutine[Any, Any, T]]) -> T:
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
-        # SIGINT cancels the command even when it was started with SIGINT ignored: a shell
+        interrupted = asyncio.Event()
+
+        def interrupt() -> None:
+            interrupted.set()
+            task.cancel()
+
+        # SIGINT stops the command even when it was started with SIGINT ignored: a shell
         # starts a script's background jobs so (a test suite run in the background too), and
         # Python then raises no KeyboardInterrupt, so `events -f` or `logs -f` ran on after
         # a Ctrl-C or a `kill -INT`. `corral run` and `corral up` handle SIGINT themselves.
-        loop.add_signal_handler(signal.SIGINT, task.cancel)
+        loop.add_signal_handler(signal.SIGINT, interrupt)
         try:
             async with connect() as client:
                 return await work(client)
+        except asyncio.CancelledError:
+            if interrupted.is_set():
+                raise KeyboardInterrupt from None
+            raise
         finally:
             loop.remove_signal_handler(signal.SIGINT)
 
     try:
         return asyncio.run(main())
-    except (KeyboardInterrupt, asyncio.CancelledError):
+    except KeyboardInterrupt:
         raise typer.Exit(INTERRUPTED_EXIT) from None
     except (ClientConfigError, ValidationError) as exc:
         fail(str(exc), code=USAGE_EXIT)
