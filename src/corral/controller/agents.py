@@ -40,12 +40,7 @@ from corral.store.kernel_logs import (
     append_log_chunks,
     store_outputs,
 )
-from corral.store.kernel_reports import (
-    KernelReport,
-    KernelReportConflictError,
-    ReportOutcome,
-    apply_report_batches,
-)
+from corral.store.kernel_reports import KernelReport, ReportOutcome, apply_report_batches
 from corral.store.users import hash_secret
 
 logger = logging.getLogger(__name__)
@@ -204,11 +199,21 @@ class AgentController:
         return await self.polls.get(agent_id, since, wait_s if since is not None else 0.0)
 
     async def report(self, agent_id: AgentId, reports: Sequence[KernelReport]) -> ReportOutcome:
-        """Apply a batch of kernel reports (all or none) and wake the phases they concern.
+        """Apply a batch of kernel reports, each as far as it is legal (the outcome names the
+        refused ones), and wake the phases they concern.
 
         Batches of agents reporting at the same time share one transaction (group commit).
         """
-        return await self._reports.submit((agent_id, reports))
+        outcome = await self._reports.submit((agent_id, reports))
+        if outcome.refused:
+            logger.warning(
+                "agent.reports_refused",
+                extra={
+                    "agent_id": agent_id,
+                    "refused": {str(k): why for k, why in outcome.refused.items()},
+                },
+            )
+        return outcome
 
     async def upload_logs(self, agent_id: AgentId, chunks: Sequence[LogChunk]) -> None:
         """Store log chunks of the agent's kernels (idempotent), each stream within the cap."""
@@ -239,7 +244,7 @@ class AgentController:
 
     async def _apply_reports(
         self, batches: Sequence[tuple[AgentId, Sequence[KernelReport]]]
-    ) -> list[ReportOutcome | KernelReportConflictError]:
+    ) -> list[ReportOutcome]:
         return await apply_report_batches(self.db, batches, self.clock())
 
     async def _after_reports(self, outcomes: Sequence[ReportOutcome]) -> None:

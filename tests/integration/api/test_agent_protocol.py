@@ -161,8 +161,11 @@ async def test_long_poll_answers_when_the_assignment_changes(api: Api) -> None:
     assert kernel["cluster_hosts"] == ["10.0.0.1"]
 
 
-async def test_an_impossible_report_is_refused_whole_and_a_repeat_is_harmless(api: Api) -> None:
-    """409 lists the conflict and changes nothing; the same valid batch twice applies once."""
+async def test_reports_apply_as_far_as_legal_and_a_resent_batch_is_acknowledged(
+    api: Api,
+) -> None:
+    """An impossible report is refused alone (named per kernel; the rest applied); a batch
+    re-sent after its answer was lost, with newer reports, is acknowledged and applied."""
     token = await api.join("node-1")
     sid, kid = await api.running_kernel("node-1", token)
     url = "/v1/agents/node-1/reports"
@@ -173,20 +176,25 @@ async def test_an_impossible_report_is_refused_whole_and_a_repeat_is_harmless(ap
         ]
     }
     refused = await api.http.post(url, json=bad, headers=bearer(token))
-    assert refused.status_code == 409
-    assert "PULLING" in refused.json()["conflicts"][str(kid)]
-    assert (await api.cluster.session(sid)).kernels[0].status is K.PREPARING
+    assert refused.status_code == 200
+    assert refused.json() == {
+        "applied": 1,
+        "already": 0,
+        "refused": {str(kid): "cannot move from PULLING to RUNNING"},
+    }
+    assert (await api.cluster.session(sid)).kernels[0].status is K.PULLING
     good = {
         "reports": [
             {"kernel_id": str(kid), "status": "PULLING"},
             {"kernel_id": str(kid), "status": "PREPARED"},
         ]
     }
-    assert (await api.http.post(url, json=good, headers=bearer(token))).json() == {"applied": 1}
-    assert (await api.http.post(url, json=good, headers=bearer(token))).status_code == 409
-    assert (await api.cluster.session(sid)).kernels[0].status is K.PREPARED
-    same = {"reports": [{"kernel_id": str(kid), "status": "PREPARED"}]}
-    assert (await api.http.post(url, json=same, headers=bearer(token))).json() == {"applied": 0}
+    answer = await api.http.post(url, json=good, headers=bearer(token))
+    assert answer.json() == {"applied": 1, "already": 1, "refused": {}}
+    resent = {"reports": [*good["reports"], {"kernel_id": str(kid), "status": "CREATING"}]}
+    again = await api.http.post(url, json=resent, headers=bearer(token))
+    assert again.json() == {"applied": 1, "already": 2, "refused": {}}
+    assert (await api.cluster.session(sid)).kernels[0].status is K.CREATING
 
 
 async def test_logs_and_outputs_are_kept_once_and_only_from_the_kernels_agent(api: Api) -> None:
