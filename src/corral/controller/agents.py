@@ -236,9 +236,15 @@ class AgentController:
         if lost.agent_ids:
             logger.warning(
                 "agent.lost",
-                extra={"agents": lost.agent_ids, "kernels": len(lost.kernels)},
+                extra={
+                    "agents": lost.agent_ids,
+                    "kernels": len(lost.kernels),
+                    "sessions_to_place_again": len(lost.unstarted),
+                },
             )
             hints = hints_after_report({KernelStatus.ERROR}) if lost.kernels else set()
+            if lost.unstarted:  # their phases' handlers count the failed attempt
+                hints |= {Hint.PREPARE, Hint.START, Hint.TERMINATE}
             await self.hints.set_after_commit(*sorted(h.value for h in hints | {Hint.ASSIGNMENTS}))
         return lost
 

@@ -1,9 +1,10 @@
 """Agents joining, staying in touch and getting lost: registration, heartbeats, the lost sweep.
 
 An agent that stops heartbeating past its timeout is LOST: in one transaction its status moves,
-its non-terminal kernels move to ERROR with cause `agent_lost` (history written, slots
-released), and its revision is bumped so that, should it come back, it reconciles at once. The
-session handlers take the sessions from there (DetectTermination, DetectFailureBeforeRunning).
+its started kernels (RUNNING, TERMINATING) move to ERROR with cause `agent_lost` (history
+written, slots released), and its revision is bumped so that, should it come back, it
+reconciles at once. The session handlers take the sessions from there (DetectTermination;
+for kernels not started, PrepareSessions / StartSessions give the attempt up: back to PENDING).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from corral.store.tables import agent_slots, agents, kernel_history, kernels
 AGENT_LOST = "LOST"
 AGENT_TERMINATED = "TERMINATED"
 AGENT_LOST_CAUSE = "agent_lost"
+# A lost agent's kernels in these had started: they fail with AGENT_LOST_CAUSE.
+_STARTED = (KernelStatus.RUNNING.value, KernelStatus.TERMINATING.value)
 PHASE_HEARTBEAT = "heartbeat"
 
 
@@ -55,7 +58,10 @@ class LostAgents:
 
     agent_ids: list[AgentId] = field(default_factory=list)
     kernels: dict[KernelId, KernelStatus] = field(default_factory=dict)  # status before ERROR
-    sessions: set[SessionId] = field(default_factory=set)
+    sessions: set[SessionId] = field(default_factory=set)  # of the failed kernels
+    # Sessions with a kernel on a lost agent that had not started: a failed attempt of their
+    # phase for the session's handler (back to PENDING, placed elsewhere), not their end.
+    unstarted: set[SessionId] = field(default_factory=set)
 
 
 async def read_agent(db: Database, agent_id: AgentId) -> AgentRecord | None:
@@ -195,7 +201,12 @@ async def record_heartbeats(
 
 
 async def mark_lost_agents(db: Database, cutoff: datetime, now: datetime) -> LostAgents:
-    """Every ALIVE agent silent since before `cutoff` becomes LOST, its live kernels ERROR."""
+    """Every ALIVE agent silent since before `cutoff` becomes LOST, its started kernels ERROR.
+
+    Kernels it had not started (SCHEDULED … CREATING) keep their status: their sessions'
+    PrepareSessions / StartSessions count the lost agent as a failed attempt and send them
+    back to PENDING, to be placed elsewhere (spec document 1's give-up transitions).
+    """
     lost = LostAgents()
     async with db.transaction() as conn:
         silent = agents.c.last_heartbeat_at < cutoff
@@ -213,17 +224,20 @@ async def mark_lost_agents(db: Database, cutoff: datetime, now: datetime) -> Los
             return lost
         lost.agent_ids = sorted(ids)
         live = [s.value for s in KERNEL_NON_TERMINAL]
-        rows = list(
-            await conn.execute(
-                sa.select(
-                    kernels.c.id,
-                    kernels.c.session_id,
-                    kernels.c.agent_id,
-                    kernels.c.status,
-                    kernels.c.occupied_slots,
-                ).where(on_agents(db.dialect, ids), kernels.c.status.in_(live))
-            )
-        )
+        rows = []
+        for row in await conn.execute(
+            sa.select(
+                kernels.c.id,
+                kernels.c.session_id,
+                kernels.c.agent_id,
+                kernels.c.status,
+                kernels.c.occupied_slots,
+            ).where(on_agents(db.dialect, ids), kernels.c.status.in_(live))
+        ):
+            if row[3] in _STARTED:
+                rows.append(row)
+            else:
+                lost.unstarted.add(SessionId(row[1]))
         releases: dict[AgentId, dict[str, int]] = {}
         history = []
         for kernel_id, session_id, agent_id, status, held in rows:
@@ -252,7 +266,7 @@ async def mark_lost_agents(db: Database, cutoff: datetime, now: datetime) -> Los
                 kernels.update()
                 .where(
                     in_values(db.dialect, kernels.c.id, [r[0] for r in rows]),
-                    kernels.c.status.in_(live),
+                    kernels.c.status.in_(_STARTED),
                 )
                 .values(
                     status=KernelStatus.ERROR.value,
