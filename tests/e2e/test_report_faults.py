@@ -60,6 +60,29 @@ class LoseAnswerAfterCommit(FaultyClient):
         return await self.inner.report(agent_id, reports)
 
 
+class RefuseTheEnd(httpx.AsyncBaseTransport):
+    """The agent's HTTP transport with the first report batch that ends a kernel turned away
+    by something between agent and manager (a proxy's 413): the agent drops that batch, so
+    the manager never hears the kernel end; later requests pass."""
+
+    def __init__(self) -> None:
+        self._inner = httpx.AsyncHTTPTransport()
+        self.refused: list[list[str]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Forward, except for the one batch."""
+        if request.method == "POST" and request.url.path.endswith("/reports"):
+            statuses = [r["status"] for r in json.loads(request.content)["reports"]]
+            if not self.refused and K.TERMINATED.value in statuses:
+                self.refused.append(statuses)
+                return httpx.Response(413, json={"detail": "request entity too large"})
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        """Close the real transport."""
+        await self._inner.aclose()
+
+
 @contextlib.asynccontextmanager
 async def agent_daemon(
     cluster: LiveCluster, agent_id: str, fault: type[FaultyClient], tmp_path: Path
@@ -120,4 +143,37 @@ async def test_a_report_whose_answer_was_lost_is_resent_and_the_kernel_runs_once
                 )
             )
         assert S.PENDING.value not in session_moves, session_moves  # never placed again
+        assert started == 1
+
+
+async def test_a_running_session_whose_agent_stops_reporting_its_kernel_is_reconciled(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The kernel's end never reaches the manager (session RUNNING, slots held): quiet past
+    its bound, the kernel is asked about; the agent answers with its end; the session ends."""
+    transport = RefuseTheEnd()
+    async with (
+        live_cluster(database_url, tmp_path, running_quiet_s=1.0) as cluster,
+        agent_daemon(cluster, "node-a", transport, tmp_path),
+    ):
+        await cluster.wait_agents_alive({"node-a"})
+        sid = await cluster.submit(
+            image="python", command=["true"], resources={"cpu": 1, "mem": "256m"}
+        )
+        row = await cluster.wait_status(sid)
+        assert row["status"] == S.TERMINATED, row
+        assert transport.refused and transport.refused[0][-1] == K.TERMINATED.value
+        (kernel,) = await cluster.kernels(sid)
+        assert (kernel["status"], kernel["occupied_slots"], kernel["asked_at"]) == (
+            K.TERMINATED,
+            None,
+            None,
+        )
+        async with cluster.db.read() as conn:
+            started = await conn.scalar(
+                sa.select(sa.func.count()).where(
+                    kernel_history.c.session_id == sid,
+                    kernel_history.c.to_status == K.RUNNING.value,
+                )
+            )
         assert started == 1

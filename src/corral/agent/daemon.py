@@ -52,7 +52,7 @@ from corral.agent.shipper import Backoff, ReportShipper
 from corral.domain.record import record
 from corral.domain.session import KernelIntent
 from corral.domain.slots import ResourceSlots
-from corral.domain.status import KernelStatus
+from corral.domain.status import KERNEL_STARTED, KernelStatus
 from corral.domain.types import Clock, KernelId, SessionId, utcnow
 
 logger = logging.getLogger(__name__)
@@ -63,9 +63,8 @@ DEVICE_CAUSE = "device_unavailable"
 _STARTABLE = frozenset(
     {KernelStatus.PREPARING, KernelStatus.PULLING, KernelStatus.PREPARED, KernelStatus.CREATING}
 )
-_STARTED = frozenset({KernelStatus.RUNNING, KernelStatus.TERMINATING})
 # A left kernel in one of these was started: CREATING when its RUNNING report never arrived.
-_ADOPTABLE = _STARTED | {KernelStatus.CREATING}
+_ADOPTABLE = KERNEL_STARTED | {KernelStatus.CREATING}
 TOKEN_FILE = "agent-token"
 KERNELS_DIR = "kernels"  # under the data directory: one work directory per kernel
 
@@ -267,14 +266,17 @@ class AgentDaemon:
                 worker = None
             if worker is not None:
                 if worker.done:
-                    self._resend_end(worker)
+                    self._resend_end(worker, asked=kernel.asked)
                 else:
                     worker.update(kernel)
+                    if kernel.asked and not self.shipper.pending(worker.kernel_id):
+                        # The manager heard nothing of it for a while: it still runs here.
+                        self.shipper.report(worker.status_report(), answer=True)
             elif kernel.desired_state in (KernelIntent.PREPARE, KernelIntent.RUN) and (
                 kernel.status in _STARTABLE
             ):
                 self._spawn(kernel)
-            elif kernel.status in _STARTED:
+            elif kernel.status in KERNEL_STARTED:
                 self._answer_once(
                     kernel,
                     KernelReportMessage(
@@ -297,18 +299,17 @@ class AgentDaemon:
                     ),
                 )
 
-    def _resend_end(self, worker: KernelWorker) -> None:
+    def _resend_end(self, worker: KernelWorker, *, asked: bool) -> None:
         """The manager still lists a kernel this agent finished: unless its end is on its way
         or was acknowledged (the assignment was read before it arrived), the end never arrived
-        (it was refused), so it is sent again; the kernel is never started again."""
+        (it was refused), so it is sent again, and always when the manager asks about it; the
+        kernel is never started again."""
         report = worker.last_report
-        if (
-            report is not None
-            and not self.shipper.pending(worker.kernel_id)
-            and not self.shipper.acknowledged(report)
-        ):
+        if report is None or self.shipper.pending(worker.kernel_id):
+            return
+        if asked or not self.shipper.acknowledged(report):
             logger.info("agent.kernel_end_resent", extra={"kernel_id": str(worker.kernel_id)})
-            self.shipper.report(report)
+            self.shipper.report(report, answer=asked)
 
     def _spawn(self, kernel: AssignedKernelMessage) -> None:
         kernel_id = KernelId(kernel.id)

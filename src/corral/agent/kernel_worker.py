@@ -166,6 +166,12 @@ class KernelWorker:
         """The kernel reached a terminal progress state."""
         return self.progress.terminal
 
+    def status_report(self) -> KernelReportMessage:
+        """The kernel's status as this worker last reported it (or the manager moved it to)."""
+        return KernelReportMessage(
+            kernel_id=self.kernel_id, status=self._reported, attempt=self.attempt
+        )
+
     def detach(self) -> None:
         """Leave the kernel running when the worker is cancelled (the agent's `leave` policy)."""
         self._detached = True

@@ -76,6 +76,9 @@ class AssignedKernelMessage(_Message):
     desired_generation: int
     stage_failure: str | None
     attempt: int = 0  # the placement (bumped by each): the agent's reports name it
+    # The manager has heard nothing of this started kernel for a while: the agent answers with
+    # what it knows (its status, its end, or that it does not know it).
+    asked: bool = False
     # Not the users' JSON form of slots: the agent applies limits from the store's integers.
     slots: dict[str, int] = Field(
         description="what the kernel occupies, in milli-units (1 cpu = 1000, 1 byte = 1000)"

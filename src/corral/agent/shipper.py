@@ -66,10 +66,13 @@ class ReportShipper:
         self._idle.set()
         # kernel → (its placement, the last status the manager acknowledged of it)
         self._acked: dict[uuid.UUID, tuple[int | None, KernelStatus]] = {}
+        self._answers: set[int] = set()  # queued reports (by id) that answer a question
         self.sent = 0
 
-    def report(self, report: KernelReportMessage) -> None:
-        """Queue one report."""
+    def report(self, report: KernelReportMessage, *, answer: bool = False) -> None:
+        """Queue one report; `answer`: sent even if not newer (the manager asked about it)."""
+        if answer:
+            self._answers.add(id(report))
         self._queue.append(report)
         self._idle.clear()
         self._queued.set()
@@ -111,9 +114,9 @@ class ReportShipper:
             self._queued.clear()
             while self._queue:
                 taken = len(self._queue[:MAX_BATCH])
-                batch = [r for r in self._queue[:taken] if self._newer(r)]
+                batch = [r for r in self._queue[:taken] if self._newer(r) or self._answering(r)]
                 if not batch:
-                    del self._queue[:taken]
+                    self._drop(taken)
                     continue
                 try:
                     answer = await self._client.report(self._agent_id, batch)
@@ -128,10 +131,10 @@ class ReportShipper:
                     logger.error(
                         "agent.reports_rejected", extra={"status": exc.status, "detail": str(exc)}
                     )
-                    del self._queue[:taken]
+                    self._drop(taken)
                     continue
                 self._backoff.reset()
-                del self._queue[:taken]
+                self._drop(taken)
                 self._answered(batch, answer.refused)
                 self.sent += len(batch)
             self._idle.set()
@@ -143,6 +146,16 @@ class ReportShipper:
         except TimeoutError:
             return False
         return True
+
+    def _drop(self, taken: int) -> None:
+        """The first `taken` queued reports are done with (delivered, or not to be sent)."""
+        if self._answers:
+            for report in self._queue[:taken]:
+                self._answers.discard(id(report))
+        del self._queue[:taken]
+
+    def _answering(self, report: KernelReportMessage) -> bool:
+        return bool(self._answers) and id(report) in self._answers
 
     def _newer(self, report: KernelReportMessage) -> bool:
         """Whether the manager may not have this report yet (a failed stage at the status it

@@ -33,6 +33,7 @@ from corral.store.agent_registry import (
 from corral.store.agents import AGENT_ALIVE, NewAgent
 from corral.store.assignments import Assignment
 from corral.store.database import Database
+from corral.store.kernel_checks import KernelChecks, check_quiet_kernels
 from corral.store.kernel_logs import (
     DEFAULT_LOG_CAP_BYTES,
     LogChunk,
@@ -79,6 +80,11 @@ class AgentTimings:
     # How often waiting long-polls re-read their revisions when no hint arrives (another
     # manager may have changed them; hints are per bus, not per agent).
     poll_recheck_s: float = 2.0
+    # How long a started kernel's agent may say nothing of it before the manager asks (the
+    # agent answers at its next assignment); unanswered for `heartbeat_timeout_s` after
+    # that, the kernel fails with agent_lost (`store.kernel_checks`).
+    running_quiet_s: float = 600.0
+    terminating_quiet_s: float = 60.0  # post-run stages: logs, outputs; seconds, normally
 
     @property
     def heartbeat_interval_s(self) -> float:
@@ -247,6 +253,29 @@ class AgentController:
                 hints |= {Hint.PREPARE, Hint.START, Hint.TERMINATE}
             await self.hints.set_after_commit(*sorted(h.value for h in hints | {Hint.ASSIGNMENTS}))
         return lost
+
+    async def check_kernels(self) -> KernelChecks:
+        """Ask agents about the started kernels they have been quiet about past their
+        status's bound; fail with agent_lost those asked about that stayed unanswered."""
+        now = self.clock()
+        timings = self.timings
+        quiet_since = {
+            KernelStatus.RUNNING: now - timedelta(seconds=timings.running_quiet_s),
+            KernelStatus.TERMINATING: now - timedelta(seconds=timings.terminating_quiet_s),
+        }
+        asked_before = now - timedelta(seconds=timings.heartbeat_timeout_s)
+        checks = await check_quiet_kernels(self.db, quiet_since, asked_before, now)
+        if checks.asked or checks.failed:
+            logger.warning(
+                "agent.kernels_checked",
+                extra={
+                    "asked": {str(k): a for k, a in checks.asked.items()},
+                    "failed": sorted(str(k) for k in checks.failed),
+                },
+            )
+            hints = hints_after_report({KernelStatus.ERROR}) if checks.failed else set()
+            await self.hints.set_after_commit(*sorted(h.value for h in hints | {Hint.ASSIGNMENTS}))
+        return checks
 
     async def _apply_reports(
         self, batches: Sequence[tuple[AgentId, Sequence[KernelReport]]]

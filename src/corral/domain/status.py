@@ -220,6 +220,9 @@ KERNEL_NON_TERMINAL = KERNEL_TRANSITIONS.non_terminal
 KERNEL_NOT_YET_PREPARED = frozenset({_K.PENDING, _K.SCHEDULED, _K.PREPARING, _K.PULLING})
 # PromoteToRunning: no kernel may still be in one of these.
 KERNEL_NOT_YET_RUNNING = frozenset(_KERNEL_BEFORE_RUNNING)
+# Kernels that started on their agent: an agent lost fails these (`agent_lost`) and asks
+# about them when quiet (`store.kernel_checks`); the others go back to PENDING with their session.
+KERNEL_STARTED = frozenset({_K.RUNNING, _K.TERMINATING})
 # Sessions holding agent resources (their kernels occupy slots).
 SESSION_OCCUPYING = frozenset(
     {_S.SCHEDULED, _S.PREPARING, _S.PREPARED, _S.CREATING, _S.RUNNING, _S.TERMINATING}

@@ -42,6 +42,7 @@ def assignment_message(assignment: Assignment) -> AssignmentMessage:
                 desired_generation=k.desired_generation,
                 stage_failure=k.stage_failure,
                 attempt=k.attempt,
+                asked=k.asked,
                 slots=dict(k.occupied_slots),
                 spec=k.spec,
             )

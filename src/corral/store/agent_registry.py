@@ -17,22 +17,21 @@ from typing import Any
 import sqlalchemy as sa
 
 from corral.domain.record import record
-from corral.domain.results import SchedulingResult
 from corral.domain.session import MilliSlots
-from corral.domain.status import KERNEL_NON_TERMINAL, KernelStatus
+from corral.domain.status import KERNEL_NON_TERMINAL, KERNEL_STARTED, KernelStatus
 from corral.domain.types import AgentId, KernelId, SessionId
 from corral.store._sql import in_values
 from corral.store.agent_kernels import on_agent, on_agents
-from corral.store.agents import AGENT_ALIVE, NewAgent, apply_slot_deltas, insert_agents
+from corral.store.agents import AGENT_ALIVE, NewAgent, insert_agents
 from corral.store.assignments import bump_revisions, update_agents_in_id_order
 from corral.store.database import Database
-from corral.store.tables import agent_slots, agents, kernel_history, kernels
+from corral.store.kernel_checks import fail_kernels
+from corral.store.tables import agent_slots, agents, kernels
 
 AGENT_LOST = "LOST"
 AGENT_TERMINATED = "TERMINATED"
-AGENT_LOST_CAUSE = "agent_lost"
 # A lost agent's kernels in these had started: they fail with AGENT_LOST_CAUSE.
-_STARTED = (KernelStatus.RUNNING.value, KernelStatus.TERMINATING.value)
+_STARTED = frozenset(s.value for s in KERNEL_STARTED)
 PHASE_HEARTBEAT = "heartbeat"
 
 
@@ -238,47 +237,17 @@ async def mark_lost_agents(db: Database, cutoff: datetime, now: datetime) -> Los
                 rows.append(row)
             else:
                 lost.unstarted.add(SessionId(row[1]))
-        releases: dict[AgentId, dict[str, int]] = {}
-        history = []
-        for kernel_id, session_id, agent_id, status, held in rows:
-            lost.kernels[KernelId(kernel_id)] = KernelStatus(status)
-            lost.sessions.add(SessionId(session_id))
-            for slot, amount in (held or {}).items():
-                cell = releases.setdefault(AgentId(agent_id), {})
-                cell[slot] = cell.get(slot, 0) - int(amount)
-            history.append(
-                {
-                    "kernel_id": kernel_id,
-                    "session_id": session_id,
-                    "phase": PHASE_HEARTBEAT,
-                    "from_status": status,
-                    "to_status": KernelStatus.ERROR.value,
-                    "result": SchedulingResult.SUCCESS.value,
-                    "error_code": AGENT_LOST_CAUSE,
-                    "message": f"agent {agent_id} sent no heartbeat since before {cutoff:%X}",
-                    "attempts": 1,
-                    "created_at": now,
-                    "updated_at": now,
-                }
-            )
-        if rows:
-            await conn.execute(
-                kernels.update()
-                .where(
-                    in_values(db.dialect, kernels.c.id, [r[0] for r in rows]),
-                    kernels.c.status.in_(_STARTED),
-                )
-                .values(
-                    status=KernelStatus.ERROR.value,
-                    status_changed_at=now,
-                    failure_cause=AGENT_LOST_CAUSE,
-                    status_info="agent lost: no heartbeat within its timeout",
-                    occupied_slots=None,
-                    stage_failure=None,
-                )
-            )
-            await conn.execute(kernel_history.insert(), history)
-            await apply_slot_deltas(conn, releases)
+        failed = await fail_kernels(
+            conn,
+            db.dialect,
+            rows,
+            phase=PHASE_HEARTBEAT,
+            message=f"sent no heartbeat since before {cutoff:%X}: lost",
+            now=now,
+        )
+        for row in failed:
+            lost.kernels[KernelId(row.id)] = KernelStatus(row.status)
+            lost.sessions.add(SessionId(row.session_id))
         await bump_revisions(conn, db.dialect, ids)
     return lost
 

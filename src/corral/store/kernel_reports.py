@@ -116,11 +116,11 @@ async def apply_report_batches(
         return [ReportOutcome() for _ in batches]
     async with db.transaction() as conn:
         rows = await _LOCK_KERNELS.rows(conn, {"ids": payload(db.dialect, ids)})
-        # id, session, agent, status (a KernelStatus), slots held, stage failure, attempt
+        # id, session, agent, status (a KernelStatus), slots held, stage failure, attempt,
+        # the manager's open question about the kernel (`store.kernel_checks`)
         status_of = KERNEL_STATUS_BY_VALUE
         current: dict[KernelId, tuple[Any, ...]] = {
-            KernelId(row[0]): (row[0], row[1], row[2], status_of[row[3]], row[4], row[5], row[6])
-            for row in rows
+            KernelId(row[0]): (row[0], row[1], row[2], status_of[row[3]], *row[4:8]) for row in rows
         }
         # One update per kernel, folding its reports in order (a later value wins).
         updates: dict[KernelId, dict[str, Any]] = {}
@@ -143,6 +143,7 @@ def _lock_kernels(dialect: Dialect) -> sa.Select[Any]:
         kernels.c.occupied_slots,
         kernels.c.stage_failure,
         kernels.c.attempt,
+        kernels.c.asked_at,
     ).where(in_param(dialect, kernels.c.id, "ids"))
     if dialect == "postgresql":
         query = query.order_by(kernels.c.id).with_for_update()
@@ -185,9 +186,17 @@ def _fold(
         verdict = judge_report(agent_id, report, row, reports, index)
         if verdict is _ALREADY:
             outcome.already += 1
-            if row is not None and report.runtime_info is not None and report.status is row[3]:
-                update = updates.setdefault(report.kernel_id, {"kid": report.kernel_id})
-                update["runtime_info"] = dict(report.runtime_info)
+            if row is not None and _about_current(agent_id, report, row):
+                update = None
+                if report.runtime_info is not None and report.status is row[3]:
+                    update = updates.setdefault(report.kernel_id, {"kid": report.kernel_id})
+                    update["runtime_info"] = dict(report.runtime_info)
+                if row[7] is not None:  # the answer to the manager's question
+                    update = update or updates.setdefault(
+                        report.kernel_id, {"kid": report.kernel_id}
+                    )
+                    update.update(heard_at=now, asked_at=None)
+                    current[report.kernel_id] = (*row[:7], None)
             continue
         if isinstance(verdict, str):
             outcome.refused[report.kernel_id] = verdict
@@ -195,6 +204,8 @@ def _fold(
         assert row is not None  # only a known kernel is applied
         before: KernelStatus = row[3]
         values = _report_values(report, before, now)
+        if row[7] is not None:  # any report of the kernel answers the manager's question
+            values = {**(values or {}), "heard_at": now, "asked_at": None}
         if values is not None:
             updates.setdefault(report.kernel_id, {"kid": report.kernel_id}).update(values)
         if report.stage_failed:
@@ -211,7 +222,7 @@ def _fold(
                 held[slot] = held.get(slot, 0) - int(amount)
         # A later report (of this batch or the next) starts where this one left the kernel.
         held_after = None if report.status in KERNEL_TERMINAL else row[4]
-        current[report.kernel_id] = (*row[:3], report.status, held_after, None, row[6])
+        current[report.kernel_id] = (*row[:3], report.status, held_after, None, row[6], None)
     return outcome
 
 
@@ -253,6 +264,11 @@ def judge_report(
     if before in KERNEL_TERMINAL and _ends_as(batch, index, report.kernel_id, before):
         return _ALREADY  # a re-sent batch that ends where the kernel ended
     return f"cannot move from {before.value} to {report.status.value}"
+
+
+def _about_current(agent_id: AgentId, report: KernelReport, row: Sequence[Any]) -> bool:
+    """Whether the report is about the kernel's current placement, on this agent."""
+    return row[2] == agent_id and (report.attempt is None or report.attempt == row[6])
 
 
 def _ends_as(

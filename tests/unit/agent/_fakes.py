@@ -48,6 +48,7 @@ def assigned(
     desired: KernelIntent | None = KernelIntent.PREPARE,
     slots: Mapping[str, int] | None = None,
     attempt: int = 1,
+    asked: bool = False,
 ) -> AssignedKernelMessage:
     """One kernel as an assignment carries it."""
     return AssignedKernelMessage(
@@ -62,6 +63,7 @@ def assigned(
         desired_generation=1,
         stage_failure=None,
         attempt=attempt,
+        asked=asked,
         slots=dict(slots or {"cpu": 1000}),
         spec={"type": "BATCH", "image": "python:3.11", "command": ["python", "-c", "pass"]},
     )

@@ -304,6 +304,31 @@ async def test_a_finished_kernel_placed_here_again_runs_as_a_new_attempt(
     assert [r.attempt for r in rig.client.reports_of(A)] == [1, 1, 1, 2, 2]
 
 
+async def test_asked_about_a_kernel_the_agent_answers_with_what_it_knows(
+    make_rig: Callable[..., Rig],
+) -> None:
+    """Asked about a running kernel: its status, sent although the manager had it; asked
+    about a finished one: its end again; nothing is started again."""
+    rig = make_rig()
+    rig.ship()
+    started = dict(status=K.CREATING, desired=KernelIntent.RUN)
+    rig.daemon.reconcile(assignment(1, assigned(A, **started), assigned(B, **started)))
+    await rig.delivered(A, K.RUNNING)
+    await rig.delivered(B, K.RUNNING)
+    rig.runtime.kernels[B].exit(KernelExit(0, None, "done"))
+    await rig.delivered(B, K.TERMINATED)
+    await rig.flushed()
+    calls = len(rig.client.report_calls)
+
+    asked = dict(status=K.RUNNING, desired=KernelIntent.RUN, asked=True)
+    rig.daemon.reconcile(assignment(2, assigned(A, **asked), assigned(B, **asked)))
+    await rig.flushed()
+
+    (answers,) = rig.client.report_calls[calls:]
+    assert [(r.kernel_id, r.status) for r in answers] == [(A, K.RUNNING), (B, K.TERMINATED)]
+    assert rig.runtime.start_calls == [A, B]
+
+
 # -- registration and liveness ----------------------------------------------------------------
 
 
