@@ -4,8 +4,8 @@ A kernel placed again after going back to PENDING was the same row under the sam
 agent's late report of the earlier placement (or its finished worker) could be taken for the
 new one. Assignments and reports now carry the attempt.
 
-Revision ID: 0015
-Revises: 0014
+Revision ID: 0016
+Revises: 0015
 Create Date: 2026-11-27
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0015"
-down_revision = "0014"
+revision = "0016"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 
