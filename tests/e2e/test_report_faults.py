@@ -10,7 +10,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from corral.agent.client import HttpManagerClient, ManagerUnavailableError
+from corral.agent.client import HttpManagerClient, ManagerRejectedError, ManagerUnavailableError
 from corral.agent.daemon import AgentConfig, AgentDaemon
 from corral.agent.protocol import KernelReportMessage, ReportAccepted
 from corral.agent.runtime.simulated import SimulatedRuntime
@@ -60,27 +60,23 @@ class LoseAnswerAfterCommit(FaultyClient):
         return await self.inner.report(agent_id, reports)
 
 
-class RefuseTheEnd(httpx.AsyncBaseTransport):
-    """The agent's HTTP transport with the first report batch that ends a kernel turned away
-    by something between agent and manager (a proxy's 413): the agent drops that batch, so
-    the manager never hears the kernel end; later requests pass."""
+class RefuseTheEnd(FaultyClient):
+    """The first report batch that ends a kernel is turned away on its way (a proxy's 413):
+    the agent drops that batch, so the manager never hears the kernel end."""
 
-    def __init__(self) -> None:
-        self._inner = httpx.AsyncHTTPTransport()
-        self.refused: list[list[str]] = []
+    refused: list[list[str]]
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    def __init__(self, inner: HttpManagerClient) -> None:
+        super().__init__(inner)
+        self.refused = []
+
+    async def report(self, agent_id: str, reports: list[KernelReportMessage]) -> ReportAccepted:
         """Forward, except for the one batch."""
-        if request.method == "POST" and request.url.path.endswith("/reports"):
-            statuses = [r["status"] for r in json.loads(request.content)["reports"]]
-            if not self.refused and K.TERMINATED.value in statuses:
-                self.refused.append(statuses)
-                return httpx.Response(413, json={"detail": "request entity too large"})
-        return await self._inner.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        """Close the real transport."""
-        await self._inner.aclose()
+        statuses = [r.status.value for r in reports]
+        if not self.refused and K.TERMINATED.value in statuses:
+            self.refused.append(statuses)
+            raise ManagerRejectedError(413, {"detail": "request entity too large"})
+        return await self.inner.report(agent_id, reports)
 
 
 @contextlib.asynccontextmanager
@@ -151,10 +147,9 @@ async def test_a_running_session_whose_agent_stops_reporting_its_kernel_is_recon
 ) -> None:
     """The kernel's end never reaches the manager (session RUNNING, slots held): quiet past
     its bound, the kernel is asked about; the agent answers with its end; the session ends."""
-    transport = RefuseTheEnd()
     async with (
         live_cluster(database_url, tmp_path, running_quiet_s=1.0) as cluster,
-        agent_daemon(cluster, "node-a", transport, tmp_path),
+        agent_daemon(cluster, "node-a", RefuseTheEnd, tmp_path) as fault,
     ):
         await cluster.wait_agents_alive({"node-a"})
         sid = await cluster.submit(
@@ -162,7 +157,7 @@ async def test_a_running_session_whose_agent_stops_reporting_its_kernel_is_recon
         )
         row = await cluster.wait_status(sid)
         assert row["status"] == S.TERMINATED, row
-        assert transport.refused and transport.refused[0][-1] == K.TERMINATED.value
+        assert fault.refused and fault.refused[0][-1] == K.TERMINATED.value
         (kernel,) = await cluster.kernels(sid)
         assert (kernel["status"], kernel["occupied_slots"], kernel["asked_at"]) == (
             K.TERMINATED,
