@@ -185,7 +185,11 @@ async def _start(config: ManagerConfig) -> tuple[ManagerDaemon, asyncio.Task[Non
 
 @asynccontextmanager
 async def live_cluster(
-    database_url: str, tmp_path: Path, *, heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S
+    database_url: str,
+    tmp_path: Path,
+    *,
+    heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
+    running_quiet_s: float = AgentTimings.running_quiet_s,
 ) -> AsyncIterator[LiveCluster]:
     """A running manager on `database_url`; agents are started by the test and killed after."""
     daemon, runner = await _start(
@@ -194,7 +198,11 @@ async def live_cluster(
             port=0,
             join_token=JOIN_TOKEN,
             prefix=f"e2e{uuid.uuid4().hex[:8]}",
-            timings=AgentTimings(heartbeat_timeout_s=heartbeat_timeout_s, assignment_wait_s=10),
+            timings=AgentTimings(
+                heartbeat_timeout_s=heartbeat_timeout_s,
+                assignment_wait_s=10,
+                running_quiet_s=running_quiet_s,
+            ),
             grace_period_s=2,
         )
     )

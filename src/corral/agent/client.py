@@ -25,6 +25,7 @@ from corral.agent.protocol import (
     OutputMessage,
     RegisterRequest,
     RegisterResponse,
+    ReportAccepted,
     ReportBatch,
 )
 
@@ -48,12 +49,6 @@ class ManagerRejectedError(RuntimeError):
         self.problem = problem
         super().__init__(f"HTTP {status}: {problem.get('detail') or problem.get('title')}")
 
-    @property
-    def conflicts(self) -> dict[str, str]:
-        """Per kernel, why a report batch was refused (409 on reports)."""
-        conflicts = self.problem.get("conflicts") or {}
-        return {str(k): str(v) for k, v in conflicts.items()}
-
 
 class ManagerClient(Protocol):
     """The agent protocol, as the agent calls it."""
@@ -72,8 +67,8 @@ class ManagerClient(Protocol):
         """The full desired state; with `since`, once it differs from that revision."""
         ...
 
-    async def report(self, agent_id: str, reports: list[KernelReportMessage]) -> None:
-        """Kernel progress, in order (all or none: ManagerRejectedError 409 lists conflicts)."""
+    async def report(self, agent_id: str, reports: list[KernelReportMessage]) -> ReportAccepted:
+        """Kernel progress, in order; the answer names the refused reports' kernels."""
         ...
 
     async def upload_logs(self, agent_id: str, chunks: list[LogChunkMessage]) -> None:
@@ -161,13 +156,14 @@ class HttpManagerClient:
         )
         return AssignmentMessage.model_validate(body)
 
-    async def report(self, agent_id: str, reports: list[KernelReportMessage]) -> None:
+    async def report(self, agent_id: str, reports: list[KernelReportMessage]) -> ReportAccepted:
         """POST a report batch."""
-        await self._call(
+        body = await self._call(
             "POST",
             f"/v1/agents/{agent_id}/reports",
             json=ReportBatch(reports=reports).model_dump(mode="json"),
         )
+        return ReportAccepted.model_validate(body)
 
     async def upload_logs(self, agent_id: str, chunks: list[LogChunkMessage]) -> None:
         """POST log chunks."""

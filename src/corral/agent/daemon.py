@@ -52,7 +52,7 @@ from corral.agent.shipper import Backoff, ReportShipper
 from corral.domain.record import record
 from corral.domain.session import KernelIntent
 from corral.domain.slots import ResourceSlots
-from corral.domain.status import KernelStatus
+from corral.domain.status import KERNEL_STARTED, KernelStatus
 from corral.domain.types import Clock, KernelId, SessionId, utcnow
 
 logger = logging.getLogger(__name__)
@@ -63,9 +63,8 @@ DEVICE_CAUSE = "device_unavailable"
 _STARTABLE = frozenset(
     {KernelStatus.PREPARING, KernelStatus.PULLING, KernelStatus.PREPARED, KernelStatus.CREATING}
 )
-_STARTED = frozenset({KernelStatus.RUNNING, KernelStatus.TERMINATING})
 # A left kernel in one of these was started: CREATING when its RUNNING report never arrived.
-_ADOPTABLE = _STARTED | {KernelStatus.CREATING}
+_ADOPTABLE = KERNEL_STARTED | {KernelStatus.CREATING}
 TOKEN_FILE = "agent-token"
 KERNELS_DIR = "kernels"  # under the data directory: one work directory per kernel
 
@@ -257,33 +256,60 @@ class AgentDaemon:
         for kernel_id in [k for k in self.workers if k not in assigned]:
             self._forget(kernel_id)
         for kernel in assignment.kernels:
+            # What the manager shows it has needs no sending again.
+            self.shipper.acknowledge(kernel.id, kernel.attempt, kernel.status)
             worker = self.workers.get(KernelId(kernel.id))
+            if worker is not None and worker.attempt != kernel.attempt:
+                # Placed here again after going back to PENDING: a new placement, started
+                # afresh; the earlier one's worker (and its kernel, if alive) is done with.
+                self._forget(KernelId(kernel.id))
+                worker = None
             if worker is not None:
-                worker.update(kernel)
+                if worker.done:
+                    self._resend_end(worker, asked=kernel.asked)
+                else:
+                    worker.update(kernel)
+                    if kernel.asked and not self.shipper.pending(worker.kernel_id):
+                        # The manager heard nothing of it for a while: it still runs here.
+                        self.shipper.report(worker.status_report(), answer=True)
             elif kernel.desired_state in (KernelIntent.PREPARE, KernelIntent.RUN) and (
                 kernel.status in _STARTABLE
             ):
                 self._spawn(kernel)
-            elif kernel.status in _STARTED:
-                self.shipper.report(
+            elif kernel.status in KERNEL_STARTED:
+                self._answer_once(
+                    kernel,
                     KernelReportMessage(
                         kernel_id=kernel.id,
                         status=KernelStatus.ERROR,
                         failure_cause=KERNEL_LOST_CAUSE,
                         message=f"agent {self.config.agent_id} does not know this kernel "
                         "(it restarted) and found no trace of it to adopt",
-                    )
+                        attempt=kernel.attempt,
+                    ),
                 )
-                self._remember_done(kernel)
             elif kernel.desired_state is KernelIntent.STOP:
-                self.shipper.report(
+                self._answer_once(
+                    kernel,
                     KernelReportMessage(
                         kernel_id=kernel.id,
                         status=KernelStatus.TERMINATED,
                         message="stopped before it started on this agent",
-                    )
+                        attempt=kernel.attempt,
+                    ),
                 )
-                self._remember_done(kernel)
+
+    def _resend_end(self, worker: KernelWorker, *, asked: bool) -> None:
+        """The manager still lists a kernel this agent finished: unless its end is on its way
+        or was acknowledged (the assignment was read before it arrived), the end never arrived
+        (it was refused), so it is sent again, and always when the manager asks about it; the
+        kernel is never started again."""
+        report = worker.last_report
+        if report is None or self.shipper.pending(worker.kernel_id):
+            return
+        if asked or not self.shipper.acknowledged(report):
+            logger.info("agent.kernel_end_resent", extra={"kernel_id": str(worker.kernel_id)})
+            self.shipper.report(report, answer=asked)
 
     def _spawn(self, kernel: AssignedKernelMessage) -> None:
         kernel_id = KernelId(kernel.id)
@@ -296,15 +322,16 @@ class AgentDaemon:
 
     def _fail_on_devices(self, kernel: AssignedKernelMessage, message: str) -> None:
         """Report the kernel failed for want of its devices; it is done here."""
-        self.shipper.report(
+        self._answer_once(
+            kernel,
             KernelReportMessage(
                 kernel_id=kernel.id,
                 status=KernelStatus.ERROR,
                 failure_cause=DEVICE_CAUSE,
                 message=message,
-            )
+                attempt=kernel.attempt,
+            ),
         )
-        self._remember_done(kernel)
 
     def _run_worker(
         self,
@@ -372,7 +399,8 @@ class AgentDaemon:
         return True
 
     def _worker_ended(self, kernel_id: KernelId, task: asyncio.Task[None]) -> None:
-        self.devices.release(kernel_id)
+        if self._tasks.get(kernel_id) in (None, task):  # not a newer placement's devices
+            self.devices.release(kernel_id)
         if not task.cancelled() and task.exception() is not None:
             logger.error(
                 "agent.worker_crashed",
@@ -380,8 +408,10 @@ class AgentDaemon:
                 exc_info=task.exception(),
             )
 
-    def _remember_done(self, kernel: AssignedKernelMessage) -> None:
-        """A kernel answered for once: a placeholder worker keeps it from being answered again."""
+    def _answer_once(self, kernel: AssignedKernelMessage, report: KernelReportMessage) -> None:
+        """Report the kernel's end; a placeholder worker keeps it from being answered again
+        (and from being started), and sends the same end again if it was not delivered."""
+        self.shipper.report(report)
         worker = KernelWorker(
             kernel,
             self._launch(kernel, ()),
@@ -391,10 +421,12 @@ class AgentDaemon:
         )
         worker.progress.abort("answered", "")
         worker.progress.abandon()
+        worker.last_report = report
         self.workers[KernelId(kernel.id)] = worker
 
     def _forget(self, kernel_id: KernelId) -> None:
         self.workers.pop(kernel_id, None)
+        self.shipper.forget(kernel_id)
         task = self._tasks.pop(kernel_id, None)
         if task is not None and not task.done():
             task.cancel()  # the worker kills its kernel quietly: it is no longer ours

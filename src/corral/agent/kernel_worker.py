@@ -139,6 +139,7 @@ class KernelWorker:
         adopt: Callable[[], Awaitable[RunningKernel]] | None = None,
     ) -> None:
         self.kernel_id = kernel.id
+        self.attempt = kernel.attempt  # the placement this worker runs; its reports name it
         self.launch = launch
         self.progress = KernelProgress(black_box=runtime.black_box, clock=clock)
         self._runtime = runtime
@@ -156,11 +157,20 @@ class KernelWorker:
         self._log_resend: dict[str, int] = {}  # a chunk sent without an answer: where it ended
         self._detached = False
         self._exit_code: int | None = None  # once the kernel's process ended
+        # The last status report queued: once done, the kernel's end, sent again if the
+        # manager still believes the kernel live (its earlier delivery was refused or lost).
+        self.last_report: KernelReportMessage | None = None
 
     @property
     def done(self) -> bool:
         """The kernel reached a terminal progress state."""
         return self.progress.terminal
+
+    def status_report(self) -> KernelReportMessage:
+        """The kernel's status as this worker last reported it (or the manager moved it to)."""
+        return KernelReportMessage(
+            kernel_id=self.kernel_id, status=self._reported, attempt=self.attempt
+        )
 
     def detach(self) -> None:
         """Leave the kernel running when the worker is cancelled (the agent's `leave` policy)."""
@@ -481,7 +491,11 @@ class KernelWorker:
         """Report `status` unless already reported or not a move the kernel table allows."""
         if status is self._reported or not KERNEL_TRANSITIONS.allowed(self._reported, status):
             return
-        self._shipper.report(KernelReportMessage(kernel_id=self.kernel_id, status=status, **fields))
+        report = KernelReportMessage(
+            kernel_id=self.kernel_id, status=status, attempt=self.attempt, **fields
+        )
+        self._shipper.report(report)
+        self.last_report = report
         self._reported = status
 
     async def _kill_quietly(self) -> None:

@@ -75,6 +75,10 @@ class AssignedKernelMessage(_Message):
     desired_state: KernelIntent | None
     desired_generation: int
     stage_failure: str | None
+    attempt: int = 0  # the placement (bumped by each): the agent's reports name it
+    # The manager has heard nothing of this started kernel for a while: the agent answers with
+    # what it knows (its status, its end, or that it does not know it).
+    asked: bool = False
     # Not the users' JSON form of slots: the agent applies limits from the store's integers.
     slots: dict[str, int] = Field(
         description="what the kernel occupies, in milli-units (1 cpu = 1000, 1 byte = 1000)"
@@ -100,6 +104,8 @@ class KernelReportMessage(_Message):
     message: str | None = Field(default=None, max_length=4096)
     runtime_info: dict[str, Any] | None = None
     stage_failed: bool = False
+    # The placement the report is about, as the assignment named it (None: the current one).
+    attempt: int | None = Field(default=None, ge=0)
 
 
 class ReportBatch(_Message):
@@ -109,9 +115,14 @@ class ReportBatch(_Message):
 
 
 class ReportAccepted(_Message):
-    """How many reports changed something."""
+    """Per report: applied, acknowledged as applied before, or refused (per kernel, why).
+
+    Every report not refused is acknowledged: the agent need not send it again.
+    """
 
     applied: int
+    already: int = 0
+    refused: dict[str, str] = Field(default_factory=dict)
 
 
 class LogChunkMessage(_Message):

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import uuid
 from collections.abc import Awaitable, Callable
 
 from corral.agent.client import ManagerClient, ManagerRejectedError, ManagerUnavailableError
 from corral.agent.protocol import MAX_BATCH, KernelReportMessage, LogChunkMessage, OutputMessage
+from corral.domain.status import KERNEL_STAGE, KernelStatus
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +41,13 @@ class Backoff:
 
 
 class ReportShipper:
-    """Sends the workers' reports in order and in batches; uploads logs and outputs."""
+    """Sends the workers' reports in order and in batches; uploads logs and outputs.
+
+    It keeps, per kernel placement, the last status the manager acknowledged (an answered
+    report not refused, or the status an assignment shows), and sends only what is newer: a
+    batch whose answer was lost is sent again without what the manager has shown it has since.
+    A refused report is dropped alone; the manager applied the batch's others.
+    """
 
     def __init__(
         self,
@@ -56,13 +64,40 @@ class ReportShipper:
         self._queued = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        # kernel → (its placement, the last status the manager acknowledged of it)
+        self._acked: dict[uuid.UUID, tuple[int | None, KernelStatus]] = {}
+        self._answers: set[int] = set()  # queued reports (by id) that answer a question
         self.sent = 0
 
-    def report(self, report: KernelReportMessage) -> None:
-        """Queue one report."""
+    def report(self, report: KernelReportMessage, *, answer: bool = False) -> None:
+        """Queue one report; `answer`: sent even if not newer (the manager asked about it)."""
+        if answer:
+            self._answers.add(id(report))
         self._queue.append(report)
         self._idle.clear()
         self._queued.set()
+
+    def acknowledge(self, kernel_id: uuid.UUID, attempt: int | None, status: KernelStatus) -> None:
+        """The manager has the kernel at `status` (its assignment says so): nothing at or
+        before it needs sending."""
+        known = self._acked.get(kernel_id)
+        if known is not None and known[0] == attempt:
+            if KERNEL_STAGE[status] > KERNEL_STAGE[known[1]]:
+                self._acked[kernel_id] = (attempt, status)
+        elif known is None or _later(attempt, known[0]):
+            self._acked[kernel_id] = (attempt, status)
+
+    def forget(self, kernel_id: uuid.UUID) -> None:
+        """The kernel left this agent: drop its delivery state."""
+        self._acked.pop(kernel_id, None)
+
+    def acknowledged(self, report: KernelReportMessage) -> bool:
+        """Whether the manager acknowledged this report (or a later status of its kernel)."""
+        return not self._newer(report)
+
+    def pending(self, kernel_id: uuid.UUID) -> bool:
+        """Whether a report of the kernel waits to be delivered (or is on its way)."""
+        return any(r.kernel_id == kernel_id for r in self._queue)
 
     async def upload_logs(self, chunks: list[LogChunkMessage]) -> None:
         """Upload log chunks now."""
@@ -78,19 +113,29 @@ class ReportShipper:
             await self._queued.wait()
             self._queued.clear()
             while self._queue:
-                batch = self._queue[:MAX_BATCH]
+                taken = len(self._queue[:MAX_BATCH])
+                batch = [r for r in self._queue[:taken] if self._newer(r) or self._answering(r)]
+                if not batch:
+                    self._drop(taken)
+                    continue
                 try:
-                    await self._client.report(self._agent_id, batch)
+                    answer = await self._client.report(self._agent_id, batch)
                 except ManagerUnavailableError as exc:
+                    # Perhaps applied, its answer lost: sent again, as far as still newer.
                     if not self._backoff.failing:
                         logger.warning("agent.reports_undelivered", extra={"error": str(exc)})
                     await self._sleep(self._backoff.next_delay_s())
                     continue
                 except ManagerRejectedError as exc:
-                    self._drop_refused(batch, exc)
+                    # The request itself was refused (not one report): it would be again.
+                    logger.error(
+                        "agent.reports_rejected", extra={"status": exc.status, "detail": str(exc)}
+                    )
+                    self._drop(taken)
                     continue
                 self._backoff.reset()
-                del self._queue[: len(batch)]
+                self._drop(taken)
+                self._answered(batch, answer.refused)
                 self.sent += len(batch)
             self._idle.set()
 
@@ -102,12 +147,38 @@ class ReportShipper:
             return False
         return True
 
-    def _drop_refused(self, batch: list[KernelReportMessage], exc: ManagerRejectedError) -> None:
-        """A refused batch changed nothing: drop what was refused, send the rest again."""
-        refused = set(exc.conflicts) if exc.status == 409 and exc.conflicts else None
-        logger.error(
-            "agent.reports_refused",
-            extra={"status": exc.status, "detail": str(exc), "kernels": sorted(refused or [])},
-        )
-        keep = [] if refused is None else [r for r in batch if str(r.kernel_id) not in refused]
-        self._queue[: len(batch)] = keep
+    def _drop(self, taken: int) -> None:
+        """The first `taken` queued reports are done with (delivered, or not to be sent)."""
+        if self._answers:
+            for report in self._queue[:taken]:
+                self._answers.discard(id(report))
+        del self._queue[:taken]
+
+    def _answering(self, report: KernelReportMessage) -> bool:
+        return bool(self._answers) and id(report) in self._answers
+
+    def _newer(self, report: KernelReportMessage) -> bool:
+        """Whether the manager may not have this report yet (a failed stage at the status it
+        acknowledged is news)."""
+        known = self._acked.get(report.kernel_id)
+        if known is None:
+            return True
+        if known[0] != report.attempt:
+            return _later(report.attempt, known[0])
+        if report.stage_failed:
+            return KERNEL_STAGE[report.status] >= KERNEL_STAGE[known[1]]
+        return KERNEL_STAGE[report.status] > KERNEL_STAGE[known[1]]
+
+    def _answered(self, batch: list[KernelReportMessage], refused: dict[str, str]) -> None:
+        if refused:
+            logger.error(
+                "agent.reports_refused", extra={"kernels": sorted(refused), "why": refused}
+            )
+        for report in batch:
+            if not report.stage_failed and str(report.kernel_id) not in refused:
+                self.acknowledge(report.kernel_id, report.attempt, report.status)
+
+
+def _later(attempt: int | None, than: int | None) -> bool:
+    """Whether placement `attempt` may be newer than `than` (None: not known, so it may)."""
+    return attempt is None or than is None or attempt > than

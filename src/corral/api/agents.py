@@ -32,10 +32,10 @@ from corral.manager.wire import (
     log_chunks,
     output_blobs,
     register_response,
+    report_accepted,
 )
 from corral.store.agent_registry import AgentCapacityError
 from corral.store.kernel_logs import UploadRefusedError
-from corral.store.kernel_reports import KernelReportConflictError
 
 router = APIRouter(prefix="/v1/agents", tags=["agents"])
 
@@ -121,18 +121,10 @@ async def assignments(
 
 @router.post("/{agent_id}/reports", response_model=ReportAccepted)
 async def reports(agent_id: Agent, body: ReportBatch, agents: Controller) -> ReportAccepted:
-    """Kernel progress, in order; an impossible report rejects the batch (409)."""
-    try:
-        outcome = await agents.report(agent_id, kernel_reports(body.reports))
-    except KernelReportConflictError as exc:
-        raise Problem(
-            409,
-            "kernel-report-conflict",
-            "Kernel reports refused",
-            str(exc),
-            conflicts={str(k): why for k, why in exc.conflicts.items()},
-        ) from exc
-    return ReportAccepted(applied=len(outcome.moved) + len(outcome.stage_failures))
+    """Kernel progress, in order; each report applied as far as it is legal. A re-sent or
+    passed status is acknowledged as already applied; an impossible one is refused alone,
+    named in `refused` (the batch's other reports are applied)."""
+    return report_accepted(await agents.report(agent_id, kernel_reports(body.reports)))
 
 
 @router.post("/{agent_id}/logs", status_code=204)

@@ -36,6 +36,7 @@ from corral.agent.protocol import (
     OutputMessage,
     RegisterRequest,
     RegisterResponse,
+    ReportAccepted,
     ReportBatch,
 )
 from corral.controller.agents import AgentController
@@ -175,7 +176,7 @@ class AgentPipeServer:
             case "assignment":
                 return await client.assignment(agent_id, header.get("since"), header["wait_s"])
             case "report":
-                await client.report(agent_id, ReportBatch.model_validate_json(body).reports)
+                return await client.report(agent_id, ReportBatch.model_validate_json(body).reports)
             case "upload_logs":
                 await client.upload_logs(agent_id, LogBatch.model_validate_json(body).chunks)
             case "upload_outputs":
@@ -221,10 +222,11 @@ class PipeManagerClient:
         )
         return AssignmentMessage.model_validate_json(body)
 
-    async def report(self, agent_id: str, reports: list[KernelReportMessage]) -> None:
-        """A report batch (refused whole with a 409 listing the conflicts)."""
+    async def report(self, agent_id: str, reports: list[KernelReportMessage]) -> ReportAccepted:
+        """A report batch; the answer names the refused reports' kernels."""
         body = ReportBatch(reports=reports).model_dump_json().encode()
-        await self._request({"call": "report", "agent": agent_id}, body)
+        reply = await self._request({"call": "report", "agent": agent_id}, body)
+        return ReportAccepted.model_validate_json(reply)
 
     async def upload_logs(self, agent_id: str, chunks: list[LogChunkMessage]) -> None:
         """Log chunks."""

@@ -33,6 +33,7 @@ from corral.store.agent_registry import (
 from corral.store.agents import AGENT_ALIVE, NewAgent
 from corral.store.assignments import Assignment
 from corral.store.database import Database
+from corral.store.kernel_checks import KernelChecks, check_quiet_kernels
 from corral.store.kernel_logs import (
     DEFAULT_LOG_CAP_BYTES,
     LogChunk,
@@ -40,12 +41,7 @@ from corral.store.kernel_logs import (
     append_log_chunks,
     store_outputs,
 )
-from corral.store.kernel_reports import (
-    KernelReport,
-    KernelReportConflictError,
-    ReportOutcome,
-    apply_report_batches,
-)
+from corral.store.kernel_reports import KernelReport, ReportOutcome, apply_report_batches
 from corral.store.users import hash_secret
 
 logger = logging.getLogger(__name__)
@@ -84,6 +80,11 @@ class AgentTimings:
     # How often waiting long-polls re-read their revisions when no hint arrives (another
     # manager may have changed them; hints are per bus, not per agent).
     poll_recheck_s: float = 2.0
+    # How long a started kernel's agent may say nothing of it before the manager asks (the
+    # agent answers at its next assignment); unanswered for `heartbeat_timeout_s` after
+    # that, the kernel fails with agent_lost (`store.kernel_checks`).
+    running_quiet_s: float = 600.0
+    terminating_quiet_s: float = 60.0  # post-run stages: logs, outputs; seconds, normally
 
     @property
     def heartbeat_interval_s(self) -> float:
@@ -204,11 +205,21 @@ class AgentController:
         return await self.polls.get(agent_id, since, wait_s if since is not None else 0.0)
 
     async def report(self, agent_id: AgentId, reports: Sequence[KernelReport]) -> ReportOutcome:
-        """Apply a batch of kernel reports (all or none) and wake the phases they concern.
+        """Apply a batch of kernel reports, each as far as it is legal (the outcome names the
+        refused ones), and wake the phases they concern.
 
         Batches of agents reporting at the same time share one transaction (group commit).
         """
-        return await self._reports.submit((agent_id, reports))
+        outcome = await self._reports.submit((agent_id, reports))
+        if outcome.refused:
+            logger.warning(
+                "agent.reports_refused",
+                extra={
+                    "agent_id": agent_id,
+                    "refused": {str(k): why for k, why in outcome.refused.items()},
+                },
+            )
+        return outcome
 
     async def upload_logs(self, agent_id: AgentId, chunks: Sequence[LogChunk]) -> None:
         """Store log chunks of the agent's kernels (idempotent), each stream within the cap."""
@@ -231,15 +242,44 @@ class AgentController:
         if lost.agent_ids:
             logger.warning(
                 "agent.lost",
-                extra={"agents": lost.agent_ids, "kernels": len(lost.kernels)},
+                extra={
+                    "agents": lost.agent_ids,
+                    "kernels": len(lost.kernels),
+                    "sessions_to_place_again": len(lost.unstarted),
+                },
             )
             hints = hints_after_report({KernelStatus.ERROR}) if lost.kernels else set()
+            if lost.unstarted:  # their phases' handlers count the failed attempt
+                hints |= {Hint.PREPARE, Hint.START, Hint.TERMINATE}
             await self.hints.set_after_commit(*sorted(h.value for h in hints | {Hint.ASSIGNMENTS}))
         return lost
 
+    async def check_kernels(self) -> KernelChecks:
+        """Ask agents about the started kernels they have been quiet about past their
+        status's bound; fail with agent_lost those asked about that stayed unanswered."""
+        now = self.clock()
+        timings = self.timings
+        quiet_since = {
+            KernelStatus.RUNNING: now - timedelta(seconds=timings.running_quiet_s),
+            KernelStatus.TERMINATING: now - timedelta(seconds=timings.terminating_quiet_s),
+        }
+        asked_before = now - timedelta(seconds=timings.heartbeat_timeout_s)
+        checks = await check_quiet_kernels(self.db, quiet_since, asked_before, now)
+        if checks.asked or checks.failed:
+            logger.warning(
+                "agent.kernels_checked",
+                extra={
+                    "asked": {str(k): a for k, a in checks.asked.items()},
+                    "failed": sorted(str(k) for k in checks.failed),
+                },
+            )
+            hints = hints_after_report({KernelStatus.ERROR}) if checks.failed else set()
+            await self.hints.set_after_commit(*sorted(h.value for h in hints | {Hint.ASSIGNMENTS}))
+        return checks
+
     async def _apply_reports(
         self, batches: Sequence[tuple[AgentId, Sequence[KernelReport]]]
-    ) -> list[ReportOutcome | KernelReportConflictError]:
+    ) -> list[ReportOutcome]:
         return await apply_report_batches(self.db, batches, self.clock())
 
     async def _after_reports(self, outcomes: Sequence[ReportOutcome]) -> None:

@@ -220,6 +220,9 @@ KERNEL_NON_TERMINAL = KERNEL_TRANSITIONS.non_terminal
 KERNEL_NOT_YET_PREPARED = frozenset({_K.PENDING, _K.SCHEDULED, _K.PREPARING, _K.PULLING})
 # PromoteToRunning: no kernel may still be in one of these.
 KERNEL_NOT_YET_RUNNING = frozenset(_KERNEL_BEFORE_RUNNING)
+# Kernels that started on their agent: an agent lost fails these (`agent_lost`) and asks
+# about them when quiet (`store.kernel_checks`); the others go back to PENDING with their session.
+KERNEL_STARTED = frozenset({_K.RUNNING, _K.TERMINATING})
 # Sessions holding agent resources (their kernels occupy slots).
 SESSION_OCCUPYING = frozenset(
     {_S.SCHEDULED, _S.PREPARING, _S.PREPARED, _S.CREATING, _S.RUNNING, _S.TERMINATING}
@@ -229,3 +232,28 @@ SESSION_OCCUPYING = frozenset(
 # an Enum call (`KernelStatus(value)`), which the read paths would pay per row.
 SESSION_STATUS_BY_VALUE: dict[str, SessionStatus] = {status.value: status for status in _S}
 KERNEL_STATUS_BY_VALUE: dict[str, KernelStatus] = {status.value: status for status in _K}
+
+# How far along its placement a kernel is: every forward move of the kernel table goes to a
+# higher stage (a test checks it), and every terminal status is the last stage. A report
+# naming a lower stage than the kernel's is one the kernel has already passed (re-sent after a
+# lost answer): acknowledged as applied, never a conflict (`store.kernel_reports`); the agent
+# sends nothing at or below the stage the manager acknowledged (`agent.shipper`).
+KERNEL_STAGE: dict[KernelStatus, int] = {
+    _K.PENDING: 0,
+    _K.SCHEDULED: 1,
+    _K.PREPARING: 2,
+    _K.PULLING: 3,
+    _K.PREPARED: 4,
+    _K.CREATING: 5,
+    _K.RUNNING: 6,
+    _K.TERMINATING: 7,
+    _K.TERMINATED: 8,
+    _K.CANCELLED: 8,
+    _K.ERROR: 8,
+}
+
+
+def kernel_passed(status: KernelStatus, current: KernelStatus) -> bool:
+    """Whether a kernel now in `current` went through `status` on its way (a live kernel only:
+    which statuses an ended one went through, its status alone cannot tell)."""
+    return current not in KERNEL_TERMINAL and KERNEL_STAGE[status] < KERNEL_STAGE[current]

@@ -263,15 +263,17 @@ class ManagerDaemon:
 
 
 def _sweep_loop(agents: AgentController, buses: Buses, config: ManagerConfig) -> DualLoop:
-    """The lost-agent sweep: a dual loop forced every third of the heartbeat timeout."""
+    """The lost-agent sweep and the started kernels' checks: a dual loop forced every third
+    of the heartbeat timeout."""
 
     async def sweep() -> TaskRun:
         started = time.perf_counter()
         lost = await agents.sweep_lost()
+        checks = await agents.check_kernels()
         return TaskRun(
             SWEEP_TASK,
-            targets=len(lost.agent_ids),
-            changed=len(lost.kernels),
+            targets=len(lost.agent_ids) + len(checks.asked),
+            changed=len(lost.kernels) + len(checks.failed),
             duration_ms=(time.perf_counter() - started) * 1000,
         )
 

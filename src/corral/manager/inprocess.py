@@ -21,6 +21,7 @@ from corral.agent.protocol import (
     OutputMessage,
     RegisterRequest,
     RegisterResponse,
+    ReportAccepted,
 )
 from corral.controller._assignment_polls import PollsClosedError
 from corral.controller.agents import AgentAuthError, AgentController, UnknownAgentError
@@ -31,9 +32,9 @@ from corral.manager.wire import (
     log_chunks,
     output_blobs,
     register_response,
+    report_accepted,
 )
 from corral.store.kernel_logs import UploadRefusedError
-from corral.store.kernel_reports import KernelReportConflictError
 
 logger = logging.getLogger(__name__)
 
@@ -97,16 +98,11 @@ class InProcessManagerClient:
                 raise ManagerUnavailableError(str(exc)) from exc
             return assignment_message(found)
 
-    async def report(self, agent_id: str, reports: list[KernelReportMessage]) -> None:
-        """Apply reports; a refused batch raises as a 409 would."""
+    async def report(self, agent_id: str, reports: list[KernelReportMessage]) -> ReportAccepted:
+        """Apply reports; the answer names the refused ones, as over HTTP."""
         with _as_over_http("report"):
-            try:
-                await self._controller.report(AgentId(agent_id), kernel_reports(reports))
-            except KernelReportConflictError as exc:
-                conflicts = {str(k): why for k, why in exc.conflicts.items()}
-                raise ManagerRejectedError(
-                    409, {"detail": str(exc), "conflicts": conflicts}
-                ) from exc
+            outcome = await self._controller.report(AgentId(agent_id), kernel_reports(reports))
+            return report_accepted(outcome)
 
     async def upload_logs(self, agent_id: str, chunks: list[LogChunkMessage]) -> None:
         """Store log chunks."""

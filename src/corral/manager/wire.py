@@ -11,12 +11,13 @@ from corral.agent.protocol import (
     LogChunkMessage,
     OutputMessage,
     RegisterResponse,
+    ReportAccepted,
 )
 from corral.controller.agents import AgentTimings, Registration
 from corral.domain.types import KernelId
 from corral.store.assignments import Assignment
 from corral.store.kernel_logs import LogChunk, OutputBlob
-from corral.store.kernel_reports import KernelReport
+from corral.store.kernel_reports import KernelReport, ReportOutcome
 
 
 def assignment_message(assignment: Assignment) -> AssignmentMessage:
@@ -40,11 +41,22 @@ def assignment_message(assignment: Assignment) -> AssignmentMessage:
                 desired_state=k.desired_state,
                 desired_generation=k.desired_generation,
                 stage_failure=k.stage_failure,
+                attempt=k.attempt,
+                asked=k.asked,
                 slots=dict(k.occupied_slots),
                 spec=k.spec,
             )
             for k in assignment.kernels
         ],
+    )
+
+
+def report_accepted(outcome: ReportOutcome) -> ReportAccepted:
+    """A report batch's answer: what was applied, acknowledged, and refused (per kernel)."""
+    return ReportAccepted(
+        applied=len(outcome.moved) + len(outcome.stage_failures),
+        already=outcome.already,
+        refused={str(k): why for k, why in outcome.refused.items()},
     )
 
 
@@ -70,6 +82,7 @@ def kernel_reports(messages: Sequence[KernelReportMessage]) -> list[KernelReport
             message=m.message,
             runtime_info=m.runtime_info,
             stage_failed=m.stage_failed,
+            attempt=m.attempt,
         )
         for m in messages
     ]

@@ -1,9 +1,10 @@
 """Agents joining, staying in touch and getting lost: registration, heartbeats, the lost sweep.
 
 An agent that stops heartbeating past its timeout is LOST: in one transaction its status moves,
-its non-terminal kernels move to ERROR with cause `agent_lost` (history written, slots
-released), and its revision is bumped so that, should it come back, it reconciles at once. The
-session handlers take the sessions from there (DetectTermination, DetectFailureBeforeRunning).
+its started kernels (RUNNING, TERMINATING) move to ERROR with cause `agent_lost` (history
+written, slots released), and its revision is bumped so that, should it come back, it
+reconciles at once. The session handlers take the sessions from there (DetectTermination;
+for kernels not started, PrepareSessions / StartSessions give the attempt up: back to PENDING).
 """
 
 from __future__ import annotations
@@ -16,20 +17,21 @@ from typing import Any
 import sqlalchemy as sa
 
 from corral.domain.record import record
-from corral.domain.results import SchedulingResult
 from corral.domain.session import MilliSlots
-from corral.domain.status import KERNEL_NON_TERMINAL, KernelStatus
+from corral.domain.status import KERNEL_NON_TERMINAL, KERNEL_STARTED, KernelStatus
 from corral.domain.types import AgentId, KernelId, SessionId
 from corral.store._sql import in_values
 from corral.store.agent_kernels import on_agent, on_agents
-from corral.store.agents import AGENT_ALIVE, NewAgent, apply_slot_deltas, insert_agents
+from corral.store.agents import AGENT_ALIVE, NewAgent, insert_agents
 from corral.store.assignments import bump_revisions, update_agents_in_id_order
 from corral.store.database import Database
-from corral.store.tables import agent_slots, agents, kernel_history, kernels
+from corral.store.kernel_checks import fail_kernels
+from corral.store.tables import agent_slots, agents, kernels
 
 AGENT_LOST = "LOST"
 AGENT_TERMINATED = "TERMINATED"
-AGENT_LOST_CAUSE = "agent_lost"
+# A lost agent's kernels in these had started: they fail with AGENT_LOST_CAUSE.
+_STARTED = frozenset(s.value for s in KERNEL_STARTED)
 PHASE_HEARTBEAT = "heartbeat"
 
 
@@ -55,7 +57,10 @@ class LostAgents:
 
     agent_ids: list[AgentId] = field(default_factory=list)
     kernels: dict[KernelId, KernelStatus] = field(default_factory=dict)  # status before ERROR
-    sessions: set[SessionId] = field(default_factory=set)
+    sessions: set[SessionId] = field(default_factory=set)  # of the failed kernels
+    # Sessions with a kernel on a lost agent that had not started: a failed attempt of their
+    # phase for the session's handler (back to PENDING, placed elsewhere), not their end.
+    unstarted: set[SessionId] = field(default_factory=set)
 
 
 async def read_agent(db: Database, agent_id: AgentId) -> AgentRecord | None:
@@ -195,7 +200,12 @@ async def record_heartbeats(
 
 
 async def mark_lost_agents(db: Database, cutoff: datetime, now: datetime) -> LostAgents:
-    """Every ALIVE agent silent since before `cutoff` becomes LOST, its live kernels ERROR."""
+    """Every ALIVE agent silent since before `cutoff` becomes LOST, its started kernels ERROR.
+
+    Kernels it had not started (SCHEDULED … CREATING) keep their status: their sessions'
+    PrepareSessions / StartSessions count the lost agent as a failed attempt and send them
+    back to PENDING, to be placed elsewhere (spec document 1's give-up transitions).
+    """
     lost = LostAgents()
     async with db.transaction() as conn:
         silent = agents.c.last_heartbeat_at < cutoff
@@ -213,58 +223,31 @@ async def mark_lost_agents(db: Database, cutoff: datetime, now: datetime) -> Los
             return lost
         lost.agent_ids = sorted(ids)
         live = [s.value for s in KERNEL_NON_TERMINAL]
-        rows = list(
-            await conn.execute(
-                sa.select(
-                    kernels.c.id,
-                    kernels.c.session_id,
-                    kernels.c.agent_id,
-                    kernels.c.status,
-                    kernels.c.occupied_slots,
-                ).where(on_agents(db.dialect, ids), kernels.c.status.in_(live))
-            )
+        rows = []
+        for row in await conn.execute(
+            sa.select(
+                kernels.c.id,
+                kernels.c.session_id,
+                kernels.c.agent_id,
+                kernels.c.status,
+                kernels.c.occupied_slots,
+            ).where(on_agents(db.dialect, ids), kernels.c.status.in_(live))
+        ):
+            if row[3] in _STARTED:
+                rows.append(row)
+            else:
+                lost.unstarted.add(SessionId(row[1]))
+        failed = await fail_kernels(
+            conn,
+            db.dialect,
+            rows,
+            phase=PHASE_HEARTBEAT,
+            message=f"sent no heartbeat since before {cutoff:%X}: lost",
+            now=now,
         )
-        releases: dict[AgentId, dict[str, int]] = {}
-        history = []
-        for kernel_id, session_id, agent_id, status, held in rows:
-            lost.kernels[KernelId(kernel_id)] = KernelStatus(status)
-            lost.sessions.add(SessionId(session_id))
-            for slot, amount in (held or {}).items():
-                cell = releases.setdefault(AgentId(agent_id), {})
-                cell[slot] = cell.get(slot, 0) - int(amount)
-            history.append(
-                {
-                    "kernel_id": kernel_id,
-                    "session_id": session_id,
-                    "phase": PHASE_HEARTBEAT,
-                    "from_status": status,
-                    "to_status": KernelStatus.ERROR.value,
-                    "result": SchedulingResult.SUCCESS.value,
-                    "error_code": AGENT_LOST_CAUSE,
-                    "message": f"agent {agent_id} sent no heartbeat since before {cutoff:%X}",
-                    "attempts": 1,
-                    "created_at": now,
-                    "updated_at": now,
-                }
-            )
-        if rows:
-            await conn.execute(
-                kernels.update()
-                .where(
-                    in_values(db.dialect, kernels.c.id, [r[0] for r in rows]),
-                    kernels.c.status.in_(live),
-                )
-                .values(
-                    status=KernelStatus.ERROR.value,
-                    status_changed_at=now,
-                    failure_cause=AGENT_LOST_CAUSE,
-                    status_info="agent lost: no heartbeat within its timeout",
-                    occupied_slots=None,
-                    stage_failure=None,
-                )
-            )
-            await conn.execute(kernel_history.insert(), history)
-            await apply_slot_deltas(conn, releases)
+        for row in failed:
+            lost.kernels[KernelId(row.id)] = KernelStatus(row.status)
+            lost.sessions.add(SessionId(row.session_id))
         await bump_revisions(conn, db.dialect, ids)
     return lost
 

@@ -162,6 +162,8 @@ class AssignedKernel:
     stage_failure: str | None
     occupied_slots: MilliSlots
     spec: dict[str, Any]  # image, command, env, resources, type: as the user submitted them
+    attempt: int = 0  # the kernel's placement (`kernels.attempt`)
+    asked: bool = False  # the manager asks the agent what it knows of the kernel (kernel_checks)
     # The address of the agent of every kernel of the session, in cluster-index order ("" for
     # a kernel not placed now), so the ranks of a multi-node session can find each other.
     cluster_hosts: tuple[str, ...] = ()
@@ -224,6 +226,8 @@ async def read_assignments(
                 stage_failure=row[8],
                 occupied_slots=row[9] or {},
                 spec=spec,
+                attempt=row[12],
+                asked=row[13] is not None,
                 cluster_hosts=addresses[agent_id] if row[4] == 1 else hosts.get(row[1], ()),
             )
         )
@@ -257,6 +261,8 @@ def _assigned_kernels_query(dialect: Dialect) -> sa.Select[Any]:
             kernels.c.occupied_slots,
             sa.cast(sessions.c.spec, sa.Text),  # decoded by the reader, once per distinct text
             kernels.c.agent_id,
+            kernels.c.attempt,
+            kernels.c.asked_at,
         )
         .select_from(kernels.join(sessions, sessions.c.id == kernels.c.session_id))
         .where(

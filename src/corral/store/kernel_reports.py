@@ -2,9 +2,12 @@
 
 This is the store side of the agent protocol: an agent reports, for kernels placed on it, a
 new status (with exit code, failure cause, runtime info), or that its attempt at the current
-stage failed and may be retried. A batch is all or nothing: one impossible report (a kernel not
-placed on this agent, a move the kernel table forbids) rejects the batch and changes nothing.
-Reports are idempotent: a status the kernel already has changes nothing but runtime info.
+stage failed and may be retried. Reports are idempotent and monotone, judged one at a time
+against the kernel as the reports before it left it (`ReportVerdict`): a move the kernel table
+allows is applied; a status the kernel already has or has passed (a batch re-sent after its
+answer was lost), or a report of an earlier placement (`attempt`), is acknowledged as already
+applied; only an impossible report (TERMINATED → RUNNING, another agent's kernel) is refused,
+alone. The batch's other reports, that kernel's later ones included, are applied all the same.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import Enum
 from typing import Any
 
 import sqlalchemy as sa
@@ -25,6 +29,7 @@ from corral.domain.status import (
     KERNEL_TERMINAL,
     KERNEL_TRANSITIONS,
     KernelStatus,
+    kernel_passed,
 )
 from corral.domain.types import AgentId, KernelId, SessionId
 from corral.store._direct import DirectStatement, insert_columns
@@ -52,20 +57,14 @@ class KernelReport:
     runtime_info: Mapping[str, Any] | None = None
     # The attempt at the current stage failed (status unchanged); the manager may ask again.
     stage_failed: bool = False
-
-
-class KernelReportConflictError(ValueError):
-    """A report batch the store refused as a whole; `conflicts` says why, per kernel."""
-
-    def __init__(self, conflicts: Mapping[KernelId, str]) -> None:
-        self.conflicts = dict(conflicts)
-        detail = "; ".join(f"{kid}: {why}" for kid, why in self.conflicts.items())
-        super().__init__(f"{len(self.conflicts)} kernel report(s) refused: {detail}")
+    # The placement the report is about (`kernels.attempt`, from the agent's assignment);
+    # None: the current one.
+    attempt: int | None = None
 
 
 @dataclass(slots=True)
 class ReportOutcome:
-    """What a report batch changed."""
+    """What a report batch changed, and what it did not."""
 
     # kernel → (status before the batch, status after it)
     moved: dict[KernelId, tuple[KernelStatus, KernelStatus]] = field(default_factory=dict)
@@ -73,6 +72,8 @@ class ReportOutcome:
     passed: set[KernelStatus] = field(default_factory=set)
     stage_failures: dict[KernelId, KernelStatus] = field(default_factory=dict)
     session_of: dict[KernelId, SessionId] = field(default_factory=dict)  # of the `moved` kernels
+    already: int = 0  # reports acknowledged as applied before (repeats, passed, superseded)
+    refused: dict[KernelId, str] = field(default_factory=dict)  # impossible reports, why
 
     def moved_to(self) -> set[KernelStatus]:
         """Every status kernels moved into (RUNNING of a RUNNING-then-TERMINATED batch too)."""
@@ -83,13 +84,18 @@ class ReportOutcome:
         return [(self.session_of[kid], *move) for kid, move in self.moved.items()]
 
 
+class ReportVerdict(Enum):
+    """How one report is judged against its kernel (a refusal is its reason, a string)."""
+
+    APPLY = "apply"  # a move the kernel table allows (or a failed stage to record)
+    ALREADY = "already"  # nothing to move: a repeat, a status passed, an earlier placement
+
+
 async def apply_kernel_reports(
     db: Database, agent_id: AgentId, reports: Sequence[KernelReport], now: datetime
 ) -> ReportOutcome:
-    """Apply an agent's batch of reports in one transaction, or raise and change nothing."""
+    """Apply an agent's batch of reports in one transaction, as far as each is legal."""
     (result,) = await apply_report_batches(db, [(agent_id, reports)], now)
-    if isinstance(result, KernelReportConflictError):
-        raise result
     return result
 
 
@@ -97,34 +103,30 @@ async def apply_report_batches(
     db: Database,
     batches: Sequence[tuple[AgentId, Sequence[KernelReport]]],
     now: datetime,
-) -> list[ReportOutcome | KernelReportConflictError]:
-    """Apply several agents' batches in one transaction (group commit), each all or nothing.
+) -> list[ReportOutcome]:
+    """Apply several agents' batches in one transaction (group commit).
 
-    A batch with an impossible report is left out whole and answered with its conflict; the
-    others are applied. Batches are judged in order, each against the kernels as the batches
-    before it left them. One result per batch, in order.
+    Reports are judged in order, each against its kernel as the reports before it (of its
+    batch and the batches before) left it; an impossible one is refused alone and named in
+    its batch's outcome. One outcome per batch, in order.
     """
-    results: list[ReportOutcome | KernelReportConflictError] = []
+    results: list[ReportOutcome] = []
     ids = list(dict.fromkeys(r.kernel_id for _, reports in batches for r in reports))
     if not ids:
         return [ReportOutcome() for _ in batches]
     async with db.transaction() as conn:
         rows = await _LOCK_KERNELS.rows(conn, {"ids": payload(db.dialect, ids)})
-        # id, session, agent, status (a KernelStatus), slots held, stage failure
+        # id, session, agent, status (a KernelStatus), slots held, stage failure, attempt,
+        # the manager's open question about the kernel (`store.kernel_checks`)
         status_of = KERNEL_STATUS_BY_VALUE
         current: dict[KernelId, tuple[Any, ...]] = {
-            KernelId(row[0]): (row[0], row[1], row[2], status_of[row[3]], row[4], row[5])
-            for row in rows
+            KernelId(row[0]): (row[0], row[1], row[2], status_of[row[3]], *row[4:8]) for row in rows
         }
         # One update per kernel, folding its reports in order (a later value wins).
         updates: dict[KernelId, dict[str, Any]] = {}
         history: list[tuple[Any, ...]] = []
         releases: dict[AgentId, dict[str, int]] = {}
         for agent_id, reports in batches:
-            conflicts = _conflicts(agent_id, reports, current)
-            if conflicts:
-                results.append(KernelReportConflictError(conflicts))
-                continue
             results.append(_fold(agent_id, reports, current, updates, history, releases, now))
         await _write(conn, list(updates.values()))
         await _ADD_HISTORY.run_rows(conn, _HISTORY_COLUMNS, history)
@@ -140,6 +142,8 @@ def _lock_kernels(dialect: Dialect) -> sa.Select[Any]:
         kernels.c.status,
         kernels.c.occupied_slots,
         kernels.c.stage_failure,
+        kernels.c.attempt,
+        kernels.c.asked_at,
     ).where(in_param(dialect, kernels.c.id, "ids"))
     if dialect == "postgresql":
         query = query.order_by(kernels.c.id).with_for_update()
@@ -163,20 +167,7 @@ _HISTORY_COLUMNS = (
 # The values of `_history_row`, in this order.
 _ADD_HISTORY = insert_columns(kernel_history, _HISTORY_COLUMNS)
 _SUCCESS = SchedulingResult.SUCCESS.value
-
-
-def _conflicts(
-    agent_id: AgentId, reports: Sequence[KernelReport], current: Mapping[KernelId, tuple[Any, ...]]
-) -> dict[KernelId, str]:
-    conflicts: dict[KernelId, str] = {}
-    status_now: dict[KernelId, KernelStatus] = {}
-    for report in reports:
-        why = _refusal(agent_id, report, current.get(report.kernel_id), status_now)
-        if why is not None:
-            conflicts[report.kernel_id] = why
-        elif not report.stage_failed:
-            status_now[report.kernel_id] = report.status
-    return conflicts
+_APPLY, _ALREADY = ReportVerdict.APPLY, ReportVerdict.ALREADY
 
 
 def _fold(
@@ -188,15 +179,35 @@ def _fold(
     releases: dict[AgentId, dict[str, int]],
     now: datetime,
 ) -> ReportOutcome:
-    """Fold one accepted batch into the pending writes; what it changes."""
+    """Judge one batch report by report and fold what applies into the pending writes."""
     outcome = ReportOutcome()
-    for report in reports:
-        row = current[report.kernel_id]
+    for index, report in enumerate(reports):
+        row = current.get(report.kernel_id)
+        verdict = judge_report(agent_id, report, row, reports, index)
+        if verdict is _ALREADY:
+            outcome.already += 1
+            if row is not None and _about_current(agent_id, report, row):
+                update = None
+                if report.runtime_info is not None and report.status is row[3]:
+                    update = updates.setdefault(report.kernel_id, {"kid": report.kernel_id})
+                    update["runtime_info"] = dict(report.runtime_info)
+                if row[7] is not None:  # the answer to the manager's question
+                    update = update or updates.setdefault(
+                        report.kernel_id, {"kid": report.kernel_id}
+                    )
+                    update.update(heard_at=now, asked_at=None)
+                    current[report.kernel_id] = (*row[:7], None)
+            continue
+        if isinstance(verdict, str):
+            outcome.refused[report.kernel_id] = verdict
+            continue
+        assert row is not None  # only a known kernel is applied
         before: KernelStatus = row[3]
         values = _report_values(report, before, now)
-        if values is None:
-            continue
-        updates.setdefault(report.kernel_id, {"kid": report.kernel_id}).update(values)
+        if row[7] is not None:  # any report of the kernel answers the manager's question
+            values = {**(values or {}), "heard_at": now, "asked_at": None}
+        if values is not None:
+            updates.setdefault(report.kernel_id, {"kid": report.kernel_id}).update(values)
         if report.stage_failed:
             outcome.stage_failures[report.kernel_id] = before
             continue
@@ -211,31 +222,63 @@ def _fold(
                 held[slot] = held.get(slot, 0) - int(amount)
         # A later report (of this batch or the next) starts where this one left the kernel.
         held_after = None if report.status in KERNEL_TERMINAL else row[4]
-        current[report.kernel_id] = (*row[:3], report.status, held_after, None)
+        current[report.kernel_id] = (*row[:3], report.status, held_after, None, row[6], None)
     return outcome
 
 
-def _refusal(
+def judge_report(
     agent_id: AgentId,
     report: KernelReport,
-    row: Any,
-    status_now: Mapping[KernelId, KernelStatus],
-) -> str | None:
+    row: Sequence[Any] | None,
+    batch: Sequence[KernelReport],
+    index: int,
+) -> ReportVerdict | str:
+    """How `batch[index]` stands against its kernel's row (id, session, agent, status, slots,
+    stage failure, attempt): apply it, acknowledge it as already applied, or refuse it (why)."""
     if row is None:
         return "no such kernel"
-    if row[2] != agent_id:
+    placed_on, before, attempt = row[2], row[3], row[6]
+    if report.attempt is not None and report.attempt < attempt:
+        return _ALREADY  # an earlier placement's report: the kernel has moved on
+    if placed_on != agent_id:
+        if placed_on is None and before is KernelStatus.PENDING and attempt > 0:
+            return _ALREADY  # taken back from its agent: that placement is over
         return f"not placed on agent {agent_id}"
-    before = status_now.get(report.kernel_id, row[3])
+    if report.attempt is not None and report.attempt > attempt:
+        return f"no placement {report.attempt} yet (the kernel's is {attempt})"
     if report.stage_failed:
-        if report.status is not before or before not in RETRYABLE_STAGES:
-            return (
-                f"a failed stage must name the kernel's current status {before.value}, "
-                f"one of {', '.join(sorted(s.value for s in RETRYABLE_STAGES))}"
-            )
-        return None
-    if report.status is not before and not KERNEL_TRANSITIONS.allowed(before, report.status):
-        return f"cannot move from {before.value} to {report.status.value}"
-    return None
+        if report.status is before and before in RETRYABLE_STAGES:
+            return _APPLY
+        if kernel_passed(report.status, before):
+            return _ALREADY  # the stage has been passed since
+        return (
+            f"a failed stage must name the kernel's current status {before.value}, "
+            f"one of {', '.join(sorted(s.value for s in RETRYABLE_STAGES))}"
+        )
+    if report.status is before:
+        return _ALREADY
+    if KERNEL_TRANSITIONS.allowed(before, report.status):
+        return _APPLY
+    if kernel_passed(report.status, before):
+        return _ALREADY
+    if before in KERNEL_TERMINAL and _ends_as(batch, index, report.kernel_id, before):
+        return _ALREADY  # a re-sent batch that ends where the kernel ended
+    return f"cannot move from {before.value} to {report.status.value}"
+
+
+def _about_current(agent_id: AgentId, report: KernelReport, row: Sequence[Any]) -> bool:
+    """Whether the report is about the kernel's current placement, on this agent."""
+    return row[2] == agent_id and (report.attempt is None or report.attempt == row[6])
+
+
+def _ends_as(
+    batch: Sequence[KernelReport], index: int, kernel_id: KernelId, status: KernelStatus
+) -> bool:
+    """Whether a later report of the kernel in the batch names `status`."""
+    return any(
+        r.kernel_id == kernel_id and r.status is status and not r.stage_failed
+        for r in batch[index + 1 :]
+    )
 
 
 def _report_values(

@@ -136,6 +136,8 @@ def _place_kernels_statement(dialect: Dialect) -> sa.Executable:
             status_changed_at=sa.bindparam("now", type_=kernels.c.status_changed_at.type),
             agent_id=agent,
             occupied_slots=kernels.c.requested_slots,
+            # Each placement is a new attempt: reports of an earlier one are told apart.
+            attempt=kernels.c.attempt + 1,
         )
     )
     if dialect != "postgresql":

@@ -21,7 +21,7 @@ from corral.store.agents import read_ledger
 from corral.store.database import Database
 from corral.store.kernel_logs import read_outputs
 from corral.store.log_reading import read_log
-from corral.store.tables import sessions
+from corral.store.tables import session_history, sessions
 from tests.integration.coordination._harness import Cluster, make_cluster
 
 JOIN = "join-secret"
@@ -59,6 +59,15 @@ class Api:
         kernel = session.kernels[0]
         assert kernel.agent_id == agent_id
         return sid, kernel.id
+
+
+async def run_until(api: Api, sid: SessionId, status: SessionStatus, runs: int = 4) -> None:
+    """Run the coordinator's tasks until the session is in `status` (at most `runs` rounds)."""
+    for _ in range(runs):
+        await api.cluster.coordinator.run_all()
+        if (await api.cluster.session(sid)).status is status:
+            return
+    raise AssertionError(f"session {sid} not {status} after {runs} rounds")
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -161,8 +170,11 @@ async def test_long_poll_answers_when_the_assignment_changes(api: Api) -> None:
     assert kernel["cluster_hosts"] == ["10.0.0.1"]
 
 
-async def test_an_impossible_report_is_refused_whole_and_a_repeat_is_harmless(api: Api) -> None:
-    """409 lists the conflict and changes nothing; the same valid batch twice applies once."""
+async def test_reports_apply_as_far_as_legal_and_a_resent_batch_is_acknowledged(
+    api: Api,
+) -> None:
+    """An impossible report is refused alone (named per kernel; the rest applied); a batch
+    re-sent after its answer was lost, with newer reports, is acknowledged and applied."""
     token = await api.join("node-1")
     sid, kid = await api.running_kernel("node-1", token)
     url = "/v1/agents/node-1/reports"
@@ -173,20 +185,25 @@ async def test_an_impossible_report_is_refused_whole_and_a_repeat_is_harmless(ap
         ]
     }
     refused = await api.http.post(url, json=bad, headers=bearer(token))
-    assert refused.status_code == 409
-    assert "PULLING" in refused.json()["conflicts"][str(kid)]
-    assert (await api.cluster.session(sid)).kernels[0].status is K.PREPARING
+    assert refused.status_code == 200
+    assert refused.json() == {
+        "applied": 1,
+        "already": 0,
+        "refused": {str(kid): "cannot move from PULLING to RUNNING"},
+    }
+    assert (await api.cluster.session(sid)).kernels[0].status is K.PULLING
     good = {
         "reports": [
             {"kernel_id": str(kid), "status": "PULLING"},
             {"kernel_id": str(kid), "status": "PREPARED"},
         ]
     }
-    assert (await api.http.post(url, json=good, headers=bearer(token))).json() == {"applied": 1}
-    assert (await api.http.post(url, json=good, headers=bearer(token))).status_code == 409
-    assert (await api.cluster.session(sid)).kernels[0].status is K.PREPARED
-    same = {"reports": [{"kernel_id": str(kid), "status": "PREPARED"}]}
-    assert (await api.http.post(url, json=same, headers=bearer(token))).json() == {"applied": 0}
+    answer = await api.http.post(url, json=good, headers=bearer(token))
+    assert answer.json() == {"applied": 1, "already": 1, "refused": {}}
+    resent = {"reports": [*good["reports"], {"kernel_id": str(kid), "status": "CREATING"}]}
+    again = await api.http.post(url, json=resent, headers=bearer(token))
+    assert again.json() == {"applied": 1, "already": 2, "refused": {}}
+    assert (await api.cluster.session(sid)).kernels[0].status is K.CREATING
 
 
 async def test_logs_and_outputs_are_kept_once_and_only_from_the_kernels_agent(api: Api) -> None:
@@ -220,34 +237,75 @@ async def test_logs_and_outputs_are_kept_once_and_only_from_the_kernels_agent(ap
     assert rejected.status_code == 422
 
 
-async def test_a_silent_agent_is_lost_and_its_kernels_fail_with_agent_lost(api: Api) -> None:
-    """Past the heartbeat timeout: LOST, kernels ERROR (agent_lost), slots back; it can rejoin."""
+async def test_an_agent_lost_while_preparing_sends_the_session_elsewhere(api: Api) -> None:
+    """Past the heartbeat timeout: LOST; its kernel had not started, so the session is not
+    failed but goes back to PENDING (slots back, the agent in failed_agents) and is placed
+    on another agent; the lost one can rejoin."""
     token = await api.join("node-1")
     sid, kid = await api.running_kernel("node-1", token)
+    assert (await api.cluster.session(sid)).status is S.PREPARING
     api.cluster.clock.advance(29)
     assert (await api.agents.sweep_lost()).agent_ids == []
+    other = await api.join("node-2")
     api.cluster.clock.advance(2)
+    await api.http.post("/v1/agents/node-2/heartbeat", headers=bearer(other))
     lost = await api.agents.sweep_lost()
     assert lost.agent_ids == ["node-1"]
-    assert lost.kernels == {kid: K.PREPARING}
-    kernel = (await api.cluster.session(sid)).kernels[0]
-    assert (kernel.status, kernel.failure_cause) == (K.ERROR, "agent_lost")
-    assert (await read_ledger(api.cluster.db))[AgentId("node-1")]["cpu"][1] == 0
+    assert (lost.kernels, lost.unstarted) == ({}, {sid})
     beat = await api.http.post("/v1/agents/node-1/heartbeat", headers=bearer(token))
     assert beat.json() == {"status": "LOST"}
-    await api.cluster.coordinator.run_all()
-    await api.cluster.coordinator.run_all()
+    await api.cluster.coordinator.run_all()  # PrepareSessions gives up: back to PENDING
+    assert (await api.cluster.session(sid)).status is S.PENDING
+    await api.cluster.coordinator.run_all()  # placed again, on the agent that is left
+    session = await api.cluster.session(sid)
+    assert session.status is S.PREPARING, session
+    (kernel,) = session.kernels
+    assert (kernel.id, kernel.agent_id, kernel.status) == (kid, "node-2", K.PREPARING)
     async with api.cluster.db.read() as conn:
-        ended = (
-            await conn.execute(
-                sa.select(sessions.c.status, sessions.c.failure_cause).where(sessions.c.id == sid)
+        failed = await conn.scalar(sa.select(sessions.c.failed_agents).where(sessions.c.id == sid))
+        moves = [
+            r.to_status
+            for r in await conn.execute(
+                sa.select(session_history.c.to_status)
+                .where(session_history.c.session_id == sid)
+                .order_by(session_history.c.id)
             )
-        ).one()
-    assert tuple(ended) == (S.ERROR, "agent_lost")
+        ]
+    assert "node-1" in failed
+    assert S.PENDING.value in moves and S.ERROR.value not in moves
+    ledger = await read_ledger(api.cluster.db)
+    assert (ledger[AgentId("node-1")]["cpu"][1], ledger[AgentId("node-2")]["cpu"][1]) == (
+        0,
+        kernel.occupied_slots["cpu"],
+    )
     back = await api.register("node-1", token=token)
     assert back.status_code == 200
     beat = await api.http.post("/v1/agents/node-1/heartbeat", headers=bearer(token))
     assert beat.json() == {"status": "ALIVE"}
+
+
+async def test_an_agent_lost_while_running_fails_its_kernel_with_agent_lost(api: Api) -> None:
+    """A kernel that had started on the lost agent ends ERROR agent_lost, and so does its
+    session; its slots are released with it."""
+    token = await api.join("node-1")
+    sid, kid = await api.running_kernel("node-1", token)
+    url = "/v1/agents/node-1/reports"
+    prepared = {"reports": [{"kernel_id": str(kid), "status": "PREPARED"}]}
+    assert (await api.http.post(url, json=prepared, headers=bearer(token))).status_code == 200
+    await run_until(api, sid, S.CREATING)
+    running = {"reports": [{"kernel_id": str(kid), "status": "RUNNING"}]}
+    assert (await api.http.post(url, json=running, headers=bearer(token))).status_code == 200
+    await run_until(api, sid, S.RUNNING)
+    api.cluster.clock.advance(31)
+    lost = await api.agents.sweep_lost()
+    assert (lost.kernels, lost.unstarted) == ({kid: K.RUNNING}, set())
+    kernel = (await api.cluster.session(sid)).kernels[0]
+    assert (kernel.status, kernel.failure_cause) == (K.ERROR, "agent_lost")
+    assert (await read_ledger(api.cluster.db))[AgentId("node-1")]["cpu"][1] == 0
+    await run_until(api, sid, S.ERROR)
+    async with api.cluster.db.read() as conn:
+        cause = await conn.scalar(sa.select(sessions.c.failure_cause).where(sessions.c.id == sid))
+    assert cause == "agent_lost"
 
 
 async def test_an_unknown_path_is_a_problem_too(api: Api) -> None:

@@ -90,8 +90,8 @@ async def test_an_agent_joins_polls_and_reports_through_the_controller(pipe: Pip
 
 
 async def test_refusals_arrive_as_the_http_statuses(pipe: Pipe) -> None:
-    """A wrong join token 401, an unknown agent 404, an impossible report 409 naming the
-    kernel (and nothing changed), a message that is not valid 422."""
+    """A wrong join token 401, an unknown agent 404, an impossible report refused alone in
+    the answer (naming the kernel), a message that is not valid 422."""
     with pytest.raises(ManagerRejectedError) as wrong:
         await pipe.client.register(
             RegisterRequest(agent_id="node-2", address="h", slots=ResourceSlots({"cpu": 1})),
@@ -106,17 +106,15 @@ async def test_refusals_arrive_as_the_http_statuses(pipe: Pipe) -> None:
     sid = await pipe.cluster.submit()
     await pipe.cluster.coordinator.run_all()
     [kernel] = (await pipe.client.assignment("node-1", None, 0)).kernels
-    with pytest.raises(ManagerRejectedError) as impossible:
-        await pipe.client.report(
-            "node-1",
-            [
-                KernelReportMessage(kernel_id=kernel.id, status=K.PULLING),
-                KernelReportMessage(kernel_id=kernel.id, status=K.RUNNING),
-            ],
-        )
-    assert impossible.value.status == 409
-    assert set(impossible.value.conflicts) == {str(kernel.id)}
-    assert (await pipe.cluster.session(sid)).kernels[0].status is K.PREPARING
+    impossible = await pipe.client.report(
+        "node-1",
+        [
+            KernelReportMessage(kernel_id=kernel.id, status=K.PULLING),
+            KernelReportMessage(kernel_id=kernel.id, status=K.RUNNING),
+        ],
+    )
+    assert (impossible.applied, set(impossible.refused)) == (1, {str(kernel.id)})
+    assert (await pipe.cluster.session(sid)).kernels[0].status is K.PULLING
 
     # Built past the agent's own validation: an exit code no column can hold.
     bogus = KernelReportMessage.model_construct(
@@ -126,7 +124,7 @@ async def test_refusals_arrive_as_the_http_statuses(pipe: Pipe) -> None:
         await pipe.client.report("node-1", [bogus])
     assert invalid.value.status == 422
     assert "exit_code" in str(invalid.value.problem["errors"])
-    assert (await pipe.cluster.session(sid)).kernels[0].status is K.PREPARING
+    assert (await pipe.cluster.session(sid)).kernels[0].status is K.PULLING
 
 
 async def test_events_and_controls_cross_the_pipe(pipe: Pipe) -> None:

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
-
 from corral.domain.session import KernelIntent
 from corral.domain.status import KernelStatus
 from corral.domain.types import AgentId, SessionId
 from corral.store.agents import read_ledger
 from corral.store.assignments import read_assignment, request_kernels
 from corral.store.database import Database
-from corral.store.kernel_reports import (
-    KernelReport,
-    KernelReportConflictError,
-    apply_kernel_reports,
-)
+from corral.store.kernel_reports import KernelReport, apply_kernel_reports
 from corral.store.sessions import SessionRepository
 from tests.integration.store._factories import NOW, add_agents, add_session_ids, add_user, place_all
 
@@ -78,19 +72,102 @@ async def test_reports_move_kernels_in_order_and_release_slots_at_the_end(db: Da
     assert again.moved == {}
 
 
-async def test_an_impossible_report_rejects_the_batch_and_changes_nothing(db: Database) -> None:
-    """A move the kernel table forbids, or another agent's kernel, refuses the whole batch."""
+async def test_an_impossible_report_is_refused_alone(db: Database) -> None:
+    """A move the kernel table forbids, or another agent's kernel, is refused, the rest applied."""
     agent, sid = await placed_session(db)
     (session,) = await SessionRepository(db).get([sid])
     kid = session.kernels[0].id
-    with pytest.raises(KernelReportConflictError, match="cannot move from PREPARING to RUNNING"):
-        await apply_kernel_reports(
-            db, agent, [KernelReport(kid, K.PREPARING), KernelReport(kid, K.RUNNING)], NOW
-        )
-    with pytest.raises(KernelReportConflictError, match="not placed on agent"):
-        await apply_kernel_reports(db, AgentId("stranger"), [KernelReport(kid, K.PREPARING)], NOW)
+    outcome = await apply_kernel_reports(
+        db, agent, [KernelReport(kid, K.PREPARING), KernelReport(kid, K.RUNNING)], NOW
+    )
+    assert outcome.refused == {kid: "cannot move from PREPARING to RUNNING"}
+    assert outcome.moved == {kid: (K.SCHEDULED, K.PREPARING)}
+    stranger = await apply_kernel_reports(
+        db, AgentId("stranger"), [KernelReport(kid, K.PULLING)], NOW
+    )
+    assert stranger.refused == {kid: "not placed on agent stranger"}
     (unchanged,) = await SessionRepository(db).get([sid])
-    assert unchanged.kernels[0].status is K.SCHEDULED
+    assert unchanged.kernels[0].status is K.PREPARING
+
+
+async def test_a_batch_resent_after_its_answer_was_lost_is_acknowledged_not_refused(
+    db: Database,
+) -> None:
+    """PREPARED committed, answer lost, re-sent with RUNNING…TERMINATED once the kernel is
+    CREATING: PREPARED is acknowledged as already applied, the rest applied, nothing refused."""
+    agent, sid = await placed_session(db)
+    (session,) = await SessionRepository(db).get([sid])
+    kid = session.kernels[0].id
+    lost = [KernelReport(kid, K.PREPARING), KernelReport(kid, K.PREPARED)]
+    await apply_kernel_reports(db, agent, lost, NOW)  # committed; its answer never arrived
+    await apply_kernel_reports(db, agent, [KernelReport(kid, K.CREATING)], NOW)  # StartSessions
+    resent = [
+        KernelReport(kid, K.PREPARED),
+        KernelReport(kid, K.RUNNING),
+        KernelReport(kid, K.TERMINATING),
+        KernelReport(kid, K.TERMINATED, exit_code=0),
+    ]
+    outcome = await apply_kernel_reports(db, agent, resent, NOW)
+    assert (outcome.refused, outcome.already) == ({}, 1)
+    assert outcome.moved == {kid: (K.CREATING, K.TERMINATED)}
+    # The whole batch once more (its answer lost again): every report acknowledged.
+    again = await apply_kernel_reports(db, agent, resent, NOW)
+    assert (again.refused, again.already, again.moved) == ({}, 4, {})
+    # A kernel that ended is not started again: RUNNING alone is impossible now.
+    impossible = await apply_kernel_reports(db, agent, [KernelReport(kid, K.RUNNING)], NOW)
+    assert impossible.refused == {kid: "cannot move from TERMINATED to RUNNING"}
+    assert (await read_ledger(db))[agent]["cpu"] == [4000, 0]
+
+
+async def test_a_stale_report_in_a_batch_with_fresh_ones_drops_nothing(db: Database) -> None:
+    """A report for a status a kernel passed is acknowledged; the kernel's later reports and
+    other kernels' reports of the batch are applied."""
+    (agent,) = await add_agents(db, [{"cpu": 4000}])
+    (sid,) = await add_session_ids(db, await add_user(db), 1, cluster_size=2)
+    await place_all(db, [sid], agent)
+    (session,) = await SessionRepository(db).get([sid])
+    x, y = (k.id for k in session.kernels)
+    walk = [K.PREPARING, K.PREPARED, K.CREATING, K.RUNNING]
+    await apply_kernel_reports(db, agent, [KernelReport(x, s) for s in walk], NOW)
+    outcome = await apply_kernel_reports(
+        db,
+        agent,
+        [
+            KernelReport(x, K.PREPARED),  # stale
+            KernelReport(y, K.PREPARING),
+            KernelReport(x, K.PULLING, stage_failed=True),  # a stage long passed
+            KernelReport(x, K.TERMINATED, exit_code=0),
+        ],
+        NOW,
+    )
+    assert (outcome.refused, outcome.already) == ({}, 2)
+    assert outcome.moved == {x: (K.RUNNING, K.TERMINATED), y: (K.SCHEDULED, K.PREPARING)}
+    (session,) = await SessionRepository(db).get([sid])
+    assert [k.status for k in session.kernels] == [K.TERMINATED, K.PREPARING]
+
+
+async def test_each_placement_is_an_attempt_and_an_earlier_ones_reports_change_nothing(
+    db: Database,
+) -> None:
+    """Placing bumps the kernel's attempt (the assignment carries it); a report naming an
+    earlier attempt is acknowledged and writes nothing; a later one is refused."""
+    agent, _ = await placed_session(db)
+    assignment = await read_assignment(db, agent)
+    assert assignment is not None
+    (kernel,) = assignment.kernels
+    assert kernel.attempt == 1
+    earlier = await apply_kernel_reports(
+        db, agent, [KernelReport(kernel.id, K.PREPARING, attempt=0)], NOW
+    )
+    assert (earlier.moved, earlier.already, earlier.refused) == ({}, 1, {})
+    later = await apply_kernel_reports(
+        db, agent, [KernelReport(kernel.id, K.PREPARING, attempt=2)], NOW
+    )
+    assert later.refused == {kernel.id: "no placement 2 yet (the kernel's is 1)"}
+    current = await apply_kernel_reports(
+        db, agent, [KernelReport(kernel.id, K.PREPARING, attempt=1)], NOW
+    )
+    assert current.moved == {kernel.id: (K.SCHEDULED, K.PREPARING)}
 
 
 async def test_a_failed_stage_is_recorded_and_cleared_by_asking_again(db: Database) -> None:
@@ -114,10 +191,10 @@ async def test_a_failed_stage_is_recorded_and_cleared_by_asking_again(db: Databa
     (session,) = await SessionRepository(db).get([sid])
     assert session.kernels[0].stage_failure is None
     assert session.kernels[0].desired_generation == 1
-    with pytest.raises(KernelReportConflictError, match="failed stage"):
-        await apply_kernel_reports(
-            db, agent, [KernelReport(kid, K.RUNNING, stage_failed=True)], NOW
-        )
+    refused = await apply_kernel_reports(
+        db, agent, [KernelReport(kid, K.RUNNING, stage_failed=True)], NOW
+    )
+    assert "failed stage" in refused.refused[kid]
 
 
 async def test_several_reports_of_several_kernels_land_in_order(db: Database) -> None:

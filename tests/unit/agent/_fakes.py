@@ -23,6 +23,7 @@ from corral.agent.protocol import (
     OutputMessage,
     RegisterRequest,
     RegisterResponse,
+    ReportAccepted,
 )
 from corral.agent.runtime import KernelExit, KernelLaunch, LogMark, OutputFile, StageFailure
 from corral.domain.session import KernelIntent
@@ -46,6 +47,8 @@ def assigned(
     status: KernelStatus = KernelStatus.PREPARING,
     desired: KernelIntent | None = KernelIntent.PREPARE,
     slots: Mapping[str, int] | None = None,
+    attempt: int = 1,
+    asked: bool = False,
 ) -> AssignedKernelMessage:
     """One kernel as an assignment carries it."""
     return AssignedKernelMessage(
@@ -59,6 +62,8 @@ def assigned(
         desired_state=desired,
         desired_generation=1,
         stage_failure=None,
+        attempt=attempt,
+        asked=asked,
         slots=dict(slots or {"cpu": 1000}),
         spec={"type": "BATCH", "image": "python:3.11", "command": ["python", "-c", "pass"]},
     )
@@ -375,6 +380,8 @@ class FakeManagerClient:
         self.assignment_calls: list[int | None] = []  # the `since` of each call
         self.report_calls: list[list[KernelReportMessage]] = []  # every attempt
         self.delivered: list[list[KernelReportMessage]] = []  # the batches that went through
+        # Reports the manager refuses, once each: (kernel, status) → why.
+        self.refusals: dict[tuple[uuid.UUID, KernelStatus], str] = {}
         self.log_chunks: list[LogChunkMessage] = []
         self.outputs: list[OutputMessage] = []
         self.closed = False
@@ -426,7 +433,7 @@ class FakeManagerClient:
             raise answer
         return answer
 
-    async def report(self, agent_id: str, reports: list[KernelReportMessage]) -> None:
+    async def report(self, agent_id: str, reports: list[KernelReportMessage]) -> ReportAccepted:
         self.report_calls.append(list(reports))
         self.watch.changed()
         if self.report_gate is not None:
@@ -434,6 +441,14 @@ class FakeManagerClient:
         self._check("report")
         self.delivered.append(list(reports))
         self.watch.changed()
+        refused = {
+            str(r.kernel_id): self.refusals.pop((r.kernel_id, r.status))
+            for r in reports
+            if (r.kernel_id, r.status) in self.refusals
+        }
+        return ReportAccepted(
+            applied=sum(str(r.kernel_id) not in refused for r in reports), refused=refused
+        )
 
     async def upload_logs(self, agent_id: str, chunks: list[LogChunkMessage]) -> None:
         self._check("upload_logs")

@@ -257,6 +257,78 @@ async def test_unknown_kernel_to_stop_is_reported_terminated_once(
     assert rig.runtime.preload_calls == []
 
 
+async def test_a_finished_kernel_still_listed_gets_its_end_again_and_never_starts_again(
+    make_rig: Callable[..., Rig],
+) -> None:
+    """The end of a kernel refused once, the manager still lists it CREATING: the agent sends
+    the end again (once per assignment) and never starts the kernel again."""
+    rig = make_rig()
+    rig.runtime.exit_with = KernelExit(0, None, "done")
+    rig.ship()
+    rig.client.refusals[(A, K.TERMINATED)] = "refused once"
+    run = assigned(A, status=K.CREATING, desired=KernelIntent.RUN)
+    rig.daemon.reconcile(assignment(1, run))
+    await rig.delivered(A, K.TERMINATED)
+    await rig.flushed()
+    assert rig.daemon.workers[A].done
+    refused_end = rig.client.reports_of(A)[-1]
+
+    rig.daemon.reconcile(assignment(2, run))  # the manager never got the end
+    await rig.flushed()
+    rig.daemon.reconcile(assignment(3, run))  # read before the resent end arrived
+    await rig.flushed()
+
+    assert rig.client.report_calls[-1] == [refused_end]
+    assert rig.client.statuses_of(A).count(K.TERMINATED) == 2
+    assert rig.runtime.start_calls == [A]
+
+
+async def test_a_finished_kernel_placed_here_again_runs_as_a_new_attempt(
+    make_rig: Callable[..., Rig],
+) -> None:
+    """A kernel that ended here, placed here again (next attempt) before the agent saw it
+    leave: a fresh worker prepares and starts it, and its reports name the new attempt."""
+    rig = make_rig()
+    rig.runtime.exit_with = KernelExit(0, None, "done")
+    rig.ship()
+    rig.daemon.reconcile(assignment(1, assigned(A, status=K.CREATING, desired=KernelIntent.RUN)))
+    await rig.delivered(A, K.TERMINATED)
+
+    rig.daemon.reconcile(assignment(3, assigned(A, status=K.PREPARING, attempt=2)))
+    await rig.watch.until(
+        lambda: any(r.attempt == 2 and r.status is K.PREPARED for r in rig.client.reports)
+    )
+
+    assert rig.runtime.preload_calls == [A, A]
+    assert rig.runtime.start_calls == [A]  # the new attempt waits for RUN
+    assert [r.attempt for r in rig.client.reports_of(A)] == [1, 1, 1, 2, 2]
+
+
+async def test_asked_about_a_kernel_the_agent_answers_with_what_it_knows(
+    make_rig: Callable[..., Rig],
+) -> None:
+    """Asked about a running kernel: its status, sent although the manager had it; asked
+    about a finished one: its end again; nothing is started again."""
+    rig = make_rig()
+    rig.ship()
+    started = dict(status=K.CREATING, desired=KernelIntent.RUN)
+    rig.daemon.reconcile(assignment(1, assigned(A, **started), assigned(B, **started)))
+    await rig.delivered(A, K.RUNNING)
+    await rig.delivered(B, K.RUNNING)
+    rig.runtime.kernels[B].exit(KernelExit(0, None, "done"))
+    await rig.delivered(B, K.TERMINATED)
+    await rig.flushed()
+    calls = len(rig.client.report_calls)
+
+    asked = dict(status=K.RUNNING, desired=KernelIntent.RUN, asked=True)
+    rig.daemon.reconcile(assignment(2, assigned(A, **asked), assigned(B, **asked)))
+    await rig.flushed()
+
+    (answers,) = rig.client.report_calls[calls:]
+    assert [(r.kernel_id, r.status) for r in answers] == [(A, K.RUNNING), (B, K.TERMINATED)]
+    assert rig.runtime.start_calls == [A, B]
+
+
 # -- registration and liveness ----------------------------------------------------------------
 
 
@@ -555,19 +627,45 @@ async def test_shipper_retries_with_backoff_while_the_manager_is_unavailable(
     assert sleep.delays[-1] == BACKOFF_INITIAL_S  # the backoff started over
 
 
-async def test_shipper_on_409_drops_only_the_refused_kernels_reports(
+async def test_shipper_drops_a_refused_report_alone_and_sends_the_rest_once(
     shipper_rig: tuple[ReportShipper, FakeManagerClient, FakeSleep],
 ) -> None:
-    """A 409 naming kernel B: B's reports are dropped, the rest of the batch is sent again."""
+    """The answer refuses kernel B: nothing is sent again, and A's acknowledged statuses are
+    not sent again either (a later A report of a status already acknowledged is dropped)."""
     shipper, client, _ = shipper_rig
-    client.fail_next("report", rejected(409, conflicts={str(B): "kernel is TERMINATED"}))
-    a1, b1, a2, b2 = report(A, K.PULLING), report(B, K.RUNNING), report(A, K.PREPARED), report(B)
-    for item in (a1, b1, a2, b2):
+    client.refusals[(B, K.RUNNING)] = "cannot move from TERMINATED to RUNNING"
+    a1, b1, a2 = report(A, K.PULLING), report(B, K.RUNNING), report(A, K.PREPARED)
+    for item in (a1, b1, a2):
         shipper.report(item)
     assert await shipper.flush(2.0)
+    shipper.report(report(A, K.PULLING))  # e.g. re-emitted after a restart: not newer
+    b2 = report(B, K.TERMINATED)
+    shipper.report(b2)
+    assert await shipper.flush(2.0)
 
-    assert client.report_calls == [[a1, b1, a2, b2], [a1, a2]]
-    assert client.delivered == [[a1, a2]]
+    assert client.report_calls == [[a1, b1, a2], [b2]]
+
+
+async def test_shipper_resends_after_a_lost_answer_only_what_the_manager_lacks(
+    shipper_rig: tuple[ReportShipper, FakeManagerClient, FakeSleep],
+) -> None:
+    """A batch whose answer was lost is sent again without what an assignment since showed
+    the manager has (PREPARED, now that it shows CREATING), with what queued meanwhile."""
+    shipper, client, _ = shipper_rig
+    client.fail_next("report", unavailable())
+    client.report_gate = asyncio.Event()
+    prepared = report(A, K.PREPARED)
+    shipper.report(prepared)
+    await client.watch.until(lambda: len(client.report_calls) == 1)
+    shipper.acknowledge(A, None, K.CREATING)  # the assignment shows the kernel CREATING
+    later = [report(A, K.RUNNING), report(A, K.TERMINATED)]
+    for item in later:
+        shipper.report(item)
+    client.report_gate.set()
+    assert await shipper.flush(2.0)
+
+    assert client.report_calls == [[prepared], later]
+    assert client.delivered == [later]
 
 
 async def test_shipper_batches_never_exceed_the_protocol_limit(
@@ -575,9 +673,8 @@ async def test_shipper_batches_never_exceed_the_protocol_limit(
 ) -> None:
     """More than MAX_BATCH queued reports go out in several batches of at most MAX_BATCH."""
     shipper, client, _ = shipper_rig
-    item = report(A)
-    for _ in range(MAX_BATCH + 1):
-        shipper.report(item)
+    for n in range(MAX_BATCH + 1):
+        shipper.report(report(kernel_id(1000 + n)))
     assert await shipper.flush(2.0)
 
     assert sum(len(batch) for batch in client.delivered) == MAX_BATCH + 1

@@ -328,3 +328,14 @@ def test_a_transition_asks_only_of_kernels_it_moves() -> None:
     assert asking.ask is KernelIntent.PREPARE
     with pytest.raises(ValueError, match="ask needs a kernel status"):
         TransitionStatus(SessionStatus.PREPARING, ask=KernelIntent.PREPARE)
+
+
+def test_every_forward_kernel_move_goes_to_a_later_stage() -> None:
+    """KERNEL_STAGE orders the kernel table: each edge but a re-scheduling (into PENDING)
+    goes to a higher stage, so a report below a live kernel's stage is one it passed."""
+    k = status.KernelStatus
+    for edge in status.KERNEL_TRANSITIONS:
+        if edge.target is not k.PENDING:
+            assert status.KERNEL_STAGE[edge.target] > status.KERNEL_STAGE[edge.source], edge
+    assert status.kernel_passed(k.PREPARED, k.CREATING)
+    assert not status.kernel_passed(k.RUNNING, k.TERMINATED)  # an ended kernel: not known

@@ -45,7 +45,10 @@ async def unavailable_agents(
 
 
 def _note(agent_id: AgentId, status: str) -> ResultNote:
-    return ResultNote(AGENT_UNAVAILABLE, f"agent {agent_id} is {status}, not ALIVE")
+    # Permanent: the manager already waited the heartbeat timeout before calling the agent
+    # LOST (or it left), so the phase gives up at once: back to PENDING, placed elsewhere
+    # (`failed_agents`), rather than waiting out attempts on an agent that cannot answer.
+    return ResultNote(AGENT_UNAVAILABLE, f"agent {agent_id} is {status}, not ALIVE", permanent=True)
 
 
 def stage_failure_note(session: SessionWithKernels) -> ResultNote | None:
