@@ -135,16 +135,18 @@ def agent_command(
         if not sep or not name or not path:
             fail(f"--image {item!r}: expected NAME=PATH")
         images[name] = path
-    try:
-        profile = replace(
-            SimulationProfile.with_fail_rate(sim_fail_rate),
-            preload=Latency.parse(sim_preload),
-            start=Latency.parse(sim_start),
-            run=Latency.parse(sim_run_time),
-            stop=Latency.parse(sim_stop),
-        )
-    except ValueError as exc:
-        fail(f"--sim-*: {exc}")
+    latencies: dict[str, Latency] = {}
+    for stage, flag, text in (
+        ("preload", "--sim-preload", sim_preload),
+        ("start", "--sim-start", sim_start),
+        ("run", "--sim-run-time", sim_run_time),
+        ("stop", "--sim-stop", sim_stop),
+    ):
+        try:
+            latencies[stage] = Latency.parse(text)
+        except ValueError as exc:
+            fail(f"{flag}: {exc}")
+    profile = replace(SimulationProfile.with_fail_rate(sim_fail_rate), **latencies)
     settings = settings_from_flags()
     host = socket.gethostname()
     config = AgentConfig(

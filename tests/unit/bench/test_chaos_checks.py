@@ -102,3 +102,11 @@ def test_an_illegal_history_edge_is_a_violation() -> None:
     assert "kernel history: RUNNING -> BOGUS" in result.examples
     legal = checks.legal_history([("RUNNING", "TERMINATING", 1)], [("PREPARED", "CREATING", 1)])
     assert legal.ok
+
+
+def test_a_process_that_exited_by_itself_is_a_violation() -> None:
+    """Each manager or agent found ended on its own counts; none found passes."""
+    result = checks.no_exit([("manager-1", 1)], samples=10)
+    assert (result.checked, result.violations) == (10, 1)
+    assert "manager-1 exited by itself with code 1" in result.examples
+    assert checks.no_exit([], samples=10).ok

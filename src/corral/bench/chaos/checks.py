@@ -35,6 +35,7 @@ class CheckName(enum.StrEnum):
     NO_OVERCOMMIT = "no_overcommit"
     LEDGER_MATCHES = "ledger_equals_kernel_slots"
     LEGAL_HISTORY = "every_history_edge_legal"
+    NO_EXIT = "no_process_exited_by_itself"
 
 
 @dataclass
@@ -204,3 +205,11 @@ def _edges(
         if not legal:
             for _ in range(count):
                 result.violated(f"{what} history: {before} -> {after}")
+
+
+def no_exit(exits: Iterable[tuple[str, int | None]], samples: int) -> CheckResult:
+    """No manager or agent ended by itself (the harness restarts it and counts it here)."""
+    result = CheckResult(CheckName.NO_EXIT, checked=samples)
+    for name, code in exits:
+        result.violated(f"{name} exited by itself with code {code}")
+    return result

@@ -133,6 +133,15 @@ class Fleet:
         for manager in self.managers:
             manager.stop()
 
-    def exited(self) -> list[str]:
-        """Names of processes that ended though nobody stopped them."""
-        return [p.name for p in (*self.managers, *self.agents) if p.process and not p.running]
+    def restart_exited(self) -> list[tuple[str, int | None]]:
+        """Start again each process that ended by itself; their names and exit codes.
+
+        The fault injectors kill and start a process with no await between, so a process found
+        ended here ended on its own.
+        """
+        ended = []
+        for process in (*self.managers, *self.agents):
+            if process.process is not None and not process.running:
+                ended.append((process.name, process.process.returncode))
+                process.start()
+        return ended

@@ -23,7 +23,8 @@ def summary(report: dict[str, Any]) -> str:
         f"chaos: {config['managers']} managers, {config['agents']} agents, "
         f"{report['accepted']}/{config['sessions']} sessions accepted, "
         f"{report['database']}{' + redis' if report['redis'] else ''}, fault {config['fault']}",
-        f"took {report['took_s']} s; {report['manager_kills']} manager kills, "
+        f"took {report['took_s']} s{'' if report['all_ended'] else ' (timed out)'}; "
+        f"{report['manager_kills']} manager kills, "
         f"{report['agent_kills']} agent kills, outages {report['outages']} "
         f"(sessions ended during them: {report['ended_during_outages']})",
     ]

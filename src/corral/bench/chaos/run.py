@@ -42,6 +42,8 @@ from corral.testing.tcp_proxy import TcpProxy
 JOIN_TOKEN = "chaos-join-token"
 OWN_REDIS = "own"  # --redis own: a Redis of the run's own
 SAMPLE_EVERY_S = 0.5
+REGISTER_DEADLINE_S = 60.0
+CHECK_MARGIN_S = 20.0  # of --timeout, kept for collecting and checking after the wait
 SUBMIT_CONCURRENCY = 16
 SESSION_BODY: dict[str, Any] = {"image": "python", "command": ["true"], "resources": {"cpu": 1}}
 
@@ -94,6 +96,7 @@ async def run_chaos(config: ChaosConfig, progress: Progress | None = None) -> di
 async def _run(config: ChaosConfig, workdir: Path, say: Progress) -> dict[str, Any]:
     fleet = Fleet()
     log = FaultLog()
+    begun = time.monotonic()
     async with AsyncExitStack() as stack:
         stack.callback(fleet.close)  # runs on any exit, cancellation (timeout, Ctrl-C) too
         db = await stack.enter_async_context(scratch_database(config.database))
@@ -178,19 +181,22 @@ async def _run(config: ChaosConfig, workdir: Path, say: Progress) -> dict[str, A
             )
         for agent in fleet.agents:
             agent.start()
-        await _until(lambda: _alive_agents(db, config.agents), 60, "agents to register", fleet)
+        if not await _until(lambda: _alive_agents(db, config.agents), REGISTER_DEADLINE_S):
+            raise ChaosError(f"the agents did not all register in {REGISTER_DEADLINE_S:g} s")
         say(f"{config.agents} agents up; submitting {config.sessions} sessions")
 
         samples: list[checks.Ledger] = []
         progress_series: list[tuple[float, int]] = []
         log.started = time.monotonic()
         faults = _faults(config, fleet, server, proxy, log)
-        sampler = asyncio.create_task(_sample(db, samples, progress_series, log))
+        exits: list[tuple[str, int | None]] = []
+        sampler = asyncio.create_task(_sample(db, fleet, samples, exits, progress_series, log))
         try:
             accepted = await _submit(urls, token, config.sessions)
             say(f"{len(accepted)} sessions accepted; waiting for them to end")
-            ids = list(accepted)
-            await _until(lambda: _all_ended(db, ids), config.timeout_s, "sessions to end", fleet)
+            # What does not end before the timeout (less time for the checks) is reported by them.
+            wait_s = config.timeout_s - (time.monotonic() - begun) - CHECK_MARGIN_S
+            all_ended = await _until(lambda: _all_ended(db), wait_s)
             took_s = log.now()
         finally:
             for task in (*faults, sampler):
@@ -203,11 +209,13 @@ async def _run(config: ChaosConfig, workdir: Path, say: Progress) -> dict[str, A
             for a in fleet.agents
         }
         results = await _check(db, accepted, samples, journals, config)
+        results.append(checks.no_exit(exits, len(samples)))
         return {
             "config": {k: (str(v) if isinstance(v, Fault) else v) for k, v in vars(config).items()},
             "database": db.url.get_backend_name(),
             "redis": bool(redis_url),
             "accepted": len(accepted),
+            "all_ended": all_ended,
             "took_s": round(took_s, 2),
             "manager_kills": log.manager_kills,
             "agent_kills": log.agent_kills,
@@ -289,7 +297,7 @@ async def _alive_agents(db: Database, count: int) -> bool:
     return (alive or 0) >= count
 
 
-async def _all_ended(db: Database, ids: list[str]) -> bool:
+async def _all_ended(db: Database) -> bool:
     async with db.read() as conn:
         open_ = await conn.scalar(
             sa.select(sa.func.count()).where(
@@ -299,19 +307,28 @@ async def _all_ended(db: Database, ids: list[str]) -> bool:
     return not open_
 
 
-async def _until(condition: Callable[[], Any], deadline_s: float, what: str, fleet: Fleet) -> None:
+async def _until(condition: Callable[[], Any], deadline_s: float) -> bool:
+    """Poll `condition()` until it holds (True) or `deadline_s` passes (False)."""
     end = time.monotonic() + deadline_s
     while not await condition():
         if time.monotonic() > end:
-            raise ChaosError(f"timed out waiting for {what}")
+            return False
         await asyncio.sleep(0.25)
+    return True
 
 
 async def _sample(
-    db: Database, samples: list[checks.Ledger], series: list[tuple[float, int]], log: FaultLog
+    db: Database,
+    fleet: Fleet,
+    samples: list[checks.Ledger],
+    exits: list[tuple[str, int | None]],
+    series: list[tuple[float, int]],
+    log: FaultLog,
 ) -> None:
-    """Every SAMPLE_EVERY_S: the slot ledger, and how many sessions have ended."""
+    """Every SAMPLE_EVERY_S: processes that ended by themselves (restarted), the slot ledger,
+    and how many sessions have ended."""
     while True:
+        exits.extend(fleet.restart_exited())
         with contextlib.suppress(Exception):  # a sample missed is not a violation
             samples.append(await read_ledger(db))
             async with db.read() as conn:
