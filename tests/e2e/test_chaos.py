@@ -20,6 +20,7 @@ CHECKS = {
     "no_overcommit",
     "ledger_equals_kernel_slots",
     "every_history_edge_legal",
+    "no_process_exited_by_itself",
 }
 
 
