@@ -146,7 +146,13 @@ def agent_command(
             latencies[stage] = Latency.parse(text)
         except ValueError as exc:
             fail(f"{flag}: {exc}")
-    profile = replace(SimulationProfile.with_fail_rate(sim_fail_rate), **latencies)
+    profile = replace(
+        SimulationProfile.with_fail_rate(sim_fail_rate),
+        preload=latencies["preload"],
+        start=latencies["start"],
+        run=latencies["run"],
+        stop=latencies["stop"],
+    )
     settings = settings_from_flags()
     host = socket.gethostname()
     config = AgentConfig(
