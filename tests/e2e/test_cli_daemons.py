@@ -89,6 +89,22 @@ def test_agent_joins_and_leaves_cleanly_on_sigterm(tmp_path: Path) -> None:
         _stop(manager)
 
 
+def test_a_bad_simulated_latency_is_refused_naming_its_flag(tmp_path: Path) -> None:
+    """`--sim-run-time 3-1s` (low above high) stops the agent at once, naming the flag."""
+    agent = subprocess.run(
+        [
+            sys.executable, "-m", "corral", "agent", "--manager", "http://127.0.0.1:1",
+            "--token", "t", "--slots", "cpu=1,mem=1g", "--id", "sim",
+            "--data-dir", str(tmp_path / "a"), "--runtime", "simulated",
+            "--sim-run-time", "3-1s",
+        ],
+        capture_output=True, text=True, env=_ENV, timeout=60, check=False,
+    )  # fmt: skip
+    assert agent.returncode == 2
+    assert "--sim-run-time: invalid latency '3-1s'" in agent.stderr
+    assert "low_s (3.0) must not be above high_s (1.0)" in agent.stderr
+
+
 def _join_token(manager: subprocess.Popen[str], tmp_path: Path) -> str:
     """The generated join token: its file is named on the console, the token itself is not."""
     assert manager.stderr is not None

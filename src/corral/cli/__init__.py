@@ -39,6 +39,7 @@ class _Commands(_lazy.LazyGroup):
         "agent": _lazy.group("agent", "corral.cli.agent", _agent_commands),
         "up": _lazy.command("up", "corral.cli.up", "up_command"),
         "simulate": _lazy.command("simulate", "corral.cli.simulate", "simulate_command"),
+        "chaos": _lazy.command("chaos", "corral.cli.chaos", "chaos_command"),
         "bench": _lazy.group("bench", "corral.cli.bench", _bench_commands),
         "db": _lazy.group("db", "corral.cli.db"),
     }

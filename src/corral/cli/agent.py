@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import socket
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -18,6 +20,7 @@ from corral.agent.devices import DeviceAllocator, detect_gpus
 from corral.agent.endpoints import ManagerURLError, parse_manager_urls, resolve_endpoints
 from corral.agent.kernel_worker import WorkerSettings
 from corral.agent.runtime import Runtime
+from corral.agent.runtime.simulated import Latency, SimulationProfile
 from corral.cli._common import fail, settings_from_flags
 from corral.domain.slots import ResourceSlots, SlotError
 
@@ -88,6 +91,23 @@ def agent_command(
         ),
     ] = "stop",
     stop_grace: Annotated[float, typer.Option(min=0, help="SIGTERM → SIGKILL, seconds.")] = 10.0,
+    sim_preload: Annotated[
+        str, typer.Option(help="Simulated: preload latency, seconds (e.g. 0.1, 0.1-0.5s, exp:0.2).")
+    ] = "0",
+    sim_start: Annotated[
+        str, typer.Option(help="Simulated: start latency, as --sim-preload.")
+    ] = "0",
+    sim_run_time: Annotated[
+        str, typer.Option(help="Simulated: how long a batch kernel runs, e.g. 0.5-3s.")
+    ] = "0",
+    sim_stop: Annotated[str, typer.Option(help="Simulated: stop latency, as --sim-preload.")] = "0",
+    sim_fail_rate: Annotated[
+        float,
+        typer.Option(min=0.0, max=1.0, help="Simulated: chance a kernel fails at some stage."),
+    ] = 0.0,
+    sim_seed: Annotated[
+        int | None, typer.Option(help="Simulated: seeds the latencies and failures.")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR.")] = "INFO",
 ) -> None:
     """Run an agent until Ctrl-C / SIGTERM (with a subcommand: that subcommand)."""
@@ -115,6 +135,24 @@ def agent_command(
         if not sep or not name or not path:
             fail(f"--image {item!r}: expected NAME=PATH")
         images[name] = path
+    latencies: dict[str, Latency] = {}
+    for stage, flag, text in (
+        ("preload", "--sim-preload", sim_preload),
+        ("start", "--sim-start", sim_start),
+        ("run", "--sim-run-time", sim_run_time),
+        ("stop", "--sim-stop", sim_stop),
+    ):
+        try:
+            latencies[stage] = Latency.parse(text)
+        except ValueError as exc:
+            fail(f"{flag}: {exc}")
+    profile = replace(
+        SimulationProfile.with_fail_rate(sim_fail_rate),
+        preload=latencies["preload"],
+        start=latencies["start"],
+        run=latencies["run"],
+        stop=latencies["stop"],
+    )
     settings = settings_from_flags()
     host = socket.gethostname()
     config = AgentConfig(
@@ -128,17 +166,22 @@ def agent_command(
         worker=WorkerSettings(stop_grace_s=stop_grace),
     )
     configure_logging(log_level)
-    chosen = _runtime(runtime, images)
+    chosen = _runtime(runtime, images, profile, sim_seed, config.data_dir)
     devices = DeviceAllocator(int(capacity.get("cuda.device", 0)))
     client = HttpManagerClient(managers, failback_after_s=failback_after)
     asyncio.run(_run(config, client, chosen, devices))
 
 
-def _runtime(name: str, images: dict[str, str]) -> Runtime:
+def _runtime(
+    name: str, images: dict[str, str], profile: SimulationProfile, seed: int | None, data_dir: Path
+) -> Runtime:
     if name == "simulated":
+        from corral.agent.runtime.sim_journal import JOURNAL_NAME, Journal, JournalEvent
         from corral.agent.runtime.simulated import SimulatedRuntime
 
-        return SimulatedRuntime()
+        journal = Journal(data_dir / JOURNAL_NAME)
+        journal.write(JournalEvent.BOOT, pid=os.getpid())
+        return SimulatedRuntime(profile, rng=random.Random(seed), journal=journal)
     from corral.agent.runtime.process import ProcessRuntime
 
     return ProcessRuntime(images)

@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from corral.agent.runtime import KernelLaunch, Runtime, StageFailure
+from corral.agent.runtime.sim_journal import Journal, read_journal
 from corral.agent.runtime.simulated import (
     FAIL_RATE_SHARES,
     Latency,
@@ -100,6 +101,9 @@ def test_default_caps_are_ten_times_the_centre() -> None:
     [
         ("0", Latency.fixed(0.0)),
         ("0.01", Latency.fixed(0.01)),
+        ("2s", Latency.fixed(2.0)),
+        ("0.5-3s", Latency.uniform(0.5, 3.0)),
+        ("0.5-3", Latency.uniform(0.5, 3.0)),
         ("fixed:2", Latency.fixed(2.0)),
         ("uniform:0.001:0.01", Latency.uniform(0.001, 0.01)),
         ("exp:0.005", Latency.exponential(0.005)),
@@ -124,6 +128,8 @@ def test_parse_reads_the_short_forms(text: str, expected: Latency) -> None:
         ("uniform:0.1", "expected uniform:low_s:high_s, got 1"),
         ("uniform:0.1:x", "high_s 'x' is not a number"),
         ("uniform:0.5:0.1", "low_s (0.5) must not be above high_s (0.1)"),
+        ("3-0.5s", "low_s (3.0) must not be above high_s (0.5)"),
+        ("1-xs", "high_s 'x' is not a number"),
         ("exp:-1", "mean_s must be a finite number"),
         ("exp:1:2:3", "expected exp:mean_s[:cap_s], got 3"),
         ("lognormal:1:nan", "sigma must be a finite number"),
@@ -391,3 +397,31 @@ async def test_runtime_facts_and_notes() -> None:
     (line,) = SimulatedRuntime(profile).notes().lines
     assert "preload uniform:0.001:0.01" in line
     assert "oom_killed 0.25" in line
+
+
+async def test_the_journal_records_each_start_and_how_each_kernel_ended(tmp_path: Path) -> None:
+    """With a journal, a start and the kernel's end (exited by itself, or stopped) are recorded."""
+    journal = Journal(tmp_path / "journal.jsonl")
+    runtime = SimulatedRuntime(
+        SimulationProfile(run=Latency.fixed(5.0)), sleep=RecordingSleep(block=True), journal=journal
+    )
+    stopped = await runtime.start(launch())
+    await stopped.terminate(grace_s=1.0)
+    quick = SimulatedRuntime(journal=journal)
+    ended = await quick.start(replace(launch(), kernel_id=KernelId(uuid.UUID(int=7))))
+    assert (await ended.wait()).exit_code == 0
+    journal.close()
+    events = [(e["event"], e["kernel"], e.get("how")) for e in read_journal(journal.path)]
+    assert events == [
+        ("start", str(KERNEL_ID), None),
+        ("end", str(KERNEL_ID), "terminated"),
+        ("start", str(uuid.UUID(int=7)), None),
+        ("end", str(uuid.UUID(int=7)), "exited"),
+    ]
+
+
+def test_a_torn_journal_line_is_skipped(tmp_path: Path) -> None:
+    """A line cut short by a kill mid-write is left out; the whole lines before it are read."""
+    path = tmp_path / "journal.jsonl"
+    path.write_text('{"event": "boot", "t": 1}\n{"event": "sta')
+    assert [e["event"] for e in read_journal(path)] == ["boot"]

@@ -25,6 +25,7 @@ from corral.agent.runtime import (
     RuntimeNotes,
     StageFailure,
 )
+from corral.agent.runtime.sim_journal import EndHow, Journal, JournalEvent
 from corral.domain.record import record
 from corral.domain.spec import SessionType
 
@@ -116,11 +117,16 @@ class Latency:
 
     @classmethod
     def parse(cls, text: str) -> Latency:
-        """From the CLI's form: "0.01", "uniform:0.001:0.01", "exp:0.005", "lognormal:0.005:0.5"."""
+        """From the CLI: "0.01", "2s", "0.5-3s" (uniform), "uniform:0.5:3", "exp:0.005", ..."""
         head, *rest = text.strip().split(":")
         try:
             if not rest:
-                return cls.fixed(_number("value_s", head))
+                # Seconds may carry an "s"; "LOW-HIGH" is the uniform distribution between.
+                seconds = head.strip().removesuffix("s")
+                low, dash, high = seconds.partition("-")
+                if dash and low.strip():  # not a negative number's sign
+                    return cls.uniform(_number("low_s", low), _number("high_s", high))
+                return cls.fixed(_number("value_s", seconds))
             kind = _KIND_ALIASES.get(head.strip().lower())
             if kind is None:
                 raise ValueError(
@@ -258,6 +264,7 @@ class SimulatedKernel:
         self._timer: asyncio.Task[None] | None = None
         if run_s == 0.0:
             self._exit = outcome
+            runtime._journal_end(launch, EndHow.EXITED)
         elif run_s is not None:
             self._timer = asyncio.get_running_loop().create_task(self._run_out(run_s, outcome))
 
@@ -289,7 +296,7 @@ class SimulatedKernel:
             finally:
                 # The signal was sent: even if our caller is cancelled, the kernel ends. If it
                 # ended by itself meanwhile, that outcome stands (_finish keeps the first).
-                self._finish(outcome)
+                self._finish(outcome, EndHow.TERMINATED)
         return await self.wait()
 
     async def read_log(self, stream: str, offset: int, limit: int) -> bytes:
@@ -332,12 +339,13 @@ class SimulatedKernel:
     async def _run_out(self, run_s: float, outcome: KernelExit) -> None:
         await self._runtime._sleep(run_s)
         self._timer = None  # done: _finish must not cancel the task it runs in
-        self._finish(outcome)
+        self._finish(outcome, EndHow.EXITED)
 
-    def _finish(self, outcome: KernelExit) -> None:
+    def _finish(self, outcome: KernelExit, how: EndHow) -> None:
         if self._exit is not None:
             return
         self._exit = outcome
+        self._runtime._journal_end(self._launch, how)
         timer, self._timer = self._timer, None
         if timer is not None:
             timer.cancel()
@@ -355,8 +363,10 @@ class SimulatedRuntime:
         rng: random.Random | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         host: str = "sim",
+        journal: Journal | None = None,
     ) -> None:
         self._profile = profile
+        self._journal = journal  # the agent's record of started and ended kernels, if any
         self._rng = rng if rng is not None else random.Random()
         self._sleep = sleep
         # One mapping for all of this runtime's kernels, read-only so none can alter it.
@@ -393,6 +403,13 @@ class SimulatedRuntime:
             raise StageFailure(
                 "kernel_start_failure", "simulated: the kernel did not start", retryable=False
             )
+        if self._journal is not None:
+            self._journal.write(
+                JournalEvent.START,
+                kernel=str(launch.kernel_id),
+                session=str(launch.session_id),
+                slots=dict(launch.slots),
+            )
         if launch.session_type in _OPEN_ENDED:
             return SimulatedKernel(self, launch, None, EXITED_OK)
         run_s = profile.run.sample(rng)
@@ -404,6 +421,10 @@ class SimulatedRuntime:
             elif draw < profile.kernel_nonzero_exit + profile.oom_killed:
                 outcome = OOM_KILLED
         return SimulatedKernel(self, launch, run_s, outcome)
+
+    def _journal_end(self, launch: KernelLaunch, how: EndHow) -> None:
+        if self._journal is not None:
+            self._journal.write(JournalEvent.END, kernel=str(launch.kernel_id), how=how.value)
 
     async def _stage_fails(self, latency: Latency, failure_p: float) -> bool:
         delay_s = latency.sample(self._rng)

@@ -1,0 +1,64 @@
+"""A simulated agent's own record of the kernels it started and how each ended (append-only).
+
+`corral agent --runtime simulated` writes one JSON line per event to `JOURNAL_NAME` in its data
+dir, so a harness (`corral chaos`) can check from the agents' side what the database claims: no
+kernel started twice for one placement, no agent running more than its capacity. Each line is
+one `write` to a file opened for appending, so a SIGKILLed agent leaves whole lines behind.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+JOURNAL_NAME = "simulated-kernels.jsonl"
+
+
+class JournalEvent(enum.StrEnum):
+    """What a journal line records."""
+
+    BOOT = "boot"  # the agent process started: every kernel of an earlier boot is gone
+    START = "start"  # a kernel started (the runtime's start succeeded)
+    END = "end"  # a kernel ended: `how` says by itself (exited) or stopped (terminated)
+
+
+class EndHow(enum.StrEnum):
+    """How a simulated kernel ended."""
+
+    EXITED = "exited"  # its run time elapsed: it ran to its end
+    TERMINATED = "terminated"  # the agent stopped it
+
+
+class Journal:
+    """Appends events to one file (a line each, written at once)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, event: JournalEvent, **fields: Any) -> None:
+        """One line: the event, the wall-clock time, and `fields`."""
+        line = json.dumps({"event": event.value, "t": time.time(), **fields}) + "\n"
+        os.write(self._fd, line.encode())
+
+    def close(self) -> None:
+        """Close the file (lines already written stay)."""
+        os.close(self._fd)
+
+
+def read_journal(path: Path) -> Iterator[Mapping[str, Any]]:
+    """The journal's events in order; a torn last line (a kill mid-write) is skipped."""
+    if not path.exists():
+        return
+    with path.open() as lines:
+        for line in lines:
+            try:
+                yield json.loads(line)
+            except ValueError:
+                continue

@@ -1,0 +1,1 @@
+"""`corral chaos`: real managers and simulated agents under injected faults, checked end to end."""
