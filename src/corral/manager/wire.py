@@ -42,6 +42,8 @@ def assignment_message(assignment: Assignment) -> AssignmentMessage:
                 stage_failure=k.stage_failure,
                 slots=dict(k.occupied_slots),
                 spec=k.spec,
+                array_id=None if k.array_id is None else str(k.array_id),
+                array_index=k.array_index,
             )
             for k in assignment.kernels
         ],

@@ -165,6 +165,9 @@ class AssignedKernel:
     # The address of the agent of every kernel of the session, in cluster-index order ("" for
     # a kernel not placed now), so the ranks of a multi-node session can find each other.
     cluster_hosts: tuple[str, ...] = ()
+    # A job array's element: the array's id and this element's index (CORRAL_ARRAY_*).
+    array_id: SessionId | None = None
+    array_index: int | None = None
 
 
 @record
@@ -225,6 +228,8 @@ async def read_assignments(
                 occupied_slots=row[9] or {},
                 spec=spec,
                 cluster_hosts=addresses[agent_id] if row[4] == 1 else hosts.get(row[1], ()),
+                array_id=None if row[12] is None else SessionId(row[12]),
+                array_index=row[13],
             )
         )
     return {
@@ -257,6 +262,8 @@ def _assigned_kernels_query(dialect: Dialect) -> sa.Select[Any]:
             kernels.c.occupied_slots,
             sa.cast(sessions.c.spec, sa.Text),  # decoded by the reader, once per distinct text
             kernels.c.agent_id,
+            sessions.c.array_id,
+            sessions.c.array_index,
         )
         .select_from(kernels.join(sessions, sessions.c.id == kernels.c.session_id))
         .where(
