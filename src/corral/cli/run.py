@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import sys
 import uuid
 from decimal import Decimal
@@ -17,6 +16,7 @@ from corral.cli._remote import call
 from corral.client import Client, UnreachableError, ValidationError, validated
 from corral.domain.arrays import ArraySpec
 from corral.domain.field_errors import FieldError, describe
+from corral.domain.images import default_image
 from corral.domain.slots import SlotError, parse_amount
 from corral.domain.spec import ClusterMode, SessionSpec, SessionType
 
@@ -39,16 +39,6 @@ _FLAGS = {
     "priority": "--priority",
     "array": "--array",
 }
-
-# A lone argument with these is a shell script, not a program name.
-_SHELL_SYNTAX = re.compile(r"[\s|&;<>()$`*?]")
-
-
-def default_image(command: list[str]) -> str:
-    """`shell` for one argument that is a shell script, else `python` (which runs any argv)."""
-    if len(command) == 1 and _SHELL_SYNTAX.search(command[0]):
-        return "shell"
-    return "python"
 
 
 def run_command(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from pydantic import field_validator
+from pydantic import Field, JsonValue, field_validator
 
 from corral.domain.record import record
 from corral.domain.spec import MAX_CREATION_ID_LENGTH, SessionSpec
@@ -20,7 +20,10 @@ MAX_ARRAY_INDEX = 2**31 - 1  # the column is an INTEGER
 MAX_ARRAY_TEXT = 1024
 # An element's creation_id is the array's with `_INDEX` appended (see `element_creation_id`).
 _ELEMENT_SUFFIX_MAX = len(f"_{MAX_ARRAY_INDEX}")
-_ITEM = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?")
+_ITEM = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?")
+_NUMBER = re.compile(r"[0-9]+")
+# The syntax as the API's schema documents it (validation is `parse_array`'s, with messages).
+ARRAY_PATTERN = r"^[0-9]+(-[0-9]+(:[0-9]+)?)?(,[0-9]+(-[0-9]+(:[0-9]+)?)?)*(%[0-9]+)?$"
 _SYNTAX_HINT = "use Slurm's syntax, like 0-15, 1,3,5, 0-15:4 or 0-999%50"
 
 
@@ -52,7 +55,7 @@ def parse_array(text: str) -> ArrayIndexes:
     body, percent, limit = text.partition("%")
     throttle: int | None = None
     if percent:
-        if not limit.isdigit() or int(limit) < 1:
+        if _NUMBER.fullmatch(limit) is None or int(limit) < 1:
             raise ArraySyntaxError(
                 f"the throttle after '%' in {text!r} must be a whole number of at least 1, "
                 "like 0-999%50 (at most 50 elements at once)"
@@ -82,6 +85,15 @@ def check_array(text: str) -> str:
     return text
 
 
+ARRAY_SCHEMA: dict[str, JsonValue] = {
+    "pattern": ARRAY_PATTERN,
+    "minLength": 1,
+    "maxLength": MAX_ARRAY_TEXT,
+    "examples": ["0-99", "1,3,5", "0-15:4", "0-999%50"],
+    "description": "Slurm's array syntax: ranges, lists, steps; %N: at most N at once",
+}
+
+
 def element_creation_id(creation_id: str, index: int) -> str:
     """The creation_id of an array's element `index`: a retried request creates nothing twice."""
     return f"{creation_id}_{index}"
@@ -90,7 +102,7 @@ def element_creation_id(creation_id: str, index: int) -> str:
 class ArraySpec(SessionSpec):
     """A job array: one session of this spec per index of `array` (the `/v1/arrays` body)."""
 
-    array: str
+    array: str = Field(json_schema_extra=ARRAY_SCHEMA)
 
     @field_validator("array")
     @classmethod

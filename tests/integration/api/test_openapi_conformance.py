@@ -124,6 +124,9 @@ async def _seed(world: ApiWorld, schema: OpenApiSchema) -> Seeded:
         answer: dict[str, Any] = response.json()
         return answer
 
+    # Each valid generated array is created: ten thousand sessions an example would be the
+    # whole test's time, and the limit is tested on its own (test_arrays_api).
+    world.cluster.controller.max_array_size = 100
     spec = {"image": "python", "command": ["true"], "resources": {"cpu": 1}}
     once = {**spec, "creation_id": "seed-1"}
     sessions = [
