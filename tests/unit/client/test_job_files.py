@@ -74,7 +74,7 @@ def test_a_yaml_mistake_names_the_file_line_and_field(tmp_path: Path) -> None:
         ["job.yaml:6", "priority"],
         ["job.yaml:10", "cluster_size"],
     ]
-    assert "'lots' is not a number" in problems[0]
+    assert "'lots' is not a quantity" in problems[0]
 
 
 def test_a_toml_mistake_names_the_line_from_the_key_path(tmp_path: Path) -> None:
