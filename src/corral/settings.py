@@ -14,6 +14,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from corral.domain.arrays import DEFAULT_MAX_ARRAY_SIZE
 from corral.infra.locks import DEFAULT_LOCK_TTL_S
 from corral.store.database import async_url
 from corral.store.kernel_logs import DEFAULT_LOG_CAP_BYTES
@@ -63,6 +64,10 @@ class Settings(BaseSettings):
     # call to the lock's server.
     lock_ttl_s: float = Field(
         default=DEFAULT_LOCK_TTL_S, gt=0, le=300, description="task lock TTL, seconds"
+    )
+    # A job array is created in one transaction: this bounds how much one request may write.
+    max_array_size: int = Field(
+        default=DEFAULT_MAX_ARRAY_SIZE, ge=1, le=1_000_000, description="elements of one job array"
     )
 
     @field_validator("database_url")

@@ -449,6 +449,8 @@ class AgentDaemon:
             slots=kernel.slots,
             work_dir=self.config.data_dir / KERNELS_DIR / str(kernel.id),
             devices=devices,
+            array_id=kernel.array_id,
+            array_index=kernel.array_index,
         )
 
     # -- shutdown ---------------------------------------------------------------------------

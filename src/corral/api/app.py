@@ -11,6 +11,7 @@ from corral import package_version
 from corral.api import (
     agents,
     agents_admin,
+    arrays,
     events,
     health,
     resource_groups,
@@ -57,6 +58,7 @@ def create_app(context: ApiContext) -> FastAPI:
         agents_admin.router,
         sessions.router,
         session_logs.router,
+        arrays.router,
         resource_groups.router,
         users.router,
         events.router,

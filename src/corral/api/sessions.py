@@ -79,6 +79,9 @@ class SessionOut(BaseModel):
     command: list[str]
     resources: ResourceSlots  # per kernel
     creation_id: str | None
+    # A job array's element: the array's id (its first element's) and this element's index.
+    array_id: uuid.UUID | None = None
+    array_index: int | None = None
     kernels: list[KernelOut] | None = None
 
 
@@ -200,6 +203,7 @@ async def list_sessions_route(
     owner: Annotated[str | None, Query(description="admins: one owner's sessions")] = None,
     resource_group: str | None = None,
     type: str | None = None,
+    array_id: Annotated[uuid.UUID | None, Query(description="one job array's elements")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: str | None = None,
 ) -> SessionPage:
@@ -219,6 +223,7 @@ async def list_sessions_route(
         statuses=tuple(s.value for s in status or ()),
         resource_group=resource_group,
         type=type.upper() if type else None,
+        array_id=array_id,
     )
     try:
         rows, next_cursor = await list_sessions(db, where, limit=limit, cursor=cursor)

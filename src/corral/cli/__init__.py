@@ -38,6 +38,7 @@ class _Commands(_lazy.LazyGroup):
         "manager": _lazy.command("manager", "corral.cli.manager", "manager_command"),
         "agent": _lazy.group("agent", "corral.cli.agent", _agent_commands),
         "up": _lazy.command("up", "corral.cli.up", "up_command"),
+        "submit": _lazy.command("submit", "corral.cli.submit", "submit_command"),
         "simulate": _lazy.command("simulate", "corral.cli.simulate", "simulate_command"),
         "chaos": _lazy.command("chaos", "corral.cli.chaos", "chaos_command"),
         "bench": _lazy.group("bench", "corral.cli.bench", _bench_commands),

@@ -64,6 +64,7 @@ def manager_command(
         log_cap_bytes=settings.log_cap_bytes,
         retention_days=settings.retention_days,
         lock_ttl_s=settings.lock_ttl_s,
+        max_array_size=settings.max_array_size,
     )
 
     token_file = settings.data_dir.expanduser() / "join-token"

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
-import re
 import sys
 import uuid
 from decimal import Decimal
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
+from corral.cli._arrays import submit_array
 from corral.cli._common import fail
 from corral.cli._follow import SessionFollower, Terminal, confirm_on_terminal
 from corral.cli._remote import call
-from corral.client import Client, UnreachableError, ValidationError, validate_spec
+from corral.client import Client, UnreachableError, ValidationError, validated
+from corral.domain.arrays import ArraySpec
 from corral.domain.field_errors import FieldError, describe
+from corral.domain.images import default_image
 from corral.domain.slots import SlotError, parse_amount
 from corral.domain.spec import ClusterMode, SessionSpec, SessionType
+
+SpecT = TypeVar("SpecT", bound=SessionSpec)
 
 # Register with these: options end at CMD, so `corral run python -c ...` needs no `--`.
 CONTEXT_SETTINGS: dict[str, Any] = {"allow_interspersed_args": False}
@@ -33,17 +37,8 @@ _FLAGS = {
     "cluster_size": "--cluster-size",
     "resource_group": "--resource-group",
     "priority": "--priority",
+    "array": "--array",
 }
-
-# A lone argument with these is a shell script, not a program name.
-_SHELL_SYNTAX = re.compile(r"[\s|&;<>()$`*?]")
-
-
-def default_image(command: list[str]) -> str:
-    """`shell` for one argument that is a shell script, else `python` (which runs any argv)."""
-    if len(command) == 1 and _SHELL_SYNTAX.search(command[0]):
-        return "shell"
-    return "python"
 
 
 def run_command(
@@ -86,6 +81,21 @@ def run_command(
             "--follow/--no-follow", help="Stream the command's output (else only wait for the end)."
         ),
     ] = True,
+    array: Annotated[
+        str | None,
+        typer.Option(
+            help="A job array: one session per index, Slurm's syntax (0-99, 1,3,5, 0-15:4; "
+            "%N: at most N at once, 0-999%50). Prints the array id and returns.",
+            show_default=False,
+        ),
+    ] = None,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait",
+            help="With --array: wait for every element to end; exit with the highest exit code.",
+        ),
+    ] = False,
 ) -> None:
     """Run CMD as a batch session: show its phase, stream its output, exit with its exit code.
 
@@ -100,8 +110,12 @@ def run_command(
     agent's interpreter and other programs from PATH; `shell` runs CMD with `/bin/sh -c`. The
     default is `shell` when CMD is one argument with spaces or shell syntax
     (`corral run 'make && ./bench | tee log'`), else `python`.
+
+    With `--array`, one session per index, each with CORRAL_ARRAY_ID and CORRAL_ARRAY_INDEX
+    in its environment, submitted in one request; the array id goes to stdout and the command
+    returns (`--wait`: once every element has ended).
     """
-    spec = _spec(
+    fields: dict[str, Any] = dict(
         command=command,
         image=image or default_image(command),
         name=name,
@@ -116,6 +130,16 @@ def run_command(
         priority=priority,
         env=_environment(env or []),
     )
+    if array is None and wait:
+        fail("--wait goes with --array (a single session is waited for unless --detach)")
+    if array is not None:
+        array_spec = _spec(ArraySpec, array=array, **fields)
+
+        async def submit_all(client: Client) -> int:
+            return await submit_array(client, array_spec, wait=wait, say=_say)
+
+        raise typer.Exit(call(submit_all))
+    spec = _spec(SessionSpec, **fields)
 
     async def submit(client: Client) -> int:
         session = await client.create_session(spec)
@@ -139,11 +163,11 @@ def run_command(
     raise typer.Exit(call(submit))
 
 
-def _spec(**fields: Any) -> SessionSpec:
-    # A fresh creation_id makes the submission safe to retry: the server creates one session.
+def _spec(model: type[SpecT], **fields: Any) -> SpecT:
+    # A fresh creation_id makes the submission safe to retry: the server creates it once.
     fields = {"type": SessionType.BATCH, "creation_id": uuid.uuid4().hex, **fields}
     try:
-        return validate_spec(fields)
+        return validated(model, fields)
     except ValidationError as exc:
         fail(describe(FieldError(_FLAGS.get(e.field, e.field), e.message) for e in exc.errors))
 

@@ -44,6 +44,9 @@ def ls_command(
     session_type: Annotated[
         str | None, typer.Option("--type", help="BATCH, INTERACTIVE or INFERENCE.")
     ] = None,
+    array: Annotated[
+        str | None, typer.Option(help="Only the elements of this job array (its id).")
+    ] = None,
     limit: Annotated[
         int | None, typer.Option(min=1, help="At most this many, newest first (default: all).")
     ] = None,
@@ -62,6 +65,7 @@ def ls_command(
             owner=chosen,
             resource_group=resource_group,
             type=session_type,
+            array_id=array,
             page_size=min(limit or 1000, 1000),
         )
         async with aclosing(sessions):
@@ -286,10 +290,21 @@ def describe_place(result: Explanation) -> str:
 
 @app.command("terminate")
 def terminate_command(session: SessionArgument) -> None:
-    """End a session: cancel it if it has not started, else stop its kernels."""
+    """End a session: cancel it if it has not started, else stop its kernels.
+
+    A job array's id (its first element's) ends every element of the array.
+    """
 
     async def request(client: Client) -> str:
-        result = await client.terminate_session(await client.resolve_session_id(session))
+        session_id = await client.resolve_session_id(session)
+        found = await client.get_session(session_id)
+        if found.array_id is not None and found.array_id == found.id:
+            ended = await client.terminate_array(found.array_id)
+            return (
+                f"array {ended.id}: {ended.cancelled} cancelled, {ended.terminating} "
+                f"terminating, {ended.unchanged} had already ended"
+            )
+        result = await client.terminate_session(session_id)
         if result.outcome == "unchanged":
             return f"session {result.id} had already ended ({result.status.value})"
         return f"session {result.id}: {result.outcome} ({result.status.value})"

@@ -9,7 +9,14 @@ Errors are `CorralError` subclasses carrying the API's problem details. There is
 async; synchronous callers use `asyncio.run`.
 """
 
-from corral.client._client import DEFAULT_TIMEOUT_S, Client, LogStream, SessionRef, validate_spec
+from corral.client._client import (
+    DEFAULT_TIMEOUT_S,
+    Client,
+    LogStream,
+    SessionRef,
+    validate_spec,
+    validated,
+)
 from corral.client.config import (
     ClientConfig,
     ClientConfigError,
@@ -30,12 +37,15 @@ from corral.client.errors import (
 from corral.client.models import (
     TERMINAL_STATUSES,
     Agent,
+    ArrayElement,
+    ArrayTerminateResult,
     Event,
     Explanation,
     HistoryEntry,
     Kernel,
     Page,
     Session,
+    SessionArray,
     TerminateResult,
     User,
 )
@@ -44,6 +54,8 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "TERMINAL_STATUSES",
     "Agent",
+    "ArrayElement",
+    "ArrayTerminateResult",
     "AuthError",
     "Client",
     "ClientConfig",
@@ -60,6 +72,7 @@ __all__ = [
     "Page",
     "ServerError",
     "Session",
+    "SessionArray",
     "SessionRef",
     "TerminateResult",
     "UnreachableError",
@@ -68,5 +81,6 @@ __all__ = [
     "client_config_path",
     "load_client_config",
     "validate_spec",
+    "validated",
     "write_client_config",
 ]

@@ -33,18 +33,22 @@ from corral.client.errors import (
 )
 from corral.client.models import (
     Agent,
+    ArrayTerminateResult,
     Event,
     Explanation,
     HistoryEntry,
     Page,
     Session,
+    SessionArray,
     TerminateResult,
     User,
 )
+from corral.domain.arrays import ArraySpec
 from corral.domain.field_errors import describe, field_errors
 from corral.domain.spec import SessionSpec
 
 T = TypeVar("T")
+SpecT = TypeVar("SpecT", bound=SessionSpec)
 SessionRef = uuid.UUID | str
 LogStream = Literal["stdout", "stderr"]
 
@@ -119,6 +123,24 @@ class Client:
         body = spec.model_dump(mode="json", exclude_unset=True)
         return Session.model_validate(await self._json("POST", "/v1/sessions", json=body))
 
+    async def create_array(self, spec: ArraySpec | None = None, **fields: Any) -> SessionArray:
+        """Submit a job array (`array="0-99%5"` plus a session's fields): all elements or none.
+
+        Validated here first like `create_session`; with a `creation_id` a repeated call
+        returns the array the first one created.
+        """
+        if spec is None:
+            spec = validated(ArraySpec, fields)
+        elif fields:
+            raise TypeError("give an ArraySpec or its fields, not both")
+        body = spec.model_dump(mode="json", exclude_unset=True)
+        return SessionArray.model_validate(await self._json("POST", "/v1/arrays", json=body))
+
+    async def terminate_array(self, array_id: uuid.UUID | str) -> ArrayTerminateResult:
+        """End every element of a job array: the pending ones cancelled, the others stopped."""
+        path = f"/v1/arrays/{quote(str(array_id), safe='')}/terminate"
+        return ArrayTerminateResult.model_validate(await self._json("POST", path))
+
     async def list_sessions(
         self,
         *,
@@ -126,6 +148,7 @@ class Client:
         owner: str | None = None,
         resource_group: str | None = None,
         type: str | None = None,
+        array_id: uuid.UUID | str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> Page[Session]:
@@ -138,6 +161,7 @@ class Client:
             "owner": owner,
             "resource_group": resource_group,
             "type": type,
+            "array_id": array_id,
             "limit": limit,
             "cursor": cursor,
         }
@@ -151,6 +175,7 @@ class Client:
         owner: str | None = None,
         resource_group: str | None = None,
         type: str | None = None,
+        array_id: uuid.UUID | str | None = None,
         page_size: int | None = None,
     ) -> AsyncGenerator[Session, None]:
         """Every session `list_sessions` would list, following the cursors page by page."""
@@ -161,6 +186,7 @@ class Client:
                 owner=owner,
                 resource_group=resource_group,
                 type=type,
+                array_id=array_id,
                 limit=page_size,
                 cursor=cursor,
             )
@@ -434,8 +460,14 @@ async def _every_item(fetch: Callable[[str | None], Awaitable[Page[T]]]) -> Asyn
 
 def validate_spec(fields: Mapping[str, Any]) -> SessionSpec:
     """The session spec of `fields`, or `ValidationError` naming each bad field (no request)."""
+    return validated(SessionSpec, fields)
+
+
+def validated(model: type[SpecT], fields: Mapping[str, Any]) -> SpecT:
+    """`fields` as a `model` of the session spec (`SessionSpec`, `ArraySpec`, a job file's),
+    or `ValidationError` naming each bad field (no request)."""
     try:
-        return SessionSpec.model_validate(fields)
+        return model.model_validate(fields)
     except pydantic.ValidationError as exc:
         errors = field_errors(exc)
         raise ValidationError(

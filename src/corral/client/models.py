@@ -70,6 +70,8 @@ class Session(ApiModel):
     command: tuple[str, ...] = ()
     resources: ResourceSlots  # per kernel
     creation_id: str | None = None
+    array_id: uuid.UUID | None = None  # a job array's element: the array's id
+    array_index: int | None = None  # ... and this element's index
     kernels: tuple[Kernel, ...] | None = None
 
     @property
@@ -84,6 +86,32 @@ class TerminateResult(ApiModel):
     id: uuid.UUID
     outcome: str
     status: SessionStatus
+
+
+class ArrayElement(ApiModel):
+    """One element of a job array: its index and its session's id."""
+
+    index: int
+    session_id: uuid.UUID
+
+
+class SessionArray(ApiModel):
+    """A submitted job array: its id (its first element's session id) and its elements."""
+
+    id: uuid.UUID
+    count: int
+    throttle: int | None = None
+    elements: tuple[ArrayElement, ...] = ()
+
+
+class ArrayTerminateResult(ApiModel):
+    """What terminating a job array did, in numbers of elements."""
+
+    id: uuid.UUID
+    outcome: str
+    cancelled: int
+    terminating: int
+    unchanged: int
 
 
 class HistoryEntry(ApiModel):

@@ -18,10 +18,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.controller._group_commit import GroupCommit
 from corral.coordination.hints import Hint
+from corral.domain.arrays import DEFAULT_MAX_ARRAY_SIZE, ArraySpec, parse_array
 from corral.domain.events import SESSION_ENTITY, Event
 from corral.domain.record import record
 from corral.domain.results import ResultNote, SchedulingResult, TransitionStatus
-from corral.domain.session import NewSession
+from corral.domain.session import ArrayPlace, NewSession
 from corral.domain.spec import SessionSpec
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import Clock, SessionId, UserId, new_session_id, utcnow
@@ -86,6 +87,29 @@ class Submitted:
     written: Mapping[str, Any] | None = field(default=None, compare=False)
 
 
+@record
+class SubmittedArray:
+    """The elements of a job array, in index order; `array_id` is its first element's id."""
+
+    array_id: SessionId
+    indexes: tuple[int, ...]
+    elements: tuple[Submitted, ...]
+    throttle: int | None
+
+    @property
+    def created(self) -> bool:
+        """Whether this submission created any element (False: all were created before)."""
+        return any(e.created for e in self.elements)
+
+
+@record
+class ArrayRequest:
+    """The array `enqueue_many`'s specs form: element i has index `indexes[i]`."""
+
+    indexes: tuple[int, ...]
+    throttle: int | None
+
+
 @dataclass(slots=True)
 class TerminateOutcome:
     """What a terminate request did with each session it named."""
@@ -105,8 +129,10 @@ class SessionController:
         events: EventBus | None = None,
         *,
         clock: Clock = utcnow,
+        max_array_size: int = DEFAULT_MAX_ARRAY_SIZE,
     ) -> None:
         self.db = db
+        self.max_array_size = max_array_size
         self.hints = hints
         self.events = events
         self.clock = clock
@@ -149,11 +175,39 @@ class SessionController:
                 results[index] = result
         return results
 
-    async def enqueue_many(self, specs: Sequence[SessionSpec], owner: UserId) -> list[Submitted]:
+    async def enqueue_array(self, spec: ArraySpec, owner: UserId) -> SubmittedArray:
+        """Submit a job array: one session per index, all in one transaction (all or none).
+
+        Refused (SubmissionError on `array`) when it has more elements than `max_array_size`.
+        Each element's creation_id is the array's with its index appended, so the same request
+        again returns the same array.
+        """
+        parsed = parse_array(spec.array)
+        if parsed.upper_count > self.max_array_size:
+            raise SubmissionError(
+                "array",
+                f"{spec.array!r} has {parsed.upper_count} elements; an array may have at most "
+                f"{self.max_array_size} (the manager's max_array_size); split it",
+            )
+        indexes = tuple(parsed.indexes())
+        elements = await self.enqueue_many(
+            [spec.element(i) for i in indexes],
+            owner,
+            array=ArrayRequest(indexes, parsed.throttle),
+        )
+        return SubmittedArray(elements[0].session_id, indexes, tuple(elements), parsed.throttle)
+
+    async def enqueue_many(
+        self,
+        specs: Sequence[SessionSpec],
+        owner: UserId,
+        *,
+        array: ArrayRequest | None = None,
+    ) -> list[Submitted]:
         """Submit several sessions in one transaction (all or none); one result per spec.
 
         A `creation_id` the owner used before (or earlier in the same batch) returns that
-        session instead of creating one.
+        session instead of creating one. With `array`, the specs are its elements in order.
         """
         for attempt in range(2):  # a second pass only after a unique or foreign key refused
             created = await self._by_creation_ids(
@@ -161,11 +215,18 @@ class SessionController:
             )
             results: list[Submitted | NewSession] = []  # the new ones until they are written
             new: list[NewSession] = []
-            for spec in specs:
+            array_id: SessionId | None = None  # the first element's, created now or before
+            for position, spec in enumerate(specs):
                 if spec.creation_id is not None and spec.creation_id in created:
                     results.append(Submitted(created[spec.creation_id], created=False))
+                    array_id = array_id or created[spec.creation_id]
                     continue
-                session = _new_session(spec, owner)
+                session_id = new_session_id()
+                place = None
+                if array is not None:
+                    array_id = array_id or session_id
+                    place = ArrayPlace(array_id, array.indexes[position], array.throttle)
+                session = _new_session(spec, owner, session_id, place)
                 if spec.creation_id is not None:
                     created[spec.creation_id] = session.id
                 new.append(session)
@@ -287,9 +348,14 @@ class SessionController:
             )
 
 
-def _new_session(spec: SessionSpec, owner: UserId) -> NewSession:
+def _new_session(
+    spec: SessionSpec,
+    owner: UserId,
+    session_id: SessionId | None = None,
+    array: ArrayPlace | None = None,
+) -> NewSession:
     return NewSession(
-        id=new_session_id(),
+        id=session_id or new_session_id(),
         owner_id=owner,
         type=spec.type.value,
         resource_group=spec.resource_group,
@@ -302,6 +368,7 @@ def _new_session(spec: SessionSpec, owner: UserId) -> NewSession:
         creation_id=spec.creation_id,
         starts_at=spec.starts_at,
         dependencies=tuple(spec.dependencies),
+        array=array,
     )
 
 

@@ -94,6 +94,9 @@ class SessionWithKernels:
     creation_id: str | None
     kernels: tuple[KernelRecord, ...]
     started_at: datetime | None = None
+    # A job array's element: the array, and how many of its elements may be active at once.
+    array_id: SessionId | None = None
+    array_throttle: int | None = None
 
     def requested_total(self) -> dict[str, int]:
         """The sum of all kernels' requested slots (milli-units)."""
@@ -126,6 +129,9 @@ class PendingSession:
     requeue_active: bool
     failed_agents: tuple[AgentId, ...]
     kernel_slots: tuple[MilliSlots, ...]
+    # A throttled job array's element: the array and its cap (None: no cap applies).
+    array_id: SessionId | None = None
+    array_throttle: int | None = None
 
     @property
     def cluster_size(self) -> int:
@@ -158,6 +164,8 @@ class PendingSession:
             kernel_slots=tuple(
                 k.requested_slots for k in sorted(session.kernels, key=_cluster_index)
             ),
+            array_id=session.array_id,
+            array_throttle=session.array_throttle,
         )
 
 
@@ -183,3 +191,14 @@ class NewSession:
     creation_id: str | None = None
     starts_at: datetime | None = None
     dependencies: tuple[uuid.UUID, ...] = ()
+    array: ArrayPlace | None = None
+
+
+@record
+class ArrayPlace:
+    """A session's place in a job array: the array (its first element's id), its index, and
+    how many of the array's elements may hold resources at once (None: no cap)."""
+
+    array_id: SessionId
+    index: int
+    throttle: int | None = None

@@ -33,6 +33,7 @@ from corral.coordination.manager import LoopIntervals, task_loops
 from corral.coordination.metrics import CoordinatorMetrics
 from corral.coordination.orchestrator import Orchestrator
 from corral.coordination.tasks import Task, TaskRun
+from corral.domain.arrays import DEFAULT_MAX_ARRAY_SIZE
 from corral.domain.record import record
 from corral.domain.types import Clock, utcnow
 from corral.infra.events import PING_INTERVAL_S, forget_on_events
@@ -72,6 +73,7 @@ class ManagerConfig:
     log_cap_bytes: int = DEFAULT_LOG_CAP_BYTES  # per kernel and stream; 0: no cap
     retention_days: float = DEFAULT_RETENTION_DAYS  # ended sessions kept; 0: for ever
     lock_ttl_s: float = DEFAULT_LOCK_TTL_S
+    max_array_size: int = DEFAULT_MAX_ARRAY_SIZE  # elements of one job array
 
 
 @dataclass(slots=True)
@@ -179,7 +181,13 @@ class ManagerDaemon:
         self.parts = ManagerParts(
             db,
             buses,
-            SessionController(db, buses.hints, buses.events, clock=self.clock),
+            SessionController(
+                db,
+                buses.hints,
+                buses.events,
+                clock=self.clock,
+                max_array_size=config.max_array_size,
+            ),
             agents,
             coordinator,
             orchestrator,

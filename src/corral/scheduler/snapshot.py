@@ -23,6 +23,7 @@ from corral.store.scheduling import (
     AgentSlotRow,
     QueueRead,
     read_agent_slots,
+    read_array_active,
     read_candidates,
     read_dependencies,
     read_group_options,
@@ -93,6 +94,9 @@ async def load_snapshot(
         if _reads_owner_usage(options):
             counts, slots = await read_owner_usage(conn, db.dialect, group)
         dependencies = await read_dependencies(conn, db.dialect, [s.id for s in candidates])
+        # Only throttled arrays are counted: without one, a pass reads nothing more.
+        throttled = {s.array_id for s in candidates if s.array_id is not None and s.array_throttle}
+        array_active = await read_array_active(conn, db.dialect, throttled) if throttled else {}
     usage = {
         owner: OwnerUsage(sessions=counts.get(owner, 0), slots=slots.get(owner, {}))
         for owner in set(counts) | set(slots)
@@ -113,6 +117,7 @@ async def load_snapshot(
         now=now,
         read=read.sessions,
         more_queued=read.more,
+        array_active=array_active,
     )
 
 

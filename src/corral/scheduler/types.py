@@ -94,6 +94,8 @@ class GroupSnapshot:
     # the queue may go on after the last of them.
     read: list[SessionWithKernels] = field(default_factory=list)
     more_queued: bool = False
+    # Per throttled job array among the candidates: how many of its elements hold resources.
+    array_active: dict[SessionId, int] = field(default_factory=dict)
 
 
 class VerdictKind(StrEnum):

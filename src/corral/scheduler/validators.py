@@ -16,7 +16,7 @@ import numpy as np
 from corral.domain.session import PendingSession
 from corral.domain.slots import ResourceSlots
 from corral.domain.status import SESSION_TERMINAL, SessionStatus
-from corral.domain.types import UserId
+from corral.domain.types import SessionId, UserId
 from corral.scheduler.requests import Request, format_milli
 from corral.scheduler.types import (
     DependencyState,
@@ -36,6 +36,7 @@ REQUEST_TOO_LARGE = "request_too_large"
 QUOTA_EXCEEDED = "quota_exceeded"
 OWNER_SESSION_LIMIT = "owner_session_limit"
 OWNER_SLOT_LIMIT = "owner_slot_limit"
+ARRAY_THROTTLE = "array_throttle"
 
 # The result a dependency must end with for its dependants to run.
 DEPENDENCY_SUCCESS = "SUCCESS"
@@ -52,6 +53,8 @@ class ValidationContext:
     capacity: Int64Array
     # max_slots_per_owner in milli-units (None: no limit).
     owner_slot_limit: dict[str, int] | None
+    # Live: per throttled job array, its elements holding resources (placed in this pass too).
+    array_active: dict[SessionId, int] = field(default_factory=dict)
     # "could ever fit" per distinct request: sessions of one group often ask for the same.
     _fits: dict[tuple[bool, int, bytes], bool] = field(default_factory=dict, init=False, repr=False)
 
@@ -66,6 +69,7 @@ class ValidationContext:
             },
             capacity=snapshot.agents.capacity,
             owner_slot_limit=None if limit is None else limit.to_milli(),
+            array_active=dict(snapshot.array_active),
         )
 
     @property
@@ -73,10 +77,12 @@ class ValidationContext:
         return self.snapshot.group
 
     def add_placed(self, session: PendingSession, request: Request) -> None:
-        """Count a session placed in this pass against its owner's live usage.
+        """Count a session placed in this pass against its owner's (and array's) live usage.
 
         The slot tally is only kept when a slot limit applies: nothing else reads it.
         """
+        if session.array_throttle is not None and session.array_id is not None:
+            self.array_active[session.array_id] = self.array_active.get(session.array_id, 0) + 1
         usage = self.usage.setdefault(session.owner_id, OwnerUsage())
         usage.sessions += 1
         if self.owner_slot_limit is not None:
@@ -241,11 +247,32 @@ def check_owner_limits(
     return None
 
 
+def check_array_throttle(
+    session: PendingSession, request: Request, ctx: ValidationContext
+) -> Verdict | None:
+    """A throttled job array's element waits while the array has its cap of elements active.
+
+    Session-specific (WAIT): the rest of the queue goes on past it.
+    """
+    throttle = session.array_throttle
+    if throttle is None or session.array_id is None:
+        return None
+    active = ctx.array_active.get(session.array_id, 0)
+    if active < throttle:
+        return None
+    return _wait(
+        ARRAY_THROTTLE,
+        f"array throttle {throttle} reached: {active} elements of array "
+        f"{str(session.array_id)[:8]} are active; it starts when one of them ends",
+    )
+
+
 VALIDATORS: tuple[Validator, ...] = (
     check_dependencies,
     check_agents_joined,
     check_known_slots,
     check_could_ever_fit,
+    check_array_throttle,
     check_owner_limits,
 )
 

@@ -383,3 +383,25 @@ async def read_dependencies(
     for sid, depends_on, status, result in rows:
         found.setdefault(SessionId(sid), []).append((depends_on, status, result))
     return found
+
+
+def _array_active(dialect: Dialect) -> sa.Select[Any]:
+    return (
+        sa.select(sessions.c.array_id, sa.func.count())
+        .where(in_param(dialect, sessions.c.array_id, "ids"), _holding())
+        .group_by(sessions.c.array_id)
+    )
+
+
+_ARRAY_ACTIVE = DirectStatement(_array_active)
+
+
+async def read_array_active(
+    conn: AsyncConnection, dialect: Dialect, array_ids: Collection[SessionId]
+) -> dict[SessionId, int]:
+    """For each of the job arrays, how many of its elements hold resources now (placed, not
+    yet ended); an array with none is left out."""
+    if not array_ids:
+        return {}
+    rows = await _ARRAY_ACTIVE.rows(conn, {"ids": payload(dialect, array_ids)})
+    return {SessionId(array_id): int(count) for array_id, count in rows}

@@ -46,6 +46,7 @@ class SessionFilter:
     statuses: tuple[str, ...] = ()
     resource_group: str | None = None
     type: str | None = None
+    array_id: uuid.UUID | None = None  # the elements of one job array
 
 
 _COLUMNS = (
@@ -69,6 +70,8 @@ _COLUMNS = (
     sessions.c.priority,
     sessions.c.spec,
     sessions.c.creation_id,
+    sessions.c.array_id,
+    sessions.c.array_index,
 )
 _FROM = sessions.join(users, users.c.id == sessions.c.owner_id)
 
@@ -87,6 +90,8 @@ async def list_sessions(
         query = query.where(sessions.c.resource_group == where.resource_group)
     if where.type is not None:
         query = query.where(sessions.c.type == where.type)
+    if where.array_id is not None:
+        query = query.where(sessions.c.array_id == where.array_id)
     if cursor is not None:
         created_at, last_id = _decode(cursor)
         query = query.where(
@@ -102,6 +107,17 @@ async def list_sessions(
     rows = rows[:limit]
     next_cursor = _encode(rows[-1]["created_at"], rows[-1]["id"]) if more and rows else None
     return rows, next_cursor
+
+
+async def array_elements(
+    db: Database, array_id: uuid.UUID, *, owner_id: UserId | None = None
+) -> list[uuid.UUID]:
+    """The session ids of a job array's elements, by index (only `owner_id`'s, if given)."""
+    query = sa.select(sessions.c.id).where(sessions.c.array_id == array_id)
+    if owner_id is not None:
+        query = query.where(sessions.c.owner_id == owner_id)
+    async with db.read() as conn:
+        return list((await conn.execute(query.order_by(sessions.c.array_index))).scalars())
 
 
 async def get_session(db: Database, session_id: uuid.UUID) -> dict[str, Any] | None:

@@ -218,6 +218,9 @@ def _session_row(s: NewSession, now: datetime) -> dict[str, Any]:
         "requeue_active": True,
         "retry_count": 0,
         "max_retries": 0,
+        "array_id": s.array.array_id if s.array else None,
+        "array_index": s.array.index if s.array else None,
+        "array_throttle": s.array.throttle if s.array else None,
     }
 
 
@@ -284,6 +287,9 @@ _INSERT_SESSION = insert_columns(
         "requeue_active",
         "retry_count",
         "max_retries",
+        "array_id",
+        "array_index",
+        "array_throttle",
     ),
 )
 _INSERT_KERNEL = insert_columns(
@@ -462,6 +468,8 @@ def with_kernels(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
             k.desired_generation,
             k.stage_failure,
             raw_value(s.started_at),
+            raw_value(s.array_id),
+            s.array_throttle,
         )
         .select_from(sessions.join(kernels, k.session_id == s.id))
         .where(where)
@@ -575,6 +583,8 @@ def pending_view(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
             raw_value(s.requeue_active),
             sa.cast(s.failed_agents, sa.Text),
             sa.cast(s.kernel_slots, sa.Text),
+            raw_value(s.array_id),
+            s.array_throttle,
         )
         .select_from(sessions)
         .where(where)
@@ -616,6 +626,8 @@ async def load_pending(
                 requeue_active=load.bool(row[11]),
                 failed_agents=tuple(AgentId(a) for a in load.json(row[12])),
                 kernel_slots=() if row[13] is None else (load.json(row[13]),) * row[6],
+                array_id=None if row[14] is None else SessionId(load.uuid(row[14])),
+                array_throttle=row[15],
             )
         )
     if not mixed:
@@ -703,4 +715,6 @@ def _session(
         row[18],
         kernels,
         load.time(row[32]),
+        None if row[33] is None else SessionId(load.uuid(row[33])),
+        row[34],
     )

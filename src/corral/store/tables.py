@@ -230,6 +230,11 @@ sessions = sa.Table(
     sa.Column("max_retries", sa.Integer(), nullable=False, server_default="0"),
     sa.Column("retry_policy", JSONType, nullable=True),
     sa.Column("retry_cause", sa.String(NAME_LEN), nullable=True),
+    # Job array (`domain.arrays`): the array's id (its first element's), this element's index,
+    # how many of the array's elements may hold resources at once (NULL: no cap).
+    sa.Column("array_id", sa.Uuid(), nullable=True),
+    sa.Column("array_index", sa.Integer(), nullable=True),
+    sa.Column("array_throttle", sa.Integer(), nullable=True),
     sa.CheckConstraint("cluster_size >= 1", name="cluster_size_positive"),
     sa.Index(None, "status", "resource_group"),
     sa.Index(None, "owner_id", "created_at"),
@@ -248,6 +253,12 @@ sessions = sa.Table(
         unique=True,
         postgresql_where=sa.text("creation_id IS NOT NULL"),
         sqlite_where=sa.text("creation_id IS NOT NULL"),
+    ),
+    sa.Index(
+        None,
+        "array_id",
+        postgresql_where=sa.text("array_id IS NOT NULL"),
+        sqlite_where=sa.text("array_id IS NOT NULL"),
     ),
 )
 

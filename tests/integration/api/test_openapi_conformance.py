@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
+import pytest
 import schemathesis
 import schemathesis.generation.hypothesis as schemathesis_hypothesis
 from hypothesis import HealthCheck, Phase, given, settings
@@ -74,6 +75,9 @@ HYPOTHESIS_PATCHED = [
     ("hypothesis.internal.entropy", "register_random"),
 ]
 T = TypeVar("T")
+# Every operation of the API is exercised, each in a few seconds: the whole takes 80 to 110 s
+# on a busy shared machine, past the suite's default per-test timeout as operations are added.
+pytestmark = pytest.mark.timeout(300)
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,9 @@ async def _seed(world: ApiWorld, schema: OpenApiSchema) -> Seeded:
         answer: dict[str, Any] = response.json()
         return answer
 
+    # Each valid generated array is created: ten thousand sessions an example would be the
+    # whole test's time, and the limit is tested on its own (test_arrays_api).
+    world.cluster.controller.max_array_size = 10
     spec = {"image": "python", "command": ["true"], "resources": {"cpu": 1}}
     once = {**spec, "creation_id": "seed-1"}
     sessions = [

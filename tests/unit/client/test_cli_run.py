@@ -8,7 +8,7 @@ import signal
 import httpx
 import pytest
 
-from corral.cli.run import default_image
+from corral.domain.images import default_image
 from tests.unit.client._fake_api import FakeApi
 from tests.unit.client.conftest import Cli
 

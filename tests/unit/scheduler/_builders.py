@@ -60,10 +60,12 @@ def session(
     status: SessionStatus = SessionStatus.PENDING,
     group: str = "default",
     name: str | None = None,
+    array: tuple[int | SessionId, int] | None = None,
 ) -> PendingSession:
     """A session of `kernels` kernels, each requesting `slots` (default one cpu).
 
     `per_kernel` gives each kernel its own request instead (and sets the kernel count).
+    `array`: (array id, throttle) of a throttled job array's element.
     """
     requests = (
         list(per_kernel)
@@ -84,6 +86,8 @@ def session(
         requeue_active=True,
         failed_agents=tuple(AgentId(a) for a in failed_agents),
         kernel_slots=tuple(dict(request) for request in requests),
+        array_id=None if array is None else session_id(array[0]),
+        array_throttle=None if array is None else array[1],
     )
 
 
@@ -145,6 +149,7 @@ def snapshot(
     options: ResourceGroupOptions | None = None,
     group: str = "default",
     now: float | datetime = 3600,
+    array_active: Mapping[int, int] | None = None,
 ) -> GroupSnapshot:
     """A snapshot of one resource group (default: no agents, nobody holding anything)."""
     return GroupSnapshot(
@@ -155,6 +160,7 @@ def snapshot(
         usage={user(owner): u for owner, u in (usage or {}).items()},
         dependencies={sid: list(deps) for sid, deps in (dependencies or {}).items()},
         now=at(now),
+        array_active={session_id(a): n for a, n in (array_active or {}).items()},
     )
 
 

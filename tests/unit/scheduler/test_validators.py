@@ -1,4 +1,4 @@
-"""Validators: dependencies, agents, slots, could-ever-fit and owner limits, in that order."""
+"""Validators: dependencies, agents, slots, could-ever-fit, array throttle and owner limits."""
 
 from __future__ import annotations
 
@@ -57,12 +57,13 @@ def _kind_code(verdict: Verdict | None) -> tuple[VerdictKind, str] | None:
 
 
 def test_validators_run_in_the_documented_order() -> None:
-    """Dependencies, agents joined, known slots, could-ever-fit, owner limits: in this order."""
+    """Dependencies, agents joined, known slots, could-ever-fit, array throttle, owner limits."""
     assert [validator.__name__ for validator in VALIDATORS] == [
         "check_dependencies",
         "check_agents_joined",
         "check_known_slots",
         "check_could_ever_fit",
+        "check_array_throttle",
         "check_owner_limits",
     ]
 

@@ -36,6 +36,9 @@ KERNEL_LOST_CAUSE = "kernel_lost"
 # ephemeral ports.
 MASTER_PORT_BASE = 29_500
 MASTER_PORT_SPAN = 2_000
+# Set in the kernels of a job array's elements (Slurm's SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID).
+ARRAY_ID_VARIABLE = "CORRAL_ARRAY_ID"
+ARRAY_INDEX_VARIABLE = "CORRAL_ARRAY_INDEX"
 
 
 class StageFailure(Exception):
@@ -67,6 +70,9 @@ class KernelLaunch:
     slots: MilliSlots  # what the kernel occupies, milli-units
     work_dir: Path  # the kernel's own directory on the agent (outputs in work_dir/outputs)
     devices: tuple[int, ...] = ()  # cuda device indices assigned to this kernel
+    # A job array's element: the array's id and this element's index (None: not in an array).
+    array_id: str | None = None
+    array_index: int | None = None
 
     @property
     def output_dir(self) -> Path:
@@ -96,6 +102,9 @@ class KernelLaunch:
             "WORLD_SIZE": str(self.cluster_size),
             "RANK": str(self.cluster_rank),
         }
+        if self.array_id is not None and self.array_index is not None:
+            env[ARRAY_ID_VARIABLE] = self.array_id
+            env[ARRAY_INDEX_VARIABLE] = str(self.array_index)
         # Always set, so a kernel that asked for no GPU cannot see the host's GPUs.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in self.devices)
         return env

@@ -1,0 +1,172 @@
+"""`/v1/arrays` over HTTP (the real app in-process), on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from corral.controller import sessions as controller_module
+from tests.integration.api.conftest import ApiWorld, Caller
+from tests.integration.api.test_sessions_api import BODY, create, problem
+
+
+async def submit(world: ApiWorld, caller: Caller, array: str, **fields: Any) -> httpx.Response:
+    body = {**BODY, "array": array, **fields}
+    return await world.http.post("/v1/arrays", json=body, headers=caller.headers)
+
+
+async def elements(world: ApiWorld, caller: Caller, array_id: str) -> list[dict[str, Any]]:
+    found = await world.http.get(
+        "/v1/sessions", params={"array_id": array_id, "limit": 1000}, headers=caller.headers
+    )
+    assert found.status_code == 200, found.text
+    items: list[dict[str, Any]] = found.json()["items"]
+    return sorted(items, key=lambda s: s["array_index"])
+
+
+async def all_sessions(world: ApiWorld, caller: Caller) -> list[dict[str, Any]]:
+    found = await world.http.get("/v1/sessions", headers=caller.headers)
+    items: list[dict[str, Any]] = found.json()["items"]
+    return items
+
+
+async def test_an_array_is_one_session_per_index_named_by_its_first_element(
+    world: ApiWorld,
+) -> None:
+    """201 with the elements in index order; every element carries the array's id (its first
+    element's session id) and its own index; the throttle is answered back."""
+    response = await submit(world, world.alice, "0-15:4,3,3%2", name="sweep")
+    assert response.status_code == 201, response.text
+    body = response.json()
+    assert (body["count"], body["throttle"]) == (5, 2)
+    assert [e["index"] for e in body["elements"]] == [0, 3, 4, 8, 12]
+    assert body["id"] == body["elements"][0]["session_id"]
+    listed = await elements(world, world.alice, body["id"])
+    assert [(s["id"], s["array_index"]) for s in listed] == [
+        (e["session_id"], e["index"]) for e in body["elements"]
+    ]
+    assert {(s["array_id"], s["name"], s["status"]) for s in listed} == {
+        (body["id"], "sweep", "PENDING")
+    }
+    one = await world.http.get(
+        f"/v1/sessions/{body['elements'][1]['session_id']}", headers=world.alice.headers
+    )
+    assert (one.json()["array_id"], one.json()["array_index"]) == (body["id"], 3)
+
+
+async def test_the_same_creation_id_returns_the_same_array(world: ApiWorld) -> None:
+    """A retried request (same creation_id) answers 200 with the array it created first."""
+    first = await submit(world, world.alice, "1-3", creation_id="sweep-1")
+    again = await submit(world, world.alice, "1-3", creation_id="sweep-1")
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json() == first.json()
+    assert len(await all_sessions(world, world.alice)) == 3
+
+
+@pytest.mark.parametrize(
+    ("array", "wording"),
+    [
+        ("", "1 to 1024 characters"),
+        ("0-", "is not an index or range"),
+        ("5-1", "ends before it starts"),
+        ("0-9:0", "step"),
+        ("0-9%0", "throttle"),
+        ("a,b", "is not an index or range"),
+        ("0-3000000000", "above"),
+    ],
+)
+async def test_bad_array_syntax_is_a_422_naming_the_field(
+    world: ApiWorld, array: str, wording: str
+) -> None:
+    """Each malformed `array` is refused with a problem naming `array`; nothing is written."""
+    body = problem(await submit(world, world.alice, array), 422, "validation-error")
+    assert any(e["field"].endswith("array") and wording in e["message"] for e in body["errors"])
+    assert await all_sessions(world, world.alice) == []
+
+
+async def test_an_array_above_the_manager_limit_is_refused(world: ApiWorld) -> None:
+    """More elements than `max_array_size`: 422 on `array` saying the limit; nothing written."""
+    world.cluster.controller.max_array_size = 10
+    body = problem(await submit(world, world.alice, "0-10"), 422, "validation-error")
+    assert body["errors"] == [
+        {
+            "field": "array",
+            "message": "'0-10' has 11 elements; an array may have at most 10 "
+            "(the manager's max_array_size); split it",
+        }
+    ]
+    assert (await submit(world, world.alice, "0-9")).status_code == 201
+    huge = problem(await submit(world, world.alice, "0-2000000000"), 422, "validation-error")
+    assert "2000000001 elements" in huge["errors"][0]["message"]
+
+
+async def test_an_array_with_an_invalid_reference_writes_no_element(world: ApiWorld) -> None:
+    """A dependency on another user's session refuses the whole array: no element exists."""
+    bobs = (await create(world, world.bob)).json()["id"]
+    body = problem(
+        await submit(world, world.alice, "0-99", dependencies=[bobs]), 422, "validation-error"
+    )
+    assert body["errors"][0]["field"] == "dependencies"
+    assert await all_sessions(world, world.alice) == []
+
+
+async def test_a_failure_after_the_elements_are_written_rolls_every_one_back(
+    world: ApiWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The elements, their kernels and events are one transaction: a failure at its last write
+    (the events, after every session row went in) leaves no element behind."""
+    real = controller_module.append_events
+
+    async def failing(*args: Any, **kwargs: Any) -> Any:
+        await real(*args, **kwargs)
+        raise RuntimeError("the connection dropped")
+
+    monkeypatch.setattr(controller_module, "append_events", failing)
+    with pytest.raises(RuntimeError, match="the connection dropped"):
+        await submit(world, world.alice, "0-49")
+    monkeypatch.setattr(controller_module, "append_events", real)
+    assert await all_sessions(world, world.alice) == []
+    assert (await submit(world, world.alice, "0-49")).status_code == 201
+    assert (
+        len(
+            await elements(
+                world, world.alice, (await all_sessions(world, world.alice))[0]["array_id"]
+            )
+        )
+        == 50
+    )
+
+
+async def test_terminating_an_array_ends_every_element_and_only_its_owner_may(
+    world: ApiWorld,
+) -> None:
+    """Another user gets 404 and changes nothing; the owner cancels all pending elements;
+    an admin may terminate anyone's array."""
+    array_id = (await submit(world, world.alice, "0-4")).json()["id"]
+    other = (await submit(world, world.alice, "0-1")).json()["id"]
+    refused = await world.http.post(f"/v1/arrays/{array_id}/terminate", headers=world.bob.headers)
+    problem(refused, 404, "array-not-found")
+    assert await elements(world, world.bob, array_id) == []
+    done = await world.http.post(f"/v1/arrays/{array_id}/terminate", headers=world.alice.headers)
+    assert done.status_code == 200, done.text
+    assert done.json() == {
+        "id": array_id,
+        "outcome": "cancelled",
+        "cancelled": 5,
+        "terminating": 0,
+        "unchanged": 0,
+    }
+    assert {s["status"] for s in await elements(world, world.alice, array_id)} == {"CANCELLED"}
+    assert {s["status"] for s in await elements(world, world.alice, other)} == {"PENDING"}
+    by_admin = await world.http.post(f"/v1/arrays/{other}/terminate", headers=world.admin.headers)
+    assert by_admin.json()["cancelled"] == 2
+
+
+async def test_array_routes_need_a_valid_token(world: ApiWorld) -> None:
+    """Submitting and terminating an array without a valid token are 401 problems."""
+    array_id = (await submit(world, world.alice, "0-1")).json()["id"]
+    for url in ("/v1/arrays", f"/v1/arrays/{array_id}/terminate"):
+        anonymous = await world.http.post(url, json={**BODY, "array": "0-1"})
+        problem(anonymous, 401, "unauthenticated")
