@@ -8,6 +8,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from corral.domain.outcome import SessionResult
 from corral.domain.slots import ResourceSlots
 from corral.domain.status import KernelStatus, SessionStatus
 
@@ -59,7 +60,7 @@ class Session(ApiModel):
     created_at: datetime
     started_at: datetime | None = None
     terminated_at: datetime | None = None
-    result: str | None = None
+    result: SessionResult | None = None
     failure_cause: str | None = None
     exit_code: int | None = None
     resource_group: str

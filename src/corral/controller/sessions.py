@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from corral.controller._group_commit import GroupCommit
 from corral.coordination.hints import Hint
 from corral.domain.events import SESSION_ENTITY, Event
+from corral.domain.outcome import USER_CANCELLED
 from corral.domain.record import record
 from corral.domain.results import ResultNote, SchedulingResult, TransitionStatus
 from corral.domain.session import NewSession
@@ -37,7 +38,6 @@ from corral.store.status_changes import AppliedChanges, StatusChange, apply_chan
 from corral.store.tables import sessions
 
 PHASE_TERMINATE = "terminate"
-USER_CANCELLED = "user_cancelled"
 # Statuses a terminate request moves to TERMINATING (their kernels may hold agent resources).
 _STARTED = frozenset(
     {
@@ -220,6 +220,7 @@ class SessionController:
                 _STARTED,
                 TransitionStatus(SessionStatus.TERMINATING),
                 notes=note,
+                records_cause=True,
             ),
         ]
         now = self.clock()

@@ -67,6 +67,8 @@ class SessionProgress:
     status: SessionStatus
     started_at: datetime | None
     kernels: tuple[KernelState, ...]
+    # The failure cause it carries: set when its end was asked for (`outcome.REQUESTED_RESULTS`).
+    cause: str | None = None
 
 
 @record

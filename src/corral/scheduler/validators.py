@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from corral.domain.outcome import succeeded
 from corral.domain.session import PendingSession
 from corral.domain.slots import ResourceSlots
 from corral.domain.status import SESSION_TERMINAL, SessionStatus
@@ -36,9 +37,6 @@ REQUEST_TOO_LARGE = "request_too_large"
 QUOTA_EXCEEDED = "quota_exceeded"
 OWNER_SESSION_LIMIT = "owner_session_limit"
 OWNER_SLOT_LIMIT = "owner_slot_limit"
-
-# The result a dependency must end with for its dependants to run.
-DEPENDENCY_SUCCESS = "SUCCESS"
 
 
 @dataclass(slots=True)
@@ -296,7 +294,7 @@ def _pick(amounts: Mapping[str, int], names: list[str]) -> str:
 
 
 def _succeeded(dependency: DependencyState) -> bool:
-    return dependency.status == SessionStatus.TERMINATED and dependency.result == DEPENDENCY_SUCCESS
+    return dependency.status is not None and succeeded(dependency.status, dependency.result)
 
 
 def _ending(dependency: DependencyState) -> str:

@@ -144,18 +144,20 @@ class SessionRepository:
             return []
         async with self.db.read_statements() as conn:  # one statement
             rows = await _PROGRESS.rows(conn, {"ids": payload(self.dialect, session_ids)})
-        found: dict[SessionId, tuple[SessionStatus, datetime | None, list[KernelState]]] = {}
+        found: dict[
+            SessionId, tuple[SessionStatus, datetime | None, str | None, list[KernelState]]
+        ] = {}
         session_status_of, kernel_status_of = SESSION_STATUS_BY_VALUE, KERNEL_STATUS_BY_VALUE
-        for sid, status, started_at, role, index, kernel_status, exit_code, cause in rows:
+        for sid, status, started_at, asked, role, index, kernel_status, exit_code, cause in rows:
             session = found.get(sid)
             if session is None:
-                session = found[sid] = (session_status_of[status], started_at, [])
+                session = found[sid] = (session_status_of[status], started_at, asked, [])
             if role is not None:
                 kernel = KernelState(role, index, kernel_status_of[kernel_status], exit_code, cause)
-                session[2].append(kernel)
+                session[3].append(kernel)
         return [
-            SessionProgress(sid, status, started_at, tuple(states))
-            for sid, (status, started_at, states) in found.items()
+            SessionProgress(sid, status, started_at, tuple(states), asked)
+            for sid, (status, started_at, asked, states) in found.items()
         ]
 
     async def promotable(
@@ -406,6 +408,7 @@ _PROGRESS = DirectStatement(
             sessions.c.id,
             sessions.c.status,
             sessions.c.started_at,
+            sessions.c.failure_cause,
             kernels.c.cluster_role,
             kernels.c.cluster_index,
             kernels.c.status,

@@ -6,6 +6,7 @@ import uuid
 
 import pytest
 
+from corral.domain.outcome import SessionResult
 from corral.domain.resource_group import ResourceGroupOptions
 from corral.domain.session import PendingSession
 from corral.domain.slots import ResourceSlots
@@ -74,12 +75,12 @@ def test_validators_run_in_the_documented_order() -> None:
     ("deps", "expected"),
     [
         pytest.param([], None, id="none"),
-        pytest.param([dependency(SID, S.TERMINATED, "SUCCESS")], None, id="succeeded"),
+        pytest.param([dependency(SID, S.TERMINATED, SessionResult.SUCCESS)], None, id="succeeded"),
         pytest.param([dependency(SID, None)], (FAIL, v.DEPENDENCY_MISSING), id="missing"),
         pytest.param([dependency(SID, S.ERROR)], (FAIL, v.DEPENDENCY_FAILED), id="error"),
         pytest.param([dependency(SID, S.CANCELLED)], (FAIL, v.DEPENDENCY_FAILED), id="cancelled"),
         pytest.param(
-            [dependency(SID, S.TERMINATED, "FAILURE")],
+            [dependency(SID, S.TERMINATED, SessionResult.FAILURE)],
             (FAIL, v.DEPENDENCY_FAILED),
             id="terminated-unsuccessfully",
         ),
@@ -94,7 +95,7 @@ def test_validators_run_in_the_documented_order() -> None:
             [dependency(SID, S.TERMINATING)], (WAIT, v.DEPENDENCY_PENDING), id="terminating"
         ),
         pytest.param(
-            [dependency(1, S.TERMINATED, "SUCCESS"), dependency(2, S.RUNNING)],
+            [dependency(1, S.TERMINATED, SessionResult.SUCCESS), dependency(2, S.RUNNING)],
             (WAIT, v.DEPENDENCY_PENDING),
             id="one-done-one-running",
         ),
@@ -117,8 +118,8 @@ def test_dependencies(deps: list[DependencyState], expected: tuple[str, str] | N
     [
         (dependency(SID, S.ERROR), "depends on session abcdef12 which ended ERROR"),
         (
-            dependency(SID, S.TERMINATED, "FAILURE"),
-            "depends on session abcdef12 which ended TERMINATED with result FAILURE",
+            dependency(SID, S.TERMINATED, SessionResult.FAILURE),
+            "depends on session abcdef12 which ended TERMINATED with result failure",
         ),
         (dependency(SID, None), "depends on session abcdef12, which does not exist"),
         (dependency(SID, S.RUNNING), "waiting for session abcdef12 (RUNNING)"),
