@@ -11,6 +11,12 @@ from typing import Annotated, Any
 import typer
 
 from corral.cli._common import fail
+from corral.cli._dependencies import (
+    DependencySyntaxError,
+    parse_after,
+    parse_dependency,
+    resolve,
+)
 from corral.cli._follow import SessionFollower, Terminal, confirm_on_terminal
 from corral.cli._remote import call
 from corral.client import Client, UnreachableError, ValidationError, validate_spec
@@ -77,6 +83,23 @@ def run_command(
         list[str] | None,
         typer.Option("--env", "-e", help="KEY=VALUE in the command's environment (repeatable)."),
     ] = None,
+    after: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--after",
+            metavar="REF[,REF…]",
+            help="Start after these sessions succeeded; `afterany:REF` after they ended at "
+            "all, `afternotok:REF` after they failed (repeatable).",
+        ),
+    ] = None,
+    dependency: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--dependency",
+            metavar="KIND:REF[:REF…][,…]",
+            help="Slurm's form: afterok:12:13,afterany:14 (kinds afterok, afterany, afternotok).",
+        ),
+    ] = None,
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="Print the session id and return at once.")
     ] = False,
@@ -100,8 +123,15 @@ def run_command(
     agent's interpreter and other programs from PATH; `shell` runs CMD with `/bin/sh -c`. The
     default is `shell` when CMD is one argument with spaces or shell syntax
     (`corral run 'make && ./bench | tee log'`), else `python`.
+
+    Dependencies (`--after`, `--dependency`) name sessions by id, unique id prefix or name: a
+    session that can never start after them (afterok after a failure) is cancelled, saying why.
     """
-    spec = _spec(
+    try:
+        wanted = parse_after(after or []) + parse_dependency(dependency or [])
+    except DependencySyntaxError as exc:
+        fail(str(exc))
+    fields = dict(
         command=command,
         image=image or default_image(command),
         name=name,
@@ -116,9 +146,12 @@ def run_command(
         priority=priority,
         env=_environment(env or []),
     )
+    spec = _spec(**fields)  # every field checked before anything is sent
 
     async def submit(client: Client) -> int:
-        session = await client.create_session(spec)
+        session = await client.create_session(
+            _spec(**fields, dependencies=await resolve(client, wanted)) if wanted else spec
+        )
         if detach:
             typer.echo(str(session.id))
             return 0

@@ -275,7 +275,7 @@ class SessionController:
         known = (await group_options_naming(self.db, conn, groups)).keys()
         for group in sorted(groups - known):
             raise SubmissionError("resource_group", f"resource group {group!r} does not exist")
-        wanted = {dep for spec in specs for dep in spec.dependencies}
+        wanted = {dep.session for spec in specs for dep in spec.dependencies}
         if not wanted:
             return
         found = set(
@@ -302,7 +302,7 @@ def _new_session(spec: SessionSpec, owner: UserId) -> NewSession:
         priority=spec.priority,
         creation_id=spec.creation_id,
         starts_at=spec.starts_at,
-        dependencies=tuple(spec.dependencies),
+        dependencies=tuple((dep.session, dep.kind) for dep in spec.dependencies),
     )
 
 

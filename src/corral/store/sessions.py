@@ -254,7 +254,11 @@ async def insert_sessions(
     kernel_rows = [_kernel_rows(s, now) for s in new_sessions]
     await _INSERT_SESSION.run_many(conn, session_rows)
     await _INSERT_KERNEL.run_many(conn, [row for rows in kernel_rows for row in rows])
-    deps = [{"session_id": s.id, "depends_on": d} for s in new_sessions for d in s.dependencies]
+    deps = [
+        {"session_id": s.id, "depends_on": on, "kind": kind.value}
+        for s in new_sessions
+        for on, kind in s.dependencies
+    ]
     await _INSERT_DEPENDENCY.run_many(conn, deps)  # nothing sent when there are none
     return [row | {"kernels": rows} for row, rows in zip(session_rows, kernel_rows, strict=True)]
 
@@ -302,7 +306,7 @@ _INSERT_KERNEL = insert_columns(
         "runtime_info",
     ),
 )
-_INSERT_DEPENDENCY = insert_columns(session_dependencies, ("session_id", "depends_on"))
+_INSERT_DEPENDENCY = insert_columns(session_dependencies, ("session_id", "depends_on", "kind"))
 
 
 @functools.cache

@@ -13,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
+from corral.domain.outcome import DEFAULT_DEPENDENCY_KIND, DependencyKind
 from corral.domain.status import EndpointLifecycle, KernelStatus, RouteStatus, SessionStatus
 
 metadata = sa.MetaData(
@@ -273,6 +274,17 @@ session_dependencies = sa.Table(
         primary_key=True,
     ),
     sa.Column("depends_on", sa.Uuid(), sa.ForeignKey("sessions.id"), primary_key=True),
+    # When the dependant may start (`outcome.DependencyKind`); migration 0015.
+    sa.Column(
+        "kind",
+        sa.String(STATUS_LEN),
+        sa.CheckConstraint(
+            "kind IN (" + ", ".join(f"'{kind.value}'" for kind in DependencyKind) + ")",
+            name="kind_valid",
+        ),
+        nullable=False,
+        server_default=DEFAULT_DEPENDENCY_KIND.value,
+    ),
     sa.Index(None, "depends_on"),
 )
 

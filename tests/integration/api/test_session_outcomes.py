@@ -5,6 +5,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import pytest
+
 from corral.domain.outcome import USER_CANCELLED, SessionResult
 from corral.domain.types import KernelId
 from tests.integration.api.conftest import ApiWorld, Caller
@@ -77,3 +79,49 @@ async def test_a_dependant_is_cancelled_when_its_dependency_failed(world: ApiWor
     dependant = await _get(world, world.alice, b)
     assert dependant["status"] == "CANCELLED"
     assert a[:8] in dependant["status_info"]
+
+
+async def test_a_dependant_waits_with_a_reason_naming_the_dependency_and_kind(
+    world: ApiWorld,
+) -> None:
+    """While A runs, B (afterany) stays PENDING and explain says whom it waits for."""
+    a = await _submit(world)
+    b = await _submit(world, dependencies=[{"session": a, "kind": "afterany"}])
+    await world.cluster.settle()
+    assert (await _get(world, world.alice, b))["status"] == "PENDING"
+    why = await world.http.get(f"/v1/sessions/{b}/explain", headers=world.alice.headers)
+    assert f"waiting for session {a[:8]} (afterany)" in why.json()["message"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "code", "runs"),
+    [
+        ("afterany", 3, True),
+        ("afterany", 0, True),
+        ("afternotok", 3, True),
+        ("afternotok", 0, False),
+        ("afterok", 3, False),
+    ],
+)
+async def test_each_kind_after_a_success_or_a_failure(
+    world: ApiWorld, kind: str, code: int, runs: bool
+) -> None:
+    """afterany runs after any end; afternotok after a failure only; afterok after success."""
+    a = await _submit(world)
+    b = await _submit(world, dependencies=[{"session": a, "kind": kind}])
+    await _run_and_exit(world, a, code)
+    dependant = await _get(world, world.alice, b)
+    if runs:
+        assert dependant["status"] == "RUNNING"
+    else:
+        assert dependant["status"] == "CANCELLED"
+        assert f"session {a[:8]} ({kind})" in dependant["status_info"]
+
+
+async def test_an_unknown_dependency_kind_is_a_422_naming_the_field(world: ApiWorld) -> None:
+    """{"kind": "after"} is refused with an error located at the dependency's kind."""
+    a = await _submit(world)
+    response = await create(world, world.alice, dependencies=[{"session": a, "kind": "after"}])
+    assert response.status_code == 422
+    fields = [e["field"] for e in response.json()["errors"]]
+    assert fields == ["dependencies.0.kind"], fields
