@@ -1,4 +1,4 @@
-"""Dependency chains and results as a user meets them: `corral up`, then `corral run --after`."""
+"""Results, dependency chains and time limits as a user meets them: `corral up`, `corral run`."""
 
 from __future__ import annotations
 
@@ -130,3 +130,30 @@ def test_a_running_session_terminated_by_its_user_ends_cancelled(up: Up) -> None
     shown = up.corral("session", "info", "to-cancel")
     assert "cancelled" in shown.stdout
     assert "(cancelled)" in stderr.splitlines()[-1]
+
+
+def test_a_job_past_its_time_limit_ends_timeout(up: Up) -> None:
+    """`corral run --time 2s -- sleep 60` is stopped after about 2 s: result timeout, exit != 0."""
+    started = time.monotonic()
+    done = up.corral("run", "--name", "too-long", "--time", "2s", "--", "sleep", "60")
+    elapsed = time.monotonic() - started
+    assert done.returncode != 0
+    assert elapsed < 30, f"took {elapsed:.1f} s"
+    assert "TERMINATED (timeout): time_limit" in done.stderr.splitlines()[-1], done.stderr
+    info = _info(up, "too-long")
+    assert (info["result"], info["failure_cause"], info["time_limit_s"]) == (
+        "timeout",
+        "time_limit",
+        2,
+    )
+    shown = up.corral("session", "info", "too-long").stdout
+    assert "time limit:" in shown and "2s" in shown
+
+
+def test_a_limit_is_shown_with_the_time_left_while_it_runs(up: Up) -> None:
+    """`session info` of a running limited job shows the limit and the time left."""
+    sid = _detach(up, "--time", "1:00:00", "--", "sleep", "600")
+    _until(up, sid, {"RUNNING"})
+    shown = up.corral("session", "info", sid).stdout
+    assert "1h (59m" in shown, shown
+    assert up.corral("session", "terminate", sid).returncode == 0

@@ -80,6 +80,9 @@ class SessionOut(BaseModel):
     command: list[str]
     resources: ResourceSlots  # per kernel
     creation_id: str | None
+    # Wall-time limit in seconds (None: none); while RUNNING, when it will be stopped.
+    time_limit_s: int | None = None
+    deadline_at: datetime | None = None
     kernels: list[KernelOut] | None = None
 
 

@@ -23,6 +23,7 @@ from corral.client import Client, UnreachableError, ValidationError, validate_sp
 from corral.domain.field_errors import FieldError, describe
 from corral.domain.slots import SlotError, parse_amount
 from corral.domain.spec import ClusterMode, SessionSpec, SessionType
+from corral.domain.time_limit import parse_time_limit
 
 # Register with these: options end at CMD, so `corral run python -c ...` needs no `--`.
 CONTEXT_SETTINGS: dict[str, Any] = {"allow_interspersed_args": False}
@@ -100,6 +101,16 @@ def run_command(
             help="Slurm's form: afterok:12:13,afterany:14 (kinds afterok, afterany, afternotok).",
         ),
     ] = None,
+    time: Annotated[
+        str | None,
+        typer.Option(
+            "--time",
+            "-t",
+            metavar="LIMIT",
+            help="Wall-time limit once it runs: 30s, 90m, 2h, 1d, or Slurm's MM, MM:SS, "
+            "HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (default: the resource group's).",
+        ),
+    ] = None,
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="Print the session id and return at once.")
     ] = False,
@@ -131,6 +142,10 @@ def run_command(
         wanted = parse_after(after or []) + parse_dependency(dependency or [])
     except DependencySyntaxError as exc:
         fail(str(exc))
+    try:
+        time_limit_s = parse_time_limit(time) if time is not None else None
+    except ValueError as exc:
+        fail(f"--time: {exc}")
     fields = dict(
         command=command,
         image=image or default_image(command),
@@ -145,6 +160,7 @@ def run_command(
         resource_group=resource_group,
         priority=priority,
         env=_environment(env or []),
+        time_limit_s=time_limit_s,
     )
     spec = _spec(**fields)  # every field checked before anything is sent
 

@@ -71,6 +71,8 @@ class Session(ApiModel):
     command: tuple[str, ...] = ()
     resources: ResourceSlots  # per kernel
     creation_id: str | None = None
+    time_limit_s: int | None = None  # wall-time limit in seconds
+    deadline_at: datetime | None = None  # while RUNNING with a limit: when it is stopped
     kernels: tuple[Kernel, ...] | None = None
 
     @property

@@ -187,3 +187,4 @@ class NewSession:
     starts_at: datetime | None = None
     # (session, kind): the sessions it waits for, and when it may start after each.
     dependencies: tuple[tuple[uuid.UUID, DependencyKind], ...] = ()
+    time_limit_s: int | None = None

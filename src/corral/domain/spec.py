@@ -19,6 +19,7 @@ from pydantic import (
 
 from corral.domain.outcome import DEFAULT_DEPENDENCY_KIND, DependencyKind
 from corral.domain.slots import ResourceSlots
+from corral.domain.time_limit import MAX_TIME_LIMIT_S
 
 
 class SessionType(StrEnum):
@@ -93,6 +94,8 @@ class SessionSpec(BaseModel):
     # Sessions that must end (successfully, for afterok) before this one may be scheduled.
     dependencies: list[DependencyEntry] = Field(default_factory=list)
     starts_at: datetime | None = None
+    # Wall-time limit in seconds once it runs (None: its resource group's default, if any).
+    time_limit_s: int | None = Field(default=None, ge=1, le=MAX_TIME_LIMIT_S)
     creation_id: str | None = None  # idempotency key: a repeated request returns the same session
 
     @property

@@ -69,6 +69,8 @@ _COLUMNS = (
     sessions.c.priority,
     sessions.c.spec,
     sessions.c.creation_id,
+    sessions.c.time_limit_s,
+    sessions.c.deadline_at,
 )
 _FROM = sessions.join(users, users.c.id == sessions.c.owner_id)
 

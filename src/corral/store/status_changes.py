@@ -516,6 +516,10 @@ def _session_move(to: SessionStatus, *, started: bool, ending: bool = False) -> 
         }
         if started:
             values["started_at"] = now
+        if to is SessionStatus.RUNNING:
+            values["deadline_at"] = _deadline(dialect, now)
+        elif started or to is SessionStatus.TERMINATING:
+            values["deadline_at"] = None  # no longer running: out of the time limits' index
         if to in SESSION_TERMINAL:
             values["terminated_at"] = now
         if ending:
@@ -526,6 +530,20 @@ def _session_move(to: SessionStatus, *, started: bool, ending: bool = False) -> 
         return sessions.update().where(in_param(dialect, sessions.c.id, "ids")).values(**values)
 
     return DirectStatement(build)
+
+
+def _deadline(dialect: Dialect, now: sa.BindParameter[Any]) -> sa.ColumnElement[Any]:
+    """`now` plus the session's time limit (NULL without one), in the dialect's arithmetic."""
+    limit = sessions.c.time_limit_s
+    if dialect == "postgresql":
+        seconds = sa.type_coerce(limit * sa.literal_column("INTERVAL '1 second'"), sa.Interval())
+        return now + seconds
+    # SQLite keeps timestamps as text: the same form, to the millisecond.
+    return sa.func.strftime(
+        sa.literal_column("'%Y-%m-%d %H:%M:%f'"),
+        now,
+        sa.literal_column("'+'").concat(limit).concat(sa.literal_column("' seconds'")),
+    )
 
 
 def _default_result(to: SessionStatus) -> sa.ColumnElement[Any]:

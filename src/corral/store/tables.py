@@ -210,6 +210,10 @@ sessions = sa.Table(
     sa.Column("exit_code", sa.Integer(), nullable=True),
     sa.Column("creation_id", sa.String(128), nullable=True),
     sa.Column("starts_at", UTCDateTime(), nullable=True),
+    # Wall-time limit in seconds (None: none); while RUNNING, when it is due to stop (start +
+    # limit, set and cleared by the status moves, `status_changes._session_move`).
+    sa.Column("time_limit_s", sa.Integer(), nullable=True),
+    sa.Column("deadline_at", UTCDateTime(), nullable=True),
     # Attempts of the current phase (handler); reset whenever the status changes.
     sa.Column("phase", sa.String(NAME_LEN), nullable=True),
     sa.Column("phase_attempts", sa.Integer(), nullable=False, server_default="0"),
@@ -250,6 +254,14 @@ sessions = sa.Table(
         postgresql_where=sa.text("creation_id IS NOT NULL"),
         sqlite_where=sa.text("creation_id IS NOT NULL"),
     ),
+)
+
+# The running sessions that have a time limit, by deadline (`store.time_limits`).
+sa.Index(
+    "ix_sessions_deadline_at",
+    sessions.c.deadline_at,
+    postgresql_where=sa.text("deadline_at IS NOT NULL"),
+    sqlite_where=sa.text("deadline_at IS NOT NULL"),
 )
 
 # A group's queue in order, for a scheduling pass's pages (`scheduling.read_queue_page`);
