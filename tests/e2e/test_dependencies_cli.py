@@ -147,7 +147,7 @@ def test_a_job_past_its_time_limit_ends_timeout(up: Up) -> None:
         2,
     )
     shown = up.corral("session", "info", "too-long").stdout
-    assert "time limit:" in shown and "2s" in shown
+    assert "limit:" in shown and "2s" in shown
 
 
 def test_a_limit_is_shown_with_the_time_left_while_it_runs(up: Up) -> None:

@@ -161,7 +161,7 @@ def _facts(session: Session) -> list[list[str]]:
         ("group", f"{session.resource_group}, priority {session.priority}"),
         ("created", f"{local_time(session.created_at)} ({age(session.created_at)} ago)"),
         ("started", local_time(session.started_at)),
-        ("time limit", _time_limit(session)),
+        ("limit", _time_limit(session)),  # wall time
         ("ended", local_time(session.terminated_at)),
     ]
     return [[f"{key}:", value] for key, value in facts]
