@@ -286,7 +286,7 @@ session_dependencies = sa.Table(
         primary_key=True,
     ),
     sa.Column("depends_on", sa.Uuid(), sa.ForeignKey("sessions.id"), primary_key=True),
-    # When the dependant may start (`outcome.DependencyKind`); migration 0015.
+    # When the dependant may start (`outcome.DependencyKind`); migration 0016.
     sa.Column(
         "kind",
         sa.String(STATUS_LEN),

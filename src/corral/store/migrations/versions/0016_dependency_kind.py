@@ -3,8 +3,8 @@
 Existing rows become afterok, what every dependency meant so far. A plain ALTER TABLE on both
 backends (the column's CHECK is part of its definition), never a batch copy.
 
-Revision ID: 0015
-Revises: 0014
+Revision ID: 0016
+Revises: 0015
 Create Date: 2026-11-27
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0015"
-down_revision = "0014"
+revision = "0016"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 

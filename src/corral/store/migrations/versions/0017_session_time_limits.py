@@ -6,8 +6,8 @@ index holds exactly the running sessions that have a limit: the time-limit task 
 ones and the next deadline from it, whatever the number of sessions. Plain ALTER TABLE on both
 backends, never a batch copy of `sessions` (see 0009).
 
-Revision ID: 0016
-Revises: 0015
+Revision ID: 0017
+Revises: 0016
 Create Date: 2026-11-27
 """
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0016"
-down_revision = "0015"
+revision = "0017"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 
