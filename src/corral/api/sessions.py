@@ -20,6 +20,7 @@ from corral.api.auth import CurrentUser, Db
 from corral.api.problems import Problem, invalid_request
 from corral.controller.sessions import SessionController, SubmissionError
 from corral.domain.field_errors import FieldError
+from corral.domain.outcome import SessionResult
 from corral.domain.slots import ResourceSlots
 from corral.domain.spec import SessionSpec
 from corral.domain.status import SessionStatus
@@ -68,7 +69,7 @@ class SessionOut(BaseModel):
     created_at: datetime
     started_at: datetime | None
     terminated_at: datetime | None
-    result: str | None
+    result: SessionResult | None
     failure_cause: str | None
     exit_code: int | None
     resource_group: str
@@ -82,6 +83,9 @@ class SessionOut(BaseModel):
     # A job array's element: the array's id (its first element's) and this element's index.
     array_id: uuid.UUID | None = None
     array_index: int | None = None
+    # Wall-time limit in seconds (None: none); while RUNNING, when it will be stopped.
+    time_limit_s: int | None = None
+    deadline_at: datetime | None = None
     kernels: list[KernelOut] | None = None
 
 

@@ -19,6 +19,7 @@ from typing import BinaryIO
 from corral.cli._remote import INTERRUPTED_EXIT
 from corral.cli.session import describe_place
 from corral.client import TERMINAL_STATUSES, Client, CorralError, LogStream, Session
+from corral.domain.outcome import SessionResult
 from corral.domain.record import record
 from corral.domain.status import SessionStatus
 
@@ -61,13 +62,16 @@ def confirm_on_terminal(question: str) -> bool:
 
 
 def exit_code_of(session: Session) -> int:
-    """The shell exit code for an ended session: its command's, else 0 on success, 1 if not."""
+    """The shell exit code for an ended session: its command's, else 0 on success, 1 if not.
+
+    A session cancelled or timed out is never 0, even when its command exited 0 on SIGTERM.
+    """
     code = session.exit_code
     if code is not None and code != 0:
         if code < 0:
             return min(128 - code, 255)  # killed by signal N: the shell says 128 + N
         return code if code <= 255 else 1
-    if session.status is SessionStatus.TERMINATED and session.result != "failure":
+    if session.status is SessionStatus.TERMINATED and session.result is SessionResult.SUCCESS:
         return 0
     return 1
 
@@ -223,6 +227,8 @@ class SessionFollower:
 
     def _say_end(self, session: Session) -> None:
         parts = [f"session {session.id} {session.status.value}"]
+        if session.result is not None:
+            parts.append(f" ({session.result.value})")
         if session.failure_cause:
             parts.append(f": {session.failure_cause}")
         if session.status_info and session.status_info != session.failure_cause:

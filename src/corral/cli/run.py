@@ -11,6 +11,12 @@ import typer
 
 from corral.cli._arrays import submit_array
 from corral.cli._common import fail
+from corral.cli._dependencies import (
+    DependencySyntaxError,
+    parse_after,
+    parse_dependency,
+    resolve,
+)
 from corral.cli._follow import SessionFollower, Terminal, confirm_on_terminal
 from corral.cli._remote import call
 from corral.client import Client, UnreachableError, ValidationError, validated
@@ -19,6 +25,7 @@ from corral.domain.field_errors import FieldError, describe
 from corral.domain.images import default_image
 from corral.domain.slots import SlotError, parse_amount
 from corral.domain.spec import ClusterMode, SessionSpec, SessionType
+from corral.domain.time_limit import parse_time_limit
 
 SpecT = TypeVar("SpecT", bound=SessionSpec)
 
@@ -72,6 +79,33 @@ def run_command(
         list[str] | None,
         typer.Option("--env", "-e", help="KEY=VALUE in the command's environment (repeatable)."),
     ] = None,
+    after: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--after",
+            metavar="REF[,REF…]",
+            help="Start after these sessions succeeded; `afterany:REF` after they ended at "
+            "all, `afternotok:REF` after they failed (repeatable).",
+        ),
+    ] = None,
+    dependency: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--dependency",
+            metavar="KIND:REF[:REF…][,…]",
+            help="Slurm's form: afterok:12:13,afterany:14 (kinds afterok, afterany, afternotok).",
+        ),
+    ] = None,
+    time: Annotated[
+        str | None,
+        typer.Option(
+            "--time",
+            "-t",
+            metavar="LIMIT",
+            help="Wall-time limit once it runs: 30s, 90m, 2h, 1d, or Slurm's MM, MM:SS, "
+            "HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (default: the resource group's).",
+        ),
+    ] = None,
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="Print the session id and return at once.")
     ] = False,
@@ -114,7 +148,18 @@ def run_command(
     With `--array`, one session per index, each with CORRAL_ARRAY_ID and CORRAL_ARRAY_INDEX
     in its environment, submitted in one request; the array id goes to stdout and the command
     returns (`--wait`: once every element has ended).
+
+    Dependencies (`--after`, `--dependency`) name sessions by id, unique id prefix or name: a
+    session that can never start after them (afterok after a failure) is cancelled, saying why.
     """
+    try:
+        wanted = parse_after(after or []) + parse_dependency(dependency or [])
+    except DependencySyntaxError as exc:
+        fail(str(exc))
+    try:
+        time_limit_s = parse_time_limit(time) if time is not None else None
+    except ValueError as exc:
+        fail(f"--time: {exc}")
     fields: dict[str, Any] = dict(
         command=command,
         image=image or default_image(command),
@@ -129,20 +174,29 @@ def run_command(
         resource_group=resource_group,
         priority=priority,
         env=_environment(env or []),
+        time_limit_s=time_limit_s,
     )
     if array is None and wait:
         fail("--wait goes with --array (a single session is waited for unless --detach)")
     if array is not None:
-        array_spec = _spec(ArraySpec, array=array, **fields)
+        array_spec = _spec(ArraySpec, array=array, **fields)  # checked before anything is sent
 
         async def submit_all(client: Client) -> int:
-            return await submit_array(client, array_spec, wait=wait, say=_say)
+            chosen = array_spec
+            if wanted:
+                dependencies = await resolve(client, wanted)
+                chosen = _spec(ArraySpec, array=array, **fields, dependencies=dependencies)
+            return await submit_array(client, chosen, wait=wait, say=_say)
 
         raise typer.Exit(call(submit_all))
-    spec = _spec(SessionSpec, **fields)
+    spec = _spec(SessionSpec, **fields)  # every field checked before anything is sent
 
     async def submit(client: Client) -> int:
-        session = await client.create_session(spec)
+        session = await client.create_session(
+            _spec(SessionSpec, **fields, dependencies=await resolve(client, wanted))
+            if wanted
+            else spec
+        )
         if detach:
             typer.echo(str(session.id))
             return 0

@@ -6,6 +6,7 @@ import shlex
 import shutil
 import sys
 from contextlib import aclosing
+from datetime import UTC, datetime
 from typing import Annotated
 
 import typer
@@ -23,6 +24,7 @@ from corral.cli._remote import (
 )
 from corral.client import Client, Explanation, HistoryEntry, LogStream, Session
 from corral.domain.status import SessionStatus
+from corral.domain.time_limit import format_duration
 
 app = typer.Typer(
     help="List and inspect sessions, read their logs, terminate and remove them.",
@@ -163,9 +165,21 @@ def _facts(session: Session) -> list[list[str]]:
         ("group", f"{session.resource_group}, priority {session.priority}"),
         ("created", f"{local_time(session.created_at)} ({age(session.created_at)} ago)"),
         ("started", local_time(session.started_at)),
+        ("limit", _time_limit(session)),  # wall time
         ("ended", local_time(session.terminated_at)),
     ]
     return [[f"{key}:", value] for key, value in facts]
+
+
+def _time_limit(session: Session) -> str:
+    """The limit, and while it runs how much of it is left."""
+    if session.time_limit_s is None:
+        return "-"
+    limit = format_duration(session.time_limit_s)
+    if session.deadline_at is None or session.is_terminal:
+        return limit
+    left = (session.deadline_at - datetime.now(UTC)).total_seconds()
+    return f"{limit} ({format_duration(left)} left)"
 
 
 @app.command("logs")

@@ -8,6 +8,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from corral.domain.outcome import SessionResult
 from corral.domain.slots import ResourceSlots
 from corral.domain.status import KernelStatus, SessionStatus
 
@@ -59,7 +60,7 @@ class Session(ApiModel):
     created_at: datetime
     started_at: datetime | None = None
     terminated_at: datetime | None = None
-    result: str | None = None
+    result: SessionResult | None = None
     failure_cause: str | None = None
     exit_code: int | None = None
     resource_group: str
@@ -72,6 +73,8 @@ class Session(ApiModel):
     creation_id: str | None = None
     array_id: uuid.UUID | None = None  # a job array's element: the array's id
     array_index: int | None = None  # ... and this element's index
+    time_limit_s: int | None = None  # wall-time limit in seconds
+    deadline_at: datetime | None = None  # while RUNNING with a limit: when it is stopped
     kernels: tuple[Kernel, ...] | None = None
 
     @property

@@ -8,6 +8,7 @@ the rows anyway.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,7 +21,9 @@ from corral.controller._group_commit import GroupCommit
 from corral.coordination.hints import Hint
 from corral.domain.arrays import DEFAULT_MAX_ARRAY_SIZE, ArraySpec, parse_array
 from corral.domain.events import SESSION_ENTITY, Event
+from corral.domain.outcome import USER_CANCELLED
 from corral.domain.record import record
+from corral.domain.resource_group import ResourceGroupOptions
 from corral.domain.results import ResultNote, SchedulingResult, TransitionStatus
 from corral.domain.session import ArrayPlace, NewSession
 from corral.domain.spec import SessionSpec
@@ -38,7 +41,6 @@ from corral.store.status_changes import AppliedChanges, StatusChange, apply_chan
 from corral.store.tables import sessions
 
 PHASE_TERMINATE = "terminate"
-USER_CANCELLED = "user_cancelled"
 # Statuses a terminate request moves to TERMINATING (their kernels may hold agent resources).
 _STARTED = frozenset(
     {
@@ -236,7 +238,8 @@ class SessionController:
             now = self.clock()
             try:
                 async with self.db.transaction() as conn:
-                    await self._check_references(conn, specs, owner)
+                    options = await self._check_references(conn, specs, owner)
+                    new = [_time_limited(n, options[n.resource_group]) for n in new]
                     rows = await insert_sessions(conn, new, now)
                     events = await append_events(
                         conn, [_created_event(n, now) for n in new], now, notify=self._notify
@@ -281,6 +284,7 @@ class SessionController:
                 _STARTED,
                 TransitionStatus(SessionStatus.TERMINATING),
                 notes=note,
+                records_cause=True,
             ),
         ]
         now = self.clock()
@@ -329,15 +333,21 @@ class SessionController:
 
     async def _check_references(
         self, conn: AsyncConnection, specs: Sequence[SessionSpec], owner: UserId
-    ) -> None:
+    ) -> dict[str, ResourceGroupOptions]:
+        """Refuse unknown groups and dependencies and limits over a group's; the groups' options."""
         dialect = self.db.dialect
         groups = {spec.resource_group for spec in specs}
-        known = (await group_options_naming(self.db, conn, groups)).keys()
-        for group in sorted(groups - known):
+        stored = await group_options_naming(self.db, conn, groups)
+        for group in sorted(groups - stored.keys()):
             raise SubmissionError("resource_group", f"resource group {group!r} does not exist")
-        wanted = {dep for spec in specs for dep in spec.dependencies}
+        options = {group: ResourceGroupOptions.model_validate(stored[group]) for group in groups}
+        for spec in specs:
+            refused = options[spec.resource_group].check_time_limit(spec.time_limit_s)
+            if refused is not None:
+                raise SubmissionError("time_limit_s", refused)
+        wanted = {dep.session for spec in specs for dep in spec.dependencies}
         if not wanted:
-            return
+            return options
         found = set(
             await _OWN_SESSIONS.scalars(conn, {"ids": payload(dialect, wanted), "owner": owner})
         )
@@ -346,6 +356,13 @@ class SessionController:
             raise SubmissionError(
                 "dependencies", f"no session of yours has the id {', '.join(missing)}"
             )
+        return options
+
+
+def _time_limited(new: NewSession, options: ResourceGroupOptions) -> NewSession:
+    """`new` with the time limit its group gives it (its own, else the group's default)."""
+    limit = options.time_limit_for(new.time_limit_s)
+    return new if limit == new.time_limit_s else dataclasses.replace(new, time_limit_s=limit)
 
 
 def _new_session(
@@ -367,7 +384,8 @@ def _new_session(
         priority=spec.priority,
         creation_id=spec.creation_id,
         starts_at=spec.starts_at,
-        dependencies=tuple(spec.dependencies),
+        dependencies=tuple((dep.session, dep.kind) for dep in spec.dependencies),
+        time_limit_s=spec.time_limit_s,
         array=array,
     )
 

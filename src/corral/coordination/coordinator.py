@@ -36,6 +36,7 @@ from corral.handlers.sessions.promotions import PROMOTION_HANDLERS, DetectTermin
 from corral.handlers.sessions.schedule import QUEUE_PAGE, ScheduleNewSessions
 from corral.handlers.sessions.start import StartSessions
 from corral.handlers.sessions.terminate import TerminateSessions
+from corral.handlers.sessions.time_limits import EnforceTimeLimits
 from corral.infra.events import EventBus
 from corral.infra.hints import HintBus
 from corral.store.database import Database
@@ -66,6 +67,7 @@ _HINTS: Mapping[str, Hint] = {
     "DetectTermination": Hint.DETECT_TERMINATION,
     "DetectFailureBeforeRunning": Hint.DETECT_FAILURE,
     "PromoteToTerminated": Hint.PROMOTE_TERMINATED,
+    EnforceTimeLimits.name(): Hint.TIME_LIMIT,
 }
 # Runs of these write agents' desired state (and may have re-asked for a failed stage).
 _ASKS_AGENTS = frozenset({PrepareSessions.name(), StartSessions.name(), TerminateSessions.name()})
@@ -110,6 +112,7 @@ class SessionCoordinator:
             TerminateSessions(db),
         )
         self.promotions: tuple[SessionPromotionHandler, ...] = PROMOTION_HANDLERS
+        self.time_limits = EnforceTimeLimits(db)
         # Where the bus can, a run's events go out with its commit, not published after it.
         self._notify = events.commit_channel if events is not None else None
         self._due = DueTimes(db, self._group_limits)
@@ -118,6 +121,7 @@ class SessionCoordinator:
         """One task per handler, each woken by its own hint and run under its own lock."""
         tasks = [self._task(h.name(), self._lifecycle_run(h)) for h in self.lifecycle]
         tasks += [self._task(h.name(), self._promotion_run(h), quick=True) for h in self.promotions]
+        tasks.append(self._task(self.time_limits.name(), self.run_time_limits))
         return tasks
 
     async def run_lifecycle(self, handler: LifecycleHandler) -> TaskRun:
@@ -226,6 +230,40 @@ class SessionCoordinator:
             targets=len(applied.sessions) + len(applied.stale),
             changed=len(moved),
             duration_ms=(time.perf_counter() - started) * 1000,
+        )
+
+    async def run_time_limits(self) -> TaskRun:
+        """Stop the running sessions past their time limit; say when the next one is due."""
+        started = time.perf_counter()
+        name = self.time_limits.name()
+        now = self.clock()
+        due = await self.time_limits.due(now)
+        moved: Mapping[SessionId, tuple[SessionStatus, SessionStatus]] = {}
+        if due.change is not None:
+            appended: list[Event] = []
+            reasons = {sid: note.message for sid, note in due.change.notes.items()}
+
+            async def record(conn: AsyncConnection, applied: AppliedChanges) -> None:
+                appended.extend(
+                    await self._record_moves(conn, applied.moved(), reasons, name, applied.owners)
+                )
+
+            applied = await apply_changes(self.db, [due.change], now, on_applied=record)
+            moved = applied.moved()
+            if self.metrics is not None:
+                self.metrics.observe_result(name, SchedulingResult.SUCCESS, len(moved))
+            await self._post_process(await self._next_hints(moved), appended)
+        due_in_s = None
+        if due.full:
+            due_in_s = 0.0
+        elif due.next_deadline is not None:
+            due_in_s = max(0.0, (due.next_deadline - self.clock()).total_seconds())
+        return TaskRun(
+            name,
+            targets=len(due.change.session_ids) if due.change is not None else 0,
+            changed=len(moved),
+            duration_ms=(time.perf_counter() - started) * 1000,
+            due_in_s=due_in_s,
         )
 
     async def promote_reported(

@@ -20,6 +20,7 @@ class Hint(StrEnum):
     DETECT_TERMINATION = "detect-termination"
     DETECT_FAILURE = "detect-failure-before-running"
     PROMOTE_TERMINATED = "promote-terminated"
+    TIME_LIMIT = "time-limit"
     # Not a coordinator task: agents' desired kernels changed (wakes assignment long-polls).
     ASSIGNMENTS = "assignments"
 
@@ -86,6 +87,8 @@ _AFTER_SESSION_MOVE: dict[SessionStatus, frozenset[Hint]] = {
     SessionStatus.PREPARING: frozenset({Hint.ASSIGNMENTS}),
     SessionStatus.PREPARED: frozenset({Hint.START}),
     SessionStatus.CREATING: frozenset({Hint.ASSIGNMENTS}),
+    # A session that started may have a time limit: its deadline may be the next one.
+    SessionStatus.RUNNING: frozenset({Hint.TIME_LIMIT}),
     SessionStatus.TERMINATING: frozenset({Hint.TERMINATE, Hint.PROMOTE_TERMINATED}),
     # An ended session frees capacity and may unblock sessions that depend on it.
     **{status: frozenset({Hint.SCHEDULE, Hint.ASSIGNMENTS}) for status in SESSION_TERMINAL},

@@ -100,7 +100,7 @@ def plan_promotions(
             if to in SESSION_TERMINAL:
                 break
             started_at = now if to is SessionStatus.RUNNING else current.started_at
-            current = SessionProgress(current.id, to, started_at, current.kernels)
+            current = SessionProgress(current.id, to, started_at, current.kernels, current.cause)
     for step, moves in zip(steps, rounds, strict=True):
         step.changes = [
             StatusChange(

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
 from corral.domain.slots import ResourceSlots
+from corral.domain.time_limit import MAX_TIME_LIMIT_S, format_duration
 
 
 class Sequencer(StrEnum):
@@ -57,6 +66,10 @@ class ResourceGroupOptions(BaseModel):
     max_sessions_per_owner: PositiveInt | None = None
     # Total slots one owner may occupy at once in this group (None: no limit).
     max_slots_per_owner: ResourceSlots | None = None
+    # Wall-time limits (seconds): a session that gives none gets the default (else the
+    # maximum); one asking for more than the maximum is refused at submission.
+    default_time_limit_s: int | None = Field(default=None, ge=1, le=MAX_TIME_LIMIT_S)
+    max_time_limit_s: int | None = Field(default=None, ge=1, le=MAX_TIME_LIMIT_S)
 
     # Per lifecycle handler (by name): failed attempts before giving up, seconds before expiry.
     # E.g. {"ScheduleNewSessions": {"timeout_s": 3600}} cancels sessions pending over an hour.
@@ -71,6 +84,32 @@ class ResourceGroupOptions(BaseModel):
                 f"unknown phase {', '.join(unknown)}; use one of {', '.join(LIMITED_PHASES)}"
             )
         return value
+
+    @model_validator(mode="after")
+    def _default_within_max(self) -> ResourceGroupOptions:
+        default, most = self.default_time_limit_s, self.max_time_limit_s
+        if default is not None and most is not None and default > most:
+            raise ValueError(
+                f"default_time_limit_s ({format_duration(default)}) must not exceed "
+                f"max_time_limit_s ({format_duration(most)})"
+            )
+        return self
+
+    def time_limit_for(self, asked: int | None) -> int | None:
+        """The limit a session asking for `asked` gets here (None: none); see `check_time_limit`."""
+        if asked is not None:
+            return asked
+        return self.default_time_limit_s or self.max_time_limit_s
+
+    def check_time_limit(self, asked: int | None) -> str | None:
+        """Why `asked` is refused here (over the group's maximum), or None."""
+        most = self.max_time_limit_s
+        if asked is None or most is None or asked <= most:
+            return None
+        return (
+            f"time limit {format_duration(asked)} is over the maximum of "
+            f"{format_duration(most)} in this resource group; ask for at most that"
+        )
 
     @field_validator("max_slots_per_owner")
     @classmethod

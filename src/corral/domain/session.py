@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
 
+from corral.domain.outcome import DependencyKind
 from corral.domain.record import record
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import AgentId, KernelId, SessionId, UserId
@@ -67,6 +68,8 @@ class SessionProgress:
     status: SessionStatus
     started_at: datetime | None
     kernels: tuple[KernelState, ...]
+    # The failure cause it carries: set when its end was asked for (`outcome.REQUESTED_RESULTS`).
+    cause: str | None = None
 
 
 @record
@@ -190,7 +193,9 @@ class NewSession:
     project: str = "default"
     creation_id: str | None = None
     starts_at: datetime | None = None
-    dependencies: tuple[uuid.UUID, ...] = ()
+    # (session, kind): the sessions it waits for, and when it may start after each.
+    dependencies: tuple[tuple[uuid.UUID, DependencyKind], ...] = ()
+    time_limit_s: int | None = None
     array: ArrayPlace | None = None
 
 

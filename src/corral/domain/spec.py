@@ -6,10 +6,20 @@ import re
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
 
+from corral.domain.outcome import DEFAULT_DEPENDENCY_KIND, DependencyKind
 from corral.domain.slots import ResourceSlots
+from corral.domain.time_limit import MAX_TIME_LIMIT_S
 
 
 class SessionType(StrEnum):
@@ -42,6 +52,29 @@ _NAME_RULE = "use 1 to 64 letters, digits, '.', '_' or '-', starting with a lett
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+class Dependency(BaseModel):
+    """A session this one waits for, and when it may start after it (Slurm's kinds)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    session: uuid.UUID
+    kind: DependencyKind = DEFAULT_DEPENDENCY_KIND
+
+
+def _dependency_from_id(value: Any) -> Any:
+    """A bare session id is an afterok dependency on that session."""
+    if isinstance(value, str | uuid.UUID):
+        return {"session": value}
+    return value
+
+
+# A list entry: a session id (afterok), or {"session": ID, "kind": "afterany"}.
+DependencyEntry = Annotated[
+    Dependency,
+    BeforeValidator(_dependency_from_id, json_schema_input_type=uuid.UUID | Dependency),
+]
+
+
 class SessionSpec(BaseModel):
     """A request to run one session: its image, command, resources and scheduling hints."""
 
@@ -58,9 +91,11 @@ class SessionSpec(BaseModel):
     cluster_size: int = Field(default=1, ge=1, le=MAX_CLUSTER_SIZE)
     priority: int = Field(default=0, ge=MIN_PRIORITY, le=MAX_PRIORITY)  # higher runs first
     resource_group: str = "default"
-    # Sessions that must end successfully before this one may be scheduled.
-    dependencies: list[uuid.UUID] = Field(default_factory=list)
+    # Sessions that must end (successfully, for afterok) before this one may be scheduled.
+    dependencies: list[DependencyEntry] = Field(default_factory=list)
     starts_at: datetime | None = None
+    # Wall-time limit in seconds once it runs (None: its resource group's default, if any).
+    time_limit_s: int | None = Field(default=None, ge=1, le=MAX_TIME_LIMIT_S)
     creation_id: str | None = None  # idempotency key: a repeated request returns the same session
 
     @property
@@ -126,7 +161,7 @@ class SessionSpec(BaseModel):
 
     @field_validator("dependencies")
     @classmethod
-    def _check_dependencies(cls, value: list[uuid.UUID]) -> list[uuid.UUID]:
+    def _check_dependencies(cls, value: list[Dependency]) -> list[Dependency]:
         if len(value) > MAX_DEPENDENCIES:
             raise ValueError(
                 f"a session may depend on at most {MAX_DEPENDENCIES} sessions "
@@ -134,9 +169,9 @@ class SessionSpec(BaseModel):
             )
         seen: set[uuid.UUID] = set()
         for dependency in value:
-            if dependency in seen:
-                raise ValueError(f"dependency {dependency} is listed twice; list each once")
-            seen.add(dependency)
+            if dependency.session in seen:
+                raise ValueError(f"dependency {dependency.session} is listed twice; list each once")
+            seen.add(dependency.session)
         return value
 
     @field_validator("starts_at")

@@ -15,6 +15,7 @@ from typing import ClassVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.domain.outcome import SessionResult
 from corral.domain.record import record
 from corral.domain.results import HandlerResult, KernelMatchType, ResultNote, StatusTransitions
 from corral.domain.session import SessionProgress, SessionWithKernels
@@ -154,6 +155,6 @@ class Ending:
     """How a session ends: its terminal status, result, exit code and (for ERROR) the cause."""
 
     status: SessionStatus
-    result: str
+    result: SessionResult
     exit_code: int | None = None
     note: ResultNote | None = None

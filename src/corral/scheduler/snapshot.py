@@ -7,6 +7,7 @@ from datetime import datetime
 
 import numpy as np
 
+from corral.domain.outcome import DependencyKind
 from corral.domain.resource_group import Ordering, ResourceGroupOptions, Sequencer
 from corral.domain.session import PendingSession
 from corral.domain.status import SessionStatus
@@ -109,8 +110,10 @@ async def load_snapshot(
         usage=usage,
         dependencies={
             sid: [
-                DependencyState(dep, SessionStatus(status) if status else None, result)
-                for dep, status, result in deps
+                DependencyState(
+                    dep, SessionStatus(status) if status else None, result, DependencyKind(kind)
+                )
+                for dep, kind, status, result in deps
             ]
             for sid, deps in dependencies.items()
         },

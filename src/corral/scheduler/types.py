@@ -10,6 +10,7 @@ from enum import StrEnum
 import numpy as np
 import numpy.typing as npt
 
+from corral.domain.outcome import DEFAULT_DEPENDENCY_KIND, DependencyKind
 from corral.domain.record import record
 from corral.domain.resource_group import ResourceGroupOptions
 from corral.domain.session import PendingSession, SessionWithKernels
@@ -76,6 +77,7 @@ class DependencyState:
     session_id: uuid.UUID
     status: SessionStatus | None  # None: no such session
     result: str | None
+    kind: DependencyKind = DEFAULT_DEPENDENCY_KIND
 
 
 @dataclass(slots=True)

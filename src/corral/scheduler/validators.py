@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from corral.domain.outcome import DependencyKind, dependency_satisfied
 from corral.domain.session import PendingSession
 from corral.domain.slots import ResourceSlots
-from corral.domain.status import SESSION_TERMINAL, SessionStatus
 from corral.domain.types import SessionId, UserId
 from corral.scheduler.requests import Request, format_milli
 from corral.scheduler.types import (
@@ -37,9 +37,6 @@ QUOTA_EXCEEDED = "quota_exceeded"
 OWNER_SESSION_LIMIT = "owner_session_limit"
 OWNER_SLOT_LIMIT = "owner_slot_limit"
 ARRAY_THROTTLE = "array_throttle"
-
-# The result a dependency must end with for its dependants to run.
-DEPENDENCY_SUCCESS = "SUCCESS"
 
 
 @dataclass(slots=True)
@@ -111,7 +108,8 @@ def validate(session: PendingSession, request: Request, ctx: ValidationContext) 
 def check_dependencies(
     session: PendingSession, request: Request, ctx: ValidationContext
 ) -> Verdict | None:
-    """Every dependency must have ended successfully; one that never will fails the session."""
+    """Each dependency as its kind says: afterok needs a success, afterany any end, afternotok
+    an end that was no success; one that can never be satisfied fails the session."""
     waiting: list[DependencyState] = []
     for dependency in ctx.snapshot.dependencies.get(session.id, ()):
         ref = _short(dependency)
@@ -121,23 +119,31 @@ def check_dependencies(
                 f"depends on session {ref}, which does not exist; "
                 "submit it again without that dependency",
             )
-        if dependency.status in SESSION_TERMINAL:
-            if _succeeded(dependency):
-                continue
+        satisfied = dependency_satisfied(dependency.kind, dependency.status, dependency.result)
+        if satisfied is None:
+            waiting.append(dependency)
+        elif not satisfied:
             return _fail(
                 DEPENDENCY_FAILED,
-                f"depends on session {ref} which ended {_ending(dependency)}, so it can never "
-                "run; fix that session and submit both again",
+                f"depends on session {ref} ({dependency.kind}) which ended {_ending(dependency)}, "
+                f"so it can never run; {_NEVER[dependency.kind]}",
             )
-        waiting.append(dependency)
     if not waiting:
         return None
     first = waiting[0]
     more = f" and {len(waiting) - 1} more" if len(waiting) > 1 else ""
     return _wait(
         DEPENDENCY_PENDING,
-        f"waiting for session {_short(first)} ({first.status}){more} to end successfully",
+        f"waiting for session {_short(first)} ({first.kind}){more} to end; it is {first.status}",
     )
+
+
+# What to do about a dependency that can never be satisfied, by kind.
+_NEVER = {
+    DependencyKind.AFTEROK: "fix that session and submit both again",
+    DependencyKind.AFTERNOTOK: "it succeeded, so nothing is left to handle",
+    DependencyKind.AFTERANY: "",  # any end satisfies it
+}
 
 
 def check_agents_joined(
@@ -322,14 +328,8 @@ def _pick(amounts: Mapping[str, int], names: list[str]) -> str:
     return " ".join([*parts, *(f"{name}=0" for name in sorted(missing))])
 
 
-def _succeeded(dependency: DependencyState) -> bool:
-    return dependency.status == SessionStatus.TERMINATED and dependency.result == DEPENDENCY_SUCCESS
-
-
 def _ending(dependency: DependencyState) -> str:
-    if dependency.status == SessionStatus.TERMINATED:
-        return f"TERMINATED with result {dependency.result or 'none'}"
-    return str(dependency.status)
+    return f"{dependency.status} with result {dependency.result or 'none'}"
 
 
 def _short(dependency: DependencyState) -> str:

@@ -359,6 +359,7 @@ def _dependencies(dialect: Dialect) -> sa.Select[Any]:
         sa.select(
             session_dependencies.c.session_id,
             session_dependencies.c.depends_on,
+            session_dependencies.c.kind,
             dep.c.status,
             dep.c.result,
         )
@@ -374,14 +375,14 @@ _DEPENDENCIES = DirectStatement(_dependencies)
 
 async def read_dependencies(
     conn: AsyncConnection, dialect: Dialect, session_ids: Collection[SessionId]
-) -> dict[SessionId, list[tuple[uuid.UUID, str | None, str | None]]]:
-    """For each session that has dependencies: (dependency id, its status, its result)."""
+) -> dict[SessionId, list[tuple[uuid.UUID, str, str | None, str | None]]]:
+    """For each session that has dependencies: (dependency id, kind, its status, its result)."""
     if not session_ids:
         return {}
     rows = await _DEPENDENCIES.rows(conn, {"ids": payload(dialect, session_ids)})
-    found: dict[SessionId, list[tuple[uuid.UUID, str | None, str | None]]] = {}
-    for sid, depends_on, status, result in rows:
-        found.setdefault(SessionId(sid), []).append((depends_on, status, result))
+    found: dict[SessionId, list[tuple[uuid.UUID, str, str | None, str | None]]] = {}
+    for sid, depends_on, kind, status, result in rows:
+        found.setdefault(SessionId(sid), []).append((depends_on, kind, status, result))
     return found
 
 

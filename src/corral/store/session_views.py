@@ -72,6 +72,8 @@ _COLUMNS = (
     sessions.c.creation_id,
     sessions.c.array_id,
     sessions.c.array_index,
+    sessions.c.time_limit_s,
+    sessions.c.deadline_at,
 )
 _FROM = sessions.join(users, users.c.id == sessions.c.owner_id)
 

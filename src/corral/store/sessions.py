@@ -144,18 +144,20 @@ class SessionRepository:
             return []
         async with self.db.read_statements() as conn:  # one statement
             rows = await _PROGRESS.rows(conn, {"ids": payload(self.dialect, session_ids)})
-        found: dict[SessionId, tuple[SessionStatus, datetime | None, list[KernelState]]] = {}
+        found: dict[
+            SessionId, tuple[SessionStatus, datetime | None, str | None, list[KernelState]]
+        ] = {}
         session_status_of, kernel_status_of = SESSION_STATUS_BY_VALUE, KERNEL_STATUS_BY_VALUE
-        for sid, status, started_at, role, index, kernel_status, exit_code, cause in rows:
+        for sid, status, started_at, asked, role, index, kernel_status, exit_code, cause in rows:
             session = found.get(sid)
             if session is None:
-                session = found[sid] = (session_status_of[status], started_at, [])
+                session = found[sid] = (session_status_of[status], started_at, asked, [])
             if role is not None:
                 kernel = KernelState(role, index, kernel_status_of[kernel_status], exit_code, cause)
-                session[2].append(kernel)
+                session[3].append(kernel)
         return [
-            SessionProgress(sid, status, started_at, tuple(states))
-            for sid, (status, started_at, states) in found.items()
+            SessionProgress(sid, status, started_at, tuple(states), asked)
+            for sid, (status, started_at, asked, states) in found.items()
         ]
 
     async def promotable(
@@ -212,6 +214,7 @@ def _session_row(s: NewSession, now: datetime) -> dict[str, Any]:
         "created_at": now,
         "creation_id": s.creation_id,
         "starts_at": s.starts_at,
+        "time_limit_s": s.time_limit_s,
         "phase_attempts": 0,
         "failed_agents": [],
         "requeue_count": 0,
@@ -255,7 +258,11 @@ async def insert_sessions(
     kernel_rows = [_kernel_rows(s, now) for s in new_sessions]
     await _INSERT_SESSION.run_many(conn, session_rows)
     await _INSERT_KERNEL.run_many(conn, [row for rows in kernel_rows for row in rows])
-    deps = [{"session_id": s.id, "depends_on": d} for s in new_sessions for d in s.dependencies]
+    deps = [
+        {"session_id": s.id, "depends_on": on, "kind": kind.value}
+        for s in new_sessions
+        for on, kind in s.dependencies
+    ]
     await _INSERT_DEPENDENCY.run_many(conn, deps)  # nothing sent when there are none
     return [row | {"kernels": rows} for row, rows in zip(session_rows, kernel_rows, strict=True)]
 
@@ -281,6 +288,7 @@ _INSERT_SESSION = insert_columns(
         "created_at",
         "creation_id",
         "starts_at",
+        "time_limit_s",
         "phase_attempts",
         "failed_agents",
         "requeue_count",
@@ -306,7 +314,7 @@ _INSERT_KERNEL = insert_columns(
         "runtime_info",
     ),
 )
-_INSERT_DEPENDENCY = insert_columns(session_dependencies, ("session_id", "depends_on"))
+_INSERT_DEPENDENCY = insert_columns(session_dependencies, ("session_id", "depends_on", "kind"))
 
 
 @functools.cache
@@ -412,6 +420,7 @@ _PROGRESS = DirectStatement(
             sessions.c.id,
             sessions.c.status,
             sessions.c.started_at,
+            sessions.c.failure_cause,
             kernels.c.cluster_role,
             kernels.c.cluster_index,
             kernels.c.status,

@@ -19,6 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.domain.outcome import REQUESTED_RESULTS, SessionResult
 from corral.domain.record import record
 from corral.domain.results import ResultNote, SchedulingResult, TransitionStatus
 from corral.domain.session import KernelIntent
@@ -59,7 +60,10 @@ class StatusChange:
     Only sessions whose current status is in `expected` are touched (the guard); the rest were
     moved by someone else and are reported back as stale. With `target` None (or both of its
     fields None) only history is written. `count_attempt` adds one to the sessions' attempts in
-    `phase` (failed attempts that keep their status).
+    `phase` (failed attempts that keep their status). A note's code becomes the session's
+    failure cause when the move ends it, or with `records_cause` on any move: an end asked for
+    (a user's terminate, a time limit) is recorded as the session starts to stop, and decides
+    its result once its kernels have stopped (`outcome.REQUESTED_RESULTS`).
     """
 
     session_ids: Sequence[SessionId]
@@ -69,6 +73,7 @@ class StatusChange:
     target: TransitionStatus | None = None
     notes: Mapping[SessionId, ResultNote] = field(default_factory=dict)
     count_attempt: bool = False
+    records_cause: bool = False
 
     def validate(self) -> None:
         """Raise IllegalTransitionError if the declared move breaks the session table."""
@@ -372,7 +377,8 @@ async def _apply_one(
         await _session_move(to, started=started).run(conn, {"ids": moving.payload, "now": now})
     if change.count_attempt and staying:
         await _COUNT_ATTEMPT.run(conn, {"ids": staying.payload, "phase": change.phase})
-    await _write_notes(conn, dialect, change.notes, current, ends=to in SESSION_TERMINAL)
+    ends = to in SESSION_TERMINAL or change.records_cause
+    await _write_notes(conn, dialect, change.notes, current, ends=ends)
     applied.sessions.update({sid: (status, to or status) for sid, status in current.items()})
 
 
@@ -510,14 +516,57 @@ def _session_move(to: SessionStatus, *, started: bool, ending: bool = False) -> 
         }
         if started:
             values["started_at"] = now
+        if to is SessionStatus.RUNNING:
+            values["deadline_at"] = _deadline(dialect, now)
+        elif started or to is SessionStatus.TERMINATING:
+            values["deadline_at"] = None  # no longer running: out of the time limits' index
         if to in SESSION_TERMINAL:
             values["terminated_at"] = now
         if ending:
             values["result"] = sa.bindparam("result", type_=sessions.c.result.type)
             values["exit_code"] = sa.bindparam("code", type_=sessions.c.exit_code.type)
+        elif to in SESSION_TERMINAL:
+            values["result"] = _default_result(to)
         return sessions.update().where(in_param(dialect, sessions.c.id, "ids")).values(**values)
 
     return DirectStatement(build)
+
+
+def _deadline(dialect: Dialect, now: sa.BindParameter[Any]) -> sa.ColumnElement[Any]:
+    """`now` plus the session's time limit (NULL without one), in the dialect's arithmetic."""
+    limit = sessions.c.time_limit_s
+    if dialect == "postgresql":
+        seconds = sa.type_coerce(limit * sa.literal_column("INTERVAL '1 second'"), sa.Interval())
+        return now + seconds
+    # SQLite keeps timestamps as text: the same form, to the millisecond.
+    return sa.func.strftime(
+        sa.literal_column("'%Y-%m-%d %H:%M:%f'"),
+        now,
+        sa.literal_column("'+'").concat(limit).concat(sa.literal_column("' seconds'")),
+    )
+
+
+def _default_result(to: SessionStatus) -> sa.ColumnElement[Any]:
+    """The result of a session ended by a move that does not say it (not a promotion's ending):
+    CANCELLED and ERROR have one; a TERMINATED one (its kernels stopped by the handler, not by
+    the agents' reports) has the result its requested end gives, else failure (nothing says it
+    succeeded)."""
+    if to is SessionStatus.CANCELLED:
+        return _literal(SessionResult.CANCELLED)
+    if to is SessionStatus.TERMINATED:
+        return sa.case(
+            *(
+                (sessions.c.failure_cause == _literal(cause), _literal(result))
+                for cause, result in REQUESTED_RESULTS.items()
+            ),
+            else_=_literal(SessionResult.FAILURE),
+        )
+    return _literal(SessionResult.FAILURE)
+
+
+def _literal(value: str) -> sa.ColumnElement[str]:
+    """A constant written into the SQL of a statement built once (`_direct`)."""
+    return sa.literal_column("'" + value.replace("'", "''") + "'", sa.String())
 
 
 # A failed attempt that keeps its status (parameters: ids, phase).

@@ -13,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
+from corral.domain.outcome import DEFAULT_DEPENDENCY_KIND, DependencyKind
 from corral.domain.status import EndpointLifecycle, KernelStatus, RouteStatus, SessionStatus
 
 metadata = sa.MetaData(
@@ -209,6 +210,10 @@ sessions = sa.Table(
     sa.Column("exit_code", sa.Integer(), nullable=True),
     sa.Column("creation_id", sa.String(128), nullable=True),
     sa.Column("starts_at", UTCDateTime(), nullable=True),
+    # Wall-time limit in seconds (None: none); while RUNNING, when it is due to stop (start +
+    # limit, set and cleared by the status moves, `status_changes._session_move`).
+    sa.Column("time_limit_s", sa.Integer(), nullable=True),
+    sa.Column("deadline_at", UTCDateTime(), nullable=True),
     # Attempts of the current phase (handler); reset whenever the status changes.
     sa.Column("phase", sa.String(NAME_LEN), nullable=True),
     sa.Column("phase_attempts", sa.Integer(), nullable=False, server_default="0"),
@@ -262,6 +267,14 @@ sessions = sa.Table(
     ),
 )
 
+# The running sessions that have a time limit, by deadline (`store.time_limits`).
+sa.Index(
+    "ix_sessions_deadline_at",
+    sessions.c.deadline_at,
+    postgresql_where=sa.text("deadline_at IS NOT NULL"),
+    sqlite_where=sa.text("deadline_at IS NOT NULL"),
+)
+
 # A group's queue in order, for a scheduling pass's pages (`scheduling.read_queue_page`);
 # only PENDING sessions are in it.
 sa.Index(
@@ -284,6 +297,17 @@ session_dependencies = sa.Table(
         primary_key=True,
     ),
     sa.Column("depends_on", sa.Uuid(), sa.ForeignKey("sessions.id"), primary_key=True),
+    # When the dependant may start (`outcome.DependencyKind`); migration 0016.
+    sa.Column(
+        "kind",
+        sa.String(STATUS_LEN),
+        sa.CheckConstraint(
+            "kind IN (" + ", ".join(f"'{kind.value}'" for kind in DependencyKind) + ")",
+            name="kind_valid",
+        ),
+        nullable=False,
+        server_default=DEFAULT_DEPENDENCY_KIND.value,
+    ),
     sa.Index(None, "depends_on"),
 )
 

@@ -195,4 +195,4 @@ async def test_run_follows_a_session_to_its_exit_code(world: ApiWorld, connect: 
     assert [p for p in phases if not p.startswith("  ")][:6] == [
         "PENDING", "SCHEDULED", "PREPARING", "PREPARED", "CREATING", "RUNNING",
     ]  # fmt: skip
-    assert phases[-1] == "TERMINATED, exit code 3"
+    assert phases[-1] == "TERMINATED (failure), exit code 3"

@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
+from corral.domain.outcome import SessionResult
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import AgentId, SessionId
 from corral.scheduler.planner import NO_CAPACITY, WAITING_BEHIND
@@ -251,7 +252,8 @@ async def test_session_waits_while_its_dependency_has_not_ended(
 
 
 @pytest.mark.parametrize(
-    ("status", "result"), [(S.ERROR, None), (S.TERMINATED, "FAILURE"), (S.CANCELLED, None)]
+    ("status", "result"),
+    [(S.ERROR, None), (S.TERMINATED, SessionResult.FAILURE), (S.CANCELLED, None)],
 )
 async def test_session_fails_when_its_dependency_ended_badly(
     db: Database, status: SessionStatus, result: str | None
@@ -272,11 +274,11 @@ async def test_session_fails_when_its_dependency_ended_badly(
 
 
 async def test_session_runs_once_its_dependency_terminated_successfully(db: Database) -> None:
-    """A dependency TERMINATED with result SUCCESS lets its dependant be placed."""
+    """A dependency TERMINATED with result success lets its dependant be placed."""
     owner = await add_user(db)
     await add_agents(db, [{"cpu": 10000}])
     [dependency] = await add_session_ids(db, owner, 1)
-    await update_sessions(db, [dependency], status=S.TERMINATED.value, result="SUCCESS")
+    await update_sessions(db, [dependency], status=S.TERMINATED.value, result=SessionResult.SUCCESS)
     dependant = await add_dependent(db, owner, [dependency])
 
     result = await schedule_group(db, "default", LATER)

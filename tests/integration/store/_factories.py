@@ -11,6 +11,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from corral.domain.outcome import DependencyKind
 from corral.domain.results import SchedulingResult, TransitionStatus
 from corral.domain.session import MilliSlots, NewSession, SessionWithKernels
 from corral.domain.status import KernelStatus, SessionStatus
@@ -249,8 +250,9 @@ async def add_dependent(
     *,
     cpu_milli: int = 1000,
     group: str = "default",
+    kind: DependencyKind = DependencyKind.AFTEROK,
 ) -> SessionId:
-    """A PENDING single-kernel session that depends on `depends_on`."""
+    """A PENDING single-kernel session that depends on `depends_on` (each of that kind)."""
     session_id = SessionId(uuid.uuid4())
     await SessionRepository(db).insert(
         [
@@ -263,7 +265,7 @@ async def add_dependent(
                 cluster_size=1,
                 spec={"image": "python", "command": ["true"]},
                 kernel_slots={"cpu": cpu_milli},
-                dependencies=tuple(depends_on),
+                dependencies=tuple((on, kind) for on in depends_on),
             )
         ],
         NOW,

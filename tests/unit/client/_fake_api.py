@@ -165,8 +165,13 @@ class FakeApi:
     async def finish(
         self, session_id: str, status: str = "TERMINATED", exit_code: int | None = 0, **fields: Any
     ) -> None:
-        """End a session with an exit code (which ends its followed logs)."""
+        """End a session with an exit code (which ends its followed logs), and the result the
+        manager would give it unless one is given."""
         session = self.sessions[session_id]
+        ok = status == "TERMINATED" and exit_code == 0
+        fields.setdefault(
+            "result", "success" if ok else "cancelled" if status == "CANCELLED" else "failure"
+        )
         session.update(exit_code=exit_code, **fields)
         session["kernels"][0]["exit_code"] = exit_code
         await self.move(session_id, status)

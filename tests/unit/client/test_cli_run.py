@@ -39,7 +39,7 @@ def test_the_commands_output_alone_reaches_stdout(cli: Cli, api: FakeApi) -> Non
     assert phases == [
         f"corral: session {session_id} {status}"
         for status in ("PENDING", "SCHEDULED", "PREPARING", "PREPARED", "CREATING", "RUNNING")
-    ] + [f"corral: session {session_id} TERMINATED, exit code 0"]
+    ] + [f"corral: session {session_id} TERMINATED (success), exit code 0"]
 
 
 def test_the_submitted_spec_is_a_batch_session_with_the_flags(cli: Cli, api: FakeApi) -> None:
@@ -90,7 +90,7 @@ def test_the_exit_code_is_the_commands(cli: Cli, api: FakeApi) -> None:
     result = cli("run", "--", "python", "fail.py")
     assert result.exit_code == 3
     assert "Traceback\n" in result.stderr
-    assert result.stderr.endswith("TERMINATED, exit code 3\n")
+    assert result.stderr.endswith("TERMINATED (failure), exit code 3\n")
 
 
 @pytest.mark.parametrize(
@@ -104,7 +104,8 @@ def test_an_unsuccessful_end_exits_nonzero(
     _runs(api, status=status, exit_code=exit_code, failure_cause="agent_lost")
     result = cli("run", "--", "python", "x.py")
     assert result.exit_code == expected
-    assert f"{status}: agent_lost" in result.stderr.splitlines()[-1]
+    last = result.stderr.splitlines()[-1]
+    assert f"{status} (" in last and "): agent_lost" in last
 
 
 def test_detach_prints_the_id_and_returns(cli: Cli, api: FakeApi) -> None:

@@ -76,7 +76,7 @@ async def test_without_events_the_poll_shows_the_phases() -> None:
     assert await _follow(api, screen, session_id) == 0
     phases = [line.rsplit(" ", 1)[-1] for line in screen.lines if not line.startswith("  ")]
     assert phases == ["PENDING", "SCHEDULED", "RUNNING", "0"]
-    assert screen.lines[-1] == f"session {session_id} TERMINATED, exit code 0"
+    assert screen.lines[-1] == f"session {session_id} TERMINATED (success), exit code 0"
 
 
 async def test_a_pending_session_shows_the_schedulers_reason_when_it_changes() -> None:
@@ -108,14 +108,14 @@ async def test_ctrl_c_answered_yes_terminates_and_follows_to_the_end() -> None:
         os.kill(os.getpid(), signal.SIGINT)
         await api.until(lambda: api.sessions[sid]["status"] == "TERMINATING")
         api.logs[(sid, "stdout")] = b"saving checkpoint\n"
-        await api.finish(sid, exit_code=-15, result="failure")
+        await api.finish(sid, exit_code=-15, result="cancelled")
 
     api.on_follow = interrupted
     screen = Screen(answer=True)
     assert await _follow(api, screen, session_id) == 130
     assert screen.questions == [f"terminate session {session_id}? [y/N] "]
     assert screen.stdout.getvalue() == b"saving checkpoint\n"
-    assert screen.lines[-1] == f"session {session_id} TERMINATED, exit code -15"
+    assert screen.lines[-1] == f"session {session_id} TERMINATED (cancelled), exit code -15"
 
 
 async def test_ctrl_c_answered_no_leaves_the_session_running() -> None:
@@ -179,6 +179,9 @@ async def test_a_broken_log_stream_stops_the_follower_loudly() -> None:
         ({"status": "ERROR", "exit_code": None}, 1),
         ({"status": "ERROR", "exit_code": 0}, 1),
         ({"status": "CANCELLED", "exit_code": None}, 1),
+        ({"status": "TERMINATED", "exit_code": 0, "result": "cancelled"}, 1),
+        ({"status": "TERMINATED", "exit_code": None, "result": "timeout"}, 1),
+        ({"status": "TERMINATED", "exit_code": -15, "result": "cancelled"}, 143),
     ],
 )
 def test_exit_code_of_an_ended_session(fields: dict[str, object], code: int) -> None:

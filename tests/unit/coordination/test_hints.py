@@ -19,9 +19,10 @@ def test_every_coordinator_task_has_its_own_hint_and_lock() -> None:
     """One task per handler; a hint or lock shared by two would merge their wake-ups."""
     coordinator = SessionCoordinator(cast(Database, None), cast(HintBus, None))
     tasks = coordinator.tasks()
-    assert len(tasks) == 9  # spec document 1's eight, and DetectFailureBeforeRunning
-    assert len({t.hint for t in tasks}) == 9
-    assert len({t.lock for t in tasks}) == 9
+    # spec document 1's eight, DetectFailureBeforeRunning and EnforceTimeLimits
+    assert len(tasks) == 10
+    assert len({t.hint for t in tasks}) == 10
+    assert len({t.lock for t in tasks}) == 10
     assert {t.hint for t in tasks} == {h.value for h in Hint} - {Hint.ASSIGNMENTS.value}
 
 
@@ -49,8 +50,9 @@ def test_each_session_move_wakes_the_next_phase() -> None:
 def test_entering_a_status_wakes_the_promotion_its_kernels_may_already_satisfy() -> None:
     """Kernels can move on before their session: entering a status re-checks them at once."""
     assert Hint.PROMOTE_TERMINATED in hints_after_moves([S.TERMINATING])
-    # Entering RUNNING: only if a kernel already ended (the coordinator looks; test_promotion).
-    assert hints_after_moves([S.RUNNING]) == set()
+    # Entering RUNNING: DetectTermination only if a kernel already ended (the coordinator looks;
+    # test_promotion); the time limits, whose next deadline may be the session's.
+    assert hints_after_moves([S.RUNNING]) == {Hint.TIME_LIMIT}
 
 
 def test_entering_a_stage_wakes_no_promotion_the_agents_reports_will_wake() -> None:

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from corral.domain.outcome import DependencyKind
 from corral.domain.slots import ResourceSlots
-from corral.domain.spec import ClusterMode, SessionSpec, SessionType
+from corral.domain.spec import ClusterMode, Dependency, SessionSpec, SessionType
 
 _BASE: dict[str, Any] = {"image": "python", "command": ["python", "train.py"]}
 
@@ -62,7 +63,7 @@ def test_full_spec_is_accepted() -> None:
     assert spec.type is SessionType.INTERACTIVE
     assert spec.cluster_mode is ClusterMode.MULTI_NODE
     assert spec.resources == ResourceSlots.parse("cpu=4,mem=16g,cuda.device=2")
-    assert spec.dependencies == [dependency]
+    assert spec.dependencies == [Dependency(session=dependency)]
     assert spec.starts_at == datetime(2030, 1, 1, 9, tzinfo=UTC)
 
 
@@ -166,7 +167,26 @@ def test_malformed_dependency_located_at_its_index() -> None:
     """A dependency that is not a UUID is reported at its position in the list."""
     with pytest.raises(ValidationError) as caught:
         _spec(dependencies=[str(uuid.uuid4()), "not-a-uuid"])
-    assert _only_error(caught)["loc"] == ("dependencies", 1)
+    assert _only_error(caught)["loc"][:2] == ("dependencies", 1)
+
+
+def test_dependencies_are_ids_or_objects_with_a_kind() -> None:
+    """A bare id is afterok; an object names its kind; an unknown kind names its place."""
+    a, b, c = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    spec = _spec(
+        dependencies=[str(a), {"session": str(b), "kind": "afterany"}, {"session": str(c)}]
+    )
+    assert [(d.session, d.kind) for d in spec.dependencies] == [
+        (a, DependencyKind.AFTEROK),
+        (b, DependencyKind.AFTERANY),
+        (c, DependencyKind.AFTEROK),
+    ]
+    with pytest.raises(ValidationError) as caught:
+        _spec(dependencies=[{"session": str(a), "kind": "after"}])
+    assert _only_error(caught)["loc"] == ("dependencies", 0, "kind")
+    with pytest.raises(ValidationError) as twice:
+        _spec(dependencies=[str(a), {"session": str(a), "kind": "afternotok"}])
+    assert "listed twice" in _only_error(twice)["msg"]
 
 
 def test_starts_at_is_normalised_to_utc() -> None:

@@ -6,6 +6,9 @@ import dataclasses
 import uuid
 from datetime import UTC, datetime
 
+import pytest
+
+from corral.domain.outcome import TIME_LIMIT, USER_CANCELLED, SessionResult
 from corral.domain.session import KernelState, SessionProgress
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import SessionId
@@ -52,3 +55,21 @@ def test_a_session_that_never_ran_is_cancelled() -> None:
     quick = ended(kernel(0, K.TERMINATED, 0), started=False)
     assert session_ending(quick).status is S.TERMINATED
     assert session_ending(dataclasses.replace(never, started_at=NOW)).status is S.TERMINATED
+
+
+@pytest.mark.parametrize(
+    ("cause", "result"),
+    [(USER_CANCELLED, SessionResult.CANCELLED), (TIME_LIMIT, SessionResult.TIMEOUT)],
+)
+def test_an_end_asked_for_decides_the_result_of_a_session_that_ran(
+    cause: str, result: SessionResult
+) -> None:
+    """A user's terminate or a time limit: TERMINATED with cancelled/timeout, whatever the exit."""
+    for stopped in (kernel(0, K.TERMINATED, -15), kernel(0, K.TERMINATED, 0), kernel(0, K.ERROR)):
+        end = session_ending(dataclasses.replace(ended(stopped), cause=cause))
+        assert (end.status, end.result, end.note) == (S.TERMINATED, result, None)
+    never = dataclasses.replace(ended(kernel(0, K.CANCELLED), started=False), cause=cause)
+    assert (session_ending(never).status, session_ending(never).result) == (
+        S.CANCELLED,
+        SessionResult.CANCELLED,
+    )

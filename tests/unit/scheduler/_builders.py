@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 
+from corral.domain.outcome import DependencyKind
 from corral.domain.resource_group import ResourceGroupOptions
 from corral.domain.session import PendingSession
 from corral.domain.status import SessionStatus
@@ -134,10 +135,14 @@ def usage(sessions: int = 0, slots: Mapping[str, int] | None = None) -> OwnerUsa
 
 
 def dependency(
-    n: int | SessionId, status: SessionStatus | None, result: str | None = None
+    n: int | SessionId,
+    status: SessionStatus | None,
+    result: str | None = None,
+    *,
+    kind: DependencyKind = DependencyKind.AFTEROK,
 ) -> DependencyState:
-    """A dependency on session `n` standing at `status` (None: no such session)."""
-    return DependencyState(session_id=session_id(n), status=status, result=result)
+    """A dependency of `kind` on session `n` standing at `status` (None: no such session)."""
+    return DependencyState(session_id=session_id(n), status=status, result=result, kind=kind)
 
 
 def snapshot(

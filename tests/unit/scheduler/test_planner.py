@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
+from corral.domain.outcome import SessionResult
 from corral.domain.resource_group import Ordering, ResourceGroupOptions, Selector
 from corral.domain.session import PendingSession
 from corral.domain.status import SessionStatus
@@ -279,11 +280,13 @@ def test_higher_priority_blocks_lower_priority_under_strict_ordering() -> None:
 @pytest.mark.parametrize(
     ("status", "result", "expected"),
     [
-        pytest.param(S.TERMINATED, "SUCCESS", (PLACED, ""), id="succeeded"),
+        pytest.param(S.TERMINATED, SessionResult.SUCCESS, (PLACED, ""), id="succeeded"),
         pytest.param(S.RUNNING, None, (WAITING, v.DEPENDENCY_PENDING), id="running"),
         pytest.param(S.PENDING, None, (WAITING, v.DEPENDENCY_PENDING), id="pending"),
         pytest.param(S.ERROR, None, (FAILED, v.DEPENDENCY_FAILED), id="error"),
-        pytest.param(S.TERMINATED, "FAILURE", (FAILED, v.DEPENDENCY_FAILED), id="failed"),
+        pytest.param(
+            S.TERMINATED, SessionResult.FAILURE, (FAILED, v.DEPENDENCY_FAILED), id="failed"
+        ),
     ],
 )
 def test_dependencies_gate_placement(

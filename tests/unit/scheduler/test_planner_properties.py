@@ -8,6 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from corral.domain.outcome import SessionResult
 from corral.domain.resource_group import (
     Ordering,
     ResourceGroupOptions,
@@ -51,8 +52,8 @@ _SLOT_LIMIT = st.integers(1, 12).map(lambda n: ResourceSlots({"cpu": n}))
 _DEPENDENCY = st.sampled_from(
     [
         (SessionStatus.RUNNING, None),
-        (SessionStatus.TERMINATED, "SUCCESS"),
-        (SessionStatus.TERMINATED, "FAILURE"),
+        (SessionStatus.TERMINATED, SessionResult.SUCCESS),
+        (SessionStatus.TERMINATED, SessionResult.FAILURE),
     ]
 )
 _SEQUENCER = st.sampled_from(list(Sequencer))

@@ -6,6 +6,7 @@ import uuid
 
 import pytest
 
+from corral.domain.outcome import DependencyKind, SessionResult
 from corral.domain.resource_group import ResourceGroupOptions
 from corral.domain.session import PendingSession
 from corral.domain.slots import ResourceSlots
@@ -35,6 +36,11 @@ from tests.unit.scheduler._builders import (
 )
 
 FAIL, WAIT = VerdictKind.FAIL, VerdictKind.WAIT
+AFTEROK, AFTERANY, AFTERNOTOK = (
+    DependencyKind.AFTEROK,
+    DependencyKind.AFTERANY,
+    DependencyKind.AFTERNOTOK,
+)
 S = SessionStatus
 SID = session_id(0xABCDEF12 << 96)  # a dependency whose short id reads "abcdef12"
 
@@ -75,12 +81,12 @@ def test_validators_run_in_the_documented_order() -> None:
     ("deps", "expected"),
     [
         pytest.param([], None, id="none"),
-        pytest.param([dependency(SID, S.TERMINATED, "SUCCESS")], None, id="succeeded"),
+        pytest.param([dependency(SID, S.TERMINATED, SessionResult.SUCCESS)], None, id="succeeded"),
         pytest.param([dependency(SID, None)], (FAIL, v.DEPENDENCY_MISSING), id="missing"),
         pytest.param([dependency(SID, S.ERROR)], (FAIL, v.DEPENDENCY_FAILED), id="error"),
         pytest.param([dependency(SID, S.CANCELLED)], (FAIL, v.DEPENDENCY_FAILED), id="cancelled"),
         pytest.param(
-            [dependency(SID, S.TERMINATED, "FAILURE")],
+            [dependency(SID, S.TERMINATED, SessionResult.FAILURE)],
             (FAIL, v.DEPENDENCY_FAILED),
             id="terminated-unsuccessfully",
         ),
@@ -95,7 +101,7 @@ def test_validators_run_in_the_documented_order() -> None:
             [dependency(SID, S.TERMINATING)], (WAIT, v.DEPENDENCY_PENDING), id="terminating"
         ),
         pytest.param(
-            [dependency(1, S.TERMINATED, "SUCCESS"), dependency(2, S.RUNNING)],
+            [dependency(1, S.TERMINATED, SessionResult.SUCCESS), dependency(2, S.RUNNING)],
             (WAIT, v.DEPENDENCY_PENDING),
             id="one-done-one-running",
         ),
@@ -116,13 +122,24 @@ def test_dependencies(deps: list[DependencyState], expected: tuple[str, str] | N
 @pytest.mark.parametrize(
     ("dep", "message"),
     [
-        (dependency(SID, S.ERROR), "depends on session abcdef12 which ended ERROR"),
+        (dependency(SID, S.ERROR), "depends on session abcdef12 (afterok) which ended ERROR"),
         (
-            dependency(SID, S.TERMINATED, "FAILURE"),
-            "depends on session abcdef12 which ended TERMINATED with result FAILURE",
+            dependency(SID, S.TERMINATED, SessionResult.FAILURE),
+            "depends on session abcdef12 (afterok) which ended TERMINATED with result failure",
+        ),
+        (
+            dependency(SID, S.TERMINATED, SessionResult.SUCCESS, kind=AFTERNOTOK),
+            "depends on session abcdef12 (afternotok) which ended TERMINATED with result success",
         ),
         (dependency(SID, None), "depends on session abcdef12, which does not exist"),
-        (dependency(SID, S.RUNNING), "waiting for session abcdef12 (RUNNING)"),
+        (
+            dependency(SID, S.RUNNING),
+            "waiting for session abcdef12 (afterok) to end; it is RUNNING",
+        ),
+        (
+            dependency(SID, S.PENDING, kind=AFTERANY),
+            "waiting for session abcdef12 (afterany) to end; it is PENDING",
+        ),
     ],
 )
 def test_dependency_messages_name_the_dependency_and_its_status(
@@ -133,6 +150,39 @@ def test_dependency_messages_name_the_dependency_and_its_status(
     verdict = _check(s, snapshot(agents=_agents(), dependencies={s.id: [dep]}))
     assert verdict is not None
     assert verdict.message.startswith(message)
+
+
+ENDINGS = [
+    (S.TERMINATED, SessionResult.SUCCESS),
+    (S.TERMINATED, SessionResult.FAILURE),
+    (S.TERMINATED, SessionResult.CANCELLED),
+    (S.TERMINATED, SessionResult.TIMEOUT),
+    (S.ERROR, SessionResult.FAILURE),
+    (S.CANCELLED, SessionResult.CANCELLED),
+]
+
+
+@pytest.mark.parametrize(("status", "result"), ENDINGS)
+@pytest.mark.parametrize("kind", list(DependencyKind))
+def test_each_dependency_kind_against_each_ending(
+    kind: DependencyKind, status: SessionStatus, result: SessionResult
+) -> None:
+    """afterok runs after a success only, afternotok after anything else, afterany after all."""
+    s = session()
+    deps = {s.id: [dependency(SID, status, result, kind=kind)]}
+    verdict = _check(s, snapshot(agents=_agents(), dependencies=deps))
+    success = status is S.TERMINATED and result is SessionResult.SUCCESS
+    runs = {AFTEROK: success, AFTERNOTOK: not success, AFTERANY: True}[kind]
+    assert _kind_code(verdict) == (None if runs else (FAIL, v.DEPENDENCY_FAILED))
+
+
+@pytest.mark.parametrize("kind", list(DependencyKind))
+def test_every_kind_waits_for_a_dependency_that_has_not_ended(kind: DependencyKind) -> None:
+    """No kind lets a session start before its dependency ended."""
+    s = session()
+    deps = {s.id: [dependency(SID, S.RUNNING, kind=kind)]}
+    verdict = _check(s, snapshot(agents=_agents(), dependencies=deps))
+    assert _kind_code(verdict) == (WAIT, v.DEPENDENCY_PENDING)
 
 
 def test_dependencies_of_other_sessions_do_not_apply() -> None:

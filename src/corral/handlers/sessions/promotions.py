@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from corral.domain.outcome import REQUESTED_RESULTS, SessionResult
 from corral.domain.results import KernelMatchType, ResultNote
 from corral.domain.session import SessionProgress
 from corral.domain.status import (
@@ -27,9 +28,6 @@ from corral.domain.status import (
 from corral.domain.types import SessionId
 from corral.handlers.base import Ending, SessionPromotionHandler
 
-RESULT_SUCCESS = "success"
-RESULT_FAILURE = "failure"
-RESULT_CANCELLED = "cancelled"
 KERNEL_FAILED = "kernel_failed"
 
 
@@ -166,24 +164,29 @@ class PromoteToTerminated(SessionPromotionHandler):
 def session_ending(session: SessionProgress) -> Ending:
     """How a session whose kernels all ended ends (DESIGN.md "Lifecycles").
 
-    ERROR if a kernel failed (with its cause); CANCELLED if nothing ever ran; else TERMINATED,
-    with the main kernel's exit code and a result of success exactly when that code is 0.
+    A session that ran and whose end was asked for (a user's terminate, its time limit: the
+    cause it carries) ends TERMINATED with that request's result, however its stopped kernels
+    exited. Else ERROR if a kernel failed (with its cause); CANCELLED if nothing ever ran; else
+    TERMINATED with the main kernel's exit code and a result of success exactly when it is 0.
     """
     kernels = sorted(session.kernels, key=lambda k: (k.cluster_role != "main", k.cluster_index))
+    ran = session.started_at is not None or any(k.exit_code is not None for k in kernels)
+    exit_code = kernels[0].exit_code if kernels else None
+    requested = REQUESTED_RESULTS.get(session.cause) if session.cause is not None else None
+    if requested is not None and ran:
+        return Ending(SessionStatus.TERMINATED, requested, exit_code)
     failed = [k for k in kernels if k.status is KernelStatus.ERROR]
     if failed:
         cause = failed[0].failure_cause or KERNEL_FAILED
         return Ending(
             SessionStatus.ERROR,
-            RESULT_FAILURE,
+            SessionResult.FAILURE,
             failed[0].exit_code,
             ResultNote(cause, f"kernel {failed[0].cluster_index} failed: {cause}"),
         )
-    ran = session.started_at is not None or any(k.exit_code is not None for k in kernels)
     if not ran:
-        return Ending(SessionStatus.CANCELLED, RESULT_CANCELLED)
-    exit_code = kernels[0].exit_code if kernels else None
-    result = RESULT_SUCCESS if exit_code == 0 else RESULT_FAILURE
+        return Ending(SessionStatus.CANCELLED, SessionResult.CANCELLED)
+    result = SessionResult.SUCCESS if exit_code == 0 else SessionResult.FAILURE
     return Ending(SessionStatus.TERMINATED, result, exit_code)
 
 
