@@ -344,11 +344,11 @@ kernels = sa.Table(
     sa.Column("desired_state", sa.String(STATUS_LEN), nullable=True),
     sa.Column("desired_generation", sa.Integer(), nullable=False, server_default="0"),
     sa.Column("stage_failure", sa.String(NAME_LEN), nullable=True),
-    # Which placement this is: bumped by each one (migration 0016). Assignments and reports
+    # Which placement this is: bumped by each one (migration 0018). Assignments and reports
     # carry it, so a report of an earlier placement is never taken for the current one.
     sa.Column("attempt", sa.Integer(), nullable=False, server_default="0"),
     # A started kernel's agent last confirmed it unchanged, and the manager's question about a
-    # kernel its agent has been quiet about, until any report of it answers (migration 0017;
+    # kernel its agent has been quiet about, until any report of it answers (migration 0019;
     # `store.kernel_checks`).
     sa.Column("heard_at", UTCDateTime(), nullable=True),
     sa.Column("asked_at", UTCDateTime(), nullable=True),

@@ -4,8 +4,8 @@ A kernel placed again after going back to PENDING was the same row under the sam
 agent's late report of the earlier placement (or its finished worker) could be taken for the
 new one. Assignments and reports now carry the attempt.
 
-Revision ID: 0016
-Revises: 0015
+Revision ID: 0018
+Revises: 0017
 Create Date: 2026-11-27
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0016"
-down_revision = "0015"
+revision = "0018"
+down_revision = "0017"
 branch_labels = None
 depends_on = None
 

@@ -7,8 +7,8 @@ NULL: no cap). The scheduler counts an array's active elements by `array_id`, an
 ls/terminate` find an array's elements by it: indexed, partial, so sessions outside arrays
 cost the index nothing.
 
-Revision ID: 0018
-Revises: 0017
+Revision ID: 0020
+Revises: 0019
 Create Date: 2026-11-27
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0018"
-down_revision = "0017"
+revision = "0020"
+down_revision = "0019"
 branch_labels = None
 depends_on = None
 

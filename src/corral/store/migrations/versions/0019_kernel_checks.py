@@ -5,8 +5,8 @@ session and its slots where they were forever. The manager now asks an agent abo
 has been quiet about for its status's bound (`asked_at`), and fails it `agent_lost` if the
 question stays unanswered; an answer sets `heard_at` (store.kernel_checks).
 
-Revision ID: 0017
-Revises: 0016
+Revision ID: 0019
+Revises: 0018
 Create Date: 2026-11-27
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0017"
-down_revision = "0016"
+revision = "0019"
+down_revision = "0018"
 branch_labels = None
 depends_on = None
 
