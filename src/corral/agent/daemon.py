@@ -417,6 +417,7 @@ class AgentDaemon:
             slots=kernel.slots,
             work_dir=self.config.data_dir / KERNELS_DIR / str(kernel.id),
             devices=devices,
+            workdir=Path(spec["workdir"]) if spec.get("workdir") else None,
         )
 
     # -- shutdown ---------------------------------------------------------------------------

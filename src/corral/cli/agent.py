@@ -22,6 +22,7 @@ from corral.cli._common import fail, settings_from_flags
 from corral.domain.slots import ResourceSlots, SlotError
 
 RuntimeName = Literal["process", "simulated"]
+PYTHON_ENVVAR = "CORRAL_AGENT_PYTHON"  # `--python` of `corral agent` and `corral up`
 
 
 def detect_slots() -> ResourceSlots:
@@ -79,6 +80,14 @@ def agent_command(
         list[str] | None,
         typer.Option(help="NAME=PATH: an extra image (an interpreter or a venv). Repeatable."),
     ] = None,
+    python: Annotated[
+        Path | None,
+        typer.Option(
+            envvar=PYTHON_ENVVAR,
+            help="What `python` means in jobs: an interpreter or a venv (default: the first "
+            "python3 on PATH outside corral's own virtualenv).",
+        ),
+    ] = None,
     on_shutdown: Annotated[
         str,
         typer.Option(
@@ -128,20 +137,23 @@ def agent_command(
         worker=WorkerSettings(stop_grace_s=stop_grace),
     )
     configure_logging(log_level)
-    chosen = _runtime(runtime, images)
+    chosen = _runtime(runtime, images, python)
     devices = DeviceAllocator(int(capacity.get("cuda.device", 0)))
     client = HttpManagerClient(managers, failback_after_s=failback_after)
     asyncio.run(_run(config, client, chosen, devices))
 
 
-def _runtime(name: str, images: dict[str, str]) -> Runtime:
+def _runtime(name: str, images: dict[str, str], python: Path | None) -> Runtime:
     if name == "simulated":
         from corral.agent.runtime.simulated import SimulatedRuntime
 
         return SimulatedRuntime()
     from corral.agent.runtime.process import ProcessRuntime
 
-    return ProcessRuntime(images)
+    try:
+        return ProcessRuntime(images, python=python)
+    except ValueError as exc:
+        fail(str(exc))
 
 
 async def _run(

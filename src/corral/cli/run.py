@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import uuid
@@ -77,6 +78,13 @@ def run_command(
         list[str] | None,
         typer.Option("--env", "-e", help="KEY=VALUE in the command's environment (repeatable)."),
     ] = None,
+    workdir: Annotated[
+        str | None,
+        typer.Option(
+            help="Where the command starts on the agent (default: this directory; the kernel's "
+            "own directory where it does not exist there)."
+        ),
+    ] = None,
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="Print the session id and return at once.")
     ] = False,
@@ -99,7 +107,11 @@ def run_command(
     Images of the process runtime: `python` runs CMD as an argv, `python` or `python3` as the
     agent's interpreter and other programs from PATH; `shell` runs CMD with `/bin/sh -c`. The
     default is `shell` when CMD is one argument with spaces or shell syntax
-    (`corral run 'make && ./bench | tee log'`), else `python`.
+    (`corral run 'make && ./bench | tee log'`), else `python`. `python` is the interpreter the
+    agent is configured with for jobs (`corral agent --python`), by default the host's python3.
+
+    CMD starts in the directory `corral run` was called from (or `--workdir`), when that
+    directory exists on the agent: a shared file system, or `corral up` on this machine.
     """
     spec = _spec(
         command=command,
@@ -115,6 +127,7 @@ def run_command(
         resource_group=resource_group,
         priority=priority,
         env=_environment(env or []),
+        workdir=os.path.abspath(workdir) if workdir else os.getcwd(),
     )
 
     async def submit(client: Client) -> int:

@@ -48,6 +48,8 @@ _STARTED = frozenset(
         SessionStatus.RUNNING,
     }
 )
+# The spec's fields kept in the session's `spec` column, for agents (the others are columns).
+_AGENT_SPEC_FIELDS = {"image", "command", "env", "resources", "type", "workdir", "upload"}
 
 # Run for every submission: built once, run directly (`store._direct`).
 _OWNER = sa.bindparam("owner", type_=sessions.c.owner_id.type)
@@ -295,7 +297,7 @@ def _new_session(spec: SessionSpec, owner: UserId) -> NewSession:
         resource_group=spec.resource_group,
         cluster_mode=spec.cluster_mode.value,
         cluster_size=spec.cluster_size,
-        spec=spec.model_dump(mode="json", include={"image", "command", "env", "resources", "type"}),
+        spec=spec.model_dump(mode="json", include=_AGENT_SPEC_FIELDS, exclude_none=True),
         kernel_slots=spec.resources.to_milli(),
         name=spec.name,
         priority=spec.priority,

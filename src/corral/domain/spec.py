@@ -33,6 +33,7 @@ MAX_PRIORITY = 100
 MAX_DEPENDENCIES = 64
 MAX_IMAGE_LENGTH = 256
 MAX_CREATION_ID_LENGTH = 128
+MAX_WORKDIR_LENGTH = 4096  # PATH_MAX on Linux
 # corral sets these in every kernel (session id, kernel rank, ...); a user may not override them.
 RESERVED_ENV_PREFIX = "CORRAL_"
 DEFAULT_RESOURCES = ResourceSlots({"cpu": 1, "mem": "1g"})
@@ -61,6 +62,9 @@ class SessionSpec(BaseModel):
     # Sessions that must end successfully before this one may be scheduled.
     dependencies: list[uuid.UUID] = Field(default_factory=list)
     starts_at: datetime | None = None
+    # Where the kernels start: a directory on the agents (the submitting one, by `corral run`);
+    # kernels start in their own directory where it does not exist.
+    workdir: str | None = None
     creation_id: str | None = None  # idempotency key: a repeated request returns the same session
 
     @property
@@ -149,6 +153,18 @@ class SessionSpec(BaseModel):
                 "starts_at must include a timezone, like 2030-01-01T09:00:00Z or +02:00"
             )
         return value.astimezone(UTC)
+
+    @field_validator("workdir")
+    @classmethod
+    def _check_workdir(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.startswith("/") or len(value) > MAX_WORKDIR_LENGTH or "\0" in value:
+            raise ValueError(
+                f"workdir must be an absolute path of at most {MAX_WORKDIR_LENGTH} characters "
+                f"without NUL, like /home/me/project"
+            )
+        return value
 
     @field_validator("creation_id")
     @classmethod

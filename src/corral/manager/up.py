@@ -48,6 +48,7 @@ class UpConfig:
     agents: int = 1  # local agents sharing the machine's slots (to try multi-node sessions)
     log_cap_bytes: int = DEFAULT_LOG_CAP_BYTES
     retention_days: float = DEFAULT_RETENTION_DAYS
+    python: Path | None = None  # what `python` means in jobs (None: the host's python3)
 
 
 @record
@@ -74,6 +75,10 @@ async def run_up(
 ) -> None:
     """Run the manager and the local agent until `stop` is set or one of them fails."""
     config.data_dir.mkdir(parents=True, exist_ok=True)
+    # Before the manager starts: a wrong --python is a ValueError naming it, nothing to stop.
+    runtimes = [
+        ProcessRuntime(python=config.python, host=config.host) for _ in range(config.agents)
+    ]
     join_token = secrets.token_urlsafe(24)
     manager = ManagerDaemon(
         ManagerConfig(
@@ -99,7 +104,7 @@ async def run_up(
                 data_dir=config.data_dir / "agents" / str(i),
             ),
             HttpManagerClient(manager.url),
-            ProcessRuntime(host=config.host),
+            runtimes[i],
             devices=DeviceAllocator(int(share.get("cuda.device", 0))),
         )
         for i in range(config.agents)

@@ -67,6 +67,8 @@ class KernelLaunch:
     slots: MilliSlots  # what the kernel occupies, milli-units
     work_dir: Path  # the kernel's own directory on the agent (outputs in work_dir/outputs)
     devices: tuple[int, ...] = ()  # cuda device indices assigned to this kernel
+    # The session's workdir: where the kernel starts when it exists on this host.
+    workdir: Path | None = None
 
     @property
     def output_dir(self) -> Path:
@@ -74,13 +76,18 @@ class KernelLaunch:
         return self.work_dir / "outputs"
 
     @property
+    def start_dir(self) -> Path:
+        """Where the kernel starts if its directories exist: its workdir, else its own."""
+        return self.workdir or self.work_dir
+
+    @property
     def master_port(self) -> int:
         """torch.distributed's MASTER_PORT, the same on every rank of the session."""
         digest = hashlib.sha256(str(self.session_id).encode()).digest()
         return MASTER_PORT_BASE + int.from_bytes(digest[:4], "big") % MASTER_PORT_SPAN
 
-    def environment(self) -> dict[str, str]:
-        """The variables corral sets for the kernel (the user's `env` is laid under them)."""
+    def environment(self, cwd: Path) -> dict[str, str]:
+        """The variables corral sets for the kernel started in `cwd` (the user's `env` under)."""
         hosts = self.cluster_hosts or ("127.0.0.1",)
         env = {
             **self.env,
@@ -91,6 +98,7 @@ class KernelLaunch:
             "CORRAL_CLUSTER_ROLE": self.cluster_role,
             "CORRAL_CLUSTER_HOSTS": ",".join(hosts),
             "CORRAL_OUTPUT_DIR": str(self.output_dir),
+            "CORRAL_WORKDIR": str(cwd),
             "MASTER_ADDR": hosts[0],
             "MASTER_PORT": str(self.master_port),
             "WORLD_SIZE": str(self.cluster_size),
