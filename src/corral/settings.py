@@ -64,6 +64,10 @@ class Settings(BaseSettings):
     lock_ttl_s: float = Field(
         default=DEFAULT_LOCK_TTL_S, gt=0, le=300, description="task lock TTL, seconds"
     )
+    # `corral run --upload`: the largest archive of a directory the manager stores.
+    upload_max_bytes: int = Field(
+        default=100 * 1024 * 1024, gt=0, description="the cap of one upload, bytes"
+    )
 
     @field_validator("database_url")
     @classmethod

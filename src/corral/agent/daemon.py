@@ -418,6 +418,7 @@ class AgentDaemon:
             work_dir=self.config.data_dir / KERNELS_DIR / str(kernel.id),
             devices=devices,
             workdir=Path(spec["workdir"]) if spec.get("workdir") else None,
+            upload=spec.get("upload") or None,
         )
 
     # -- shutdown ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import uuid
 from collections.abc import Awaitable, Callable
 
 from corral.agent.client import ManagerClient, ManagerRejectedError, ManagerUnavailableError
@@ -71,6 +72,10 @@ class ReportShipper:
     async def upload_outputs(self, outputs: list[OutputMessage]) -> None:
         """Upload output files now."""
         await self._client.upload_outputs(self._agent_id, outputs)
+
+    async def fetch_upload(self, kernel_id: uuid.UUID) -> bytes:
+        """The kernel's upload, fetched now."""
+        return await self._client.fetch_upload(self._agent_id, kernel_id)
 
     async def run(self) -> None:
         """Deliver queued reports until cancelled."""

@@ -13,9 +13,11 @@ from corral.api import (
     agents_admin,
     events,
     health,
+    outputs,
     resource_groups,
     session_logs,
     sessions,
+    uploads,
     users,
 )
 from corral.api.metrics import metrics_router
@@ -39,6 +41,7 @@ class ApiContext:
     events: EventBus | None = None
     loops: Sequence[DualLoop] = field(default_factory=tuple)  # for metrics and readiness
     metrics: CoordinatorMetrics | None = None
+    upload_max_bytes: int = uploads.DEFAULT_UPLOAD_MAX_BYTES  # the cap of one upload's archive
 
 
 def create_app(context: ApiContext) -> FastAPI:
@@ -49,6 +52,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.state.agents = context.agents
     app.state.sessions = context.sessions
     app.state.token_cache = {}
+    app.state.upload_max_bytes = context.upload_max_bytes
     install_problem_handlers(app)
     app.include_router(health.router)
     app.include_router(metrics_router(context, context.metrics))
@@ -57,6 +61,8 @@ def create_app(context: ApiContext) -> FastAPI:
         agents_admin.router,
         sessions.router,
         session_logs.router,
+        outputs.router,
+        uploads.router,
         resource_groups.router,
         users.router,
         events.router,

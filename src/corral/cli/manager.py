@@ -64,6 +64,7 @@ def manager_command(
         log_cap_bytes=settings.log_cap_bytes,
         retention_days=settings.retention_days,
         lock_ttl_s=settings.lock_ttl_s,
+        upload_max_bytes=settings.upload_max_bytes,
     )
 
     token_file = settings.data_dir.expanduser() / "join-token"

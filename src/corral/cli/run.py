@@ -7,6 +7,7 @@ import re
 import sys
 import uuid
 from decimal import Decimal
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -14,7 +15,7 @@ import typer
 from corral.cli._common import fail
 from corral.cli._follow import SessionFollower, Terminal, confirm_on_terminal
 from corral.cli._remote import call
-from corral.client import Client, UnreachableError, ValidationError, validate_spec
+from corral.client import Client, UnreachableError, UploadError, ValidationError, validate_spec
 from corral.domain.field_errors import FieldError, describe
 from corral.domain.slots import SlotError, parse_amount
 from corral.domain.spec import ClusterMode, SessionSpec, SessionType
@@ -85,6 +86,13 @@ def run_command(
             "own directory where it does not exist there)."
         ),
     ] = None,
+    upload: Annotated[
+        Path | None,
+        typer.Option(
+            help="Send this directory (without .git and what its .corralignore lists); the "
+            "command starts in its copy on the agent. An unchanged directory is sent once."
+        ),
+    ] = None,
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="Print the session id and return at once.")
     ] = False,
@@ -112,6 +120,8 @@ def run_command(
 
     CMD starts in the directory `corral run` was called from (or `--workdir`), when that
     directory exists on the agent: a shared file system, or `corral up` on this machine.
+    Without one, `--upload DIR` sends DIR (a tar.gz, up to the manager's upload_max_bytes),
+    and CMD starts in its copy on the agent.
     """
     spec = _spec(
         command=command,
@@ -127,11 +137,16 @@ def run_command(
         resource_group=resource_group,
         priority=priority,
         env=_environment(env or []),
-        workdir=os.path.abspath(workdir) if workdir else os.getcwd(),
+        workdir=None if upload else os.path.abspath(workdir) if workdir else os.getcwd(),
     )
+    if upload is not None and workdir is not None:
+        fail("give --workdir or --upload, not both: an upload's command starts in its copy")
 
     async def submit(client: Client) -> int:
-        session = await client.create_session(spec)
+        chosen = spec
+        if upload is not None:
+            chosen = spec.model_copy(update={"upload": await _upload(client, upload)})
+        session = await client.create_session(chosen)
         if detach:
             typer.echo(str(session.id))
             return 0
@@ -150,6 +165,19 @@ def run_command(
             ) from exc
 
     raise typer.Exit(call(submit))
+
+
+async def _upload(client: Client, directory: Path) -> str:
+    """Send `directory` unless the server has it; its digest."""
+    try:
+        sent = await client.upload_directory(directory)
+    except UploadError as exc:
+        fail(str(exc))
+    if sent.sent:
+        _say(f"uploaded {directory} ({sent.size_bytes} bytes, sha256 {sent.digest[:12]})")
+    else:
+        _say(f"{directory} is unchanged since its upload, nothing sent (sha256 {sent.digest[:12]})")
+    return sent.digest
 
 
 def _spec(**fields: Any) -> SessionSpec:

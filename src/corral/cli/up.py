@@ -44,6 +44,7 @@ def up_command(
         log_cap_bytes=settings.log_cap_bytes,
         retention_days=settings.retention_days,
         python=python,
+        upload_max_bytes=settings.upload_max_bytes,
     )
 
     def ready(up: UpReady) -> None:

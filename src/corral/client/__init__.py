@@ -34,11 +34,14 @@ from corral.client.models import (
     Explanation,
     HistoryEntry,
     Kernel,
+    OutputFile,
     Page,
     Session,
     TerminateResult,
+    Upload,
     User,
 )
+from corral.client.uploads import UploadError
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -57,12 +60,15 @@ __all__ = [
     "Kernel",
     "LogStream",
     "NotFoundError",
+    "OutputFile",
     "Page",
     "ServerError",
     "Session",
     "SessionRef",
     "TerminateResult",
     "UnreachableError",
+    "Upload",
+    "UploadError",
     "User",
     "ValidationError",
     "client_config_path",

@@ -35,6 +35,7 @@ from corral.store.group_options import forget_group_options, group_options_namin
 from corral.store.sessions import insert_sessions
 from corral.store.status_changes import AppliedChanges, StatusChange, apply_changes
 from corral.store.tables import sessions
+from corral.store.uploads import missing_uploads
 
 PHASE_TERMINATE = "terminate"
 USER_CANCELLED = "user_cancelled"
@@ -276,6 +277,15 @@ class SessionController:
         known = (await group_options_naming(self.db, conn, groups)).keys()
         for group in sorted(groups - known):
             raise SubmissionError("resource_group", f"resource group {group!r} does not exist")
+        digests = {spec.upload for spec in specs if spec.upload is not None}
+        for digest in sorted(
+            await missing_uploads(conn, dialect, owner, digests) if digests else ()
+        ):
+            raise SubmissionError(
+                "upload",
+                f"you have no upload {digest}; send the directory first (`corral run --upload "
+                "DIR` does, or PUT /v1/uploads/{digest})",
+            )
         wanted = {dep for spec in specs for dep in spec.dependencies}
         if not wanted:
             return

@@ -22,6 +22,7 @@ from corral.agent.client import HttpManagerClient
 from corral.agent.daemon import AgentConfig, AgentDaemon
 from corral.agent.devices import DeviceAllocator
 from corral.agent.runtime.process import ProcessRuntime
+from corral.api.uploads import DEFAULT_UPLOAD_MAX_BYTES
 from corral.domain.record import record
 from corral.domain.slots import ResourceSlots
 from corral.domain.types import utcnow
@@ -49,6 +50,7 @@ class UpConfig:
     log_cap_bytes: int = DEFAULT_LOG_CAP_BYTES
     retention_days: float = DEFAULT_RETENTION_DAYS
     python: Path | None = None  # what `python` means in jobs (None: the host's python3)
+    upload_max_bytes: int = DEFAULT_UPLOAD_MAX_BYTES
 
 
 @record
@@ -88,6 +90,7 @@ async def run_up(
             join_token=join_token,
             log_cap_bytes=config.log_cap_bytes,
             retention_days=config.retention_days,
+            upload_max_bytes=config.upload_max_bytes,
         )
     )
     managing = await manager.start()

@@ -69,6 +69,7 @@ class KernelLaunch:
     devices: tuple[int, ...] = ()  # cuda device indices assigned to this kernel
     # The session's workdir: where the kernel starts when it exists on this host.
     workdir: Path | None = None
+    upload: str | None = None  # the digest of the session's upload, unpacked into upload_dir
 
     @property
     def output_dir(self) -> Path:
@@ -76,8 +77,15 @@ class KernelLaunch:
         return self.work_dir / "outputs"
 
     @property
+    def upload_dir(self) -> Path:
+        """Where the session's upload is unpacked (the kernel's files stay beside it)."""
+        return self.work_dir / "upload"
+
+    @property
     def start_dir(self) -> Path:
-        """Where the kernel starts if its directories exist: its workdir, else its own."""
+        """Where the kernel starts if its directories exist: upload, workdir, else its own."""
+        if self.upload is not None:
+            return self.upload_dir
         return self.workdir or self.work_dir
 
     @property
