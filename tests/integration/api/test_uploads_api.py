@@ -188,3 +188,11 @@ async def test_an_agent_fetches_the_upload_of_its_own_kernels_only(world: World)
         headers=node1 if other_kernel.agent_id == "node-1" else node2,
     )
     assert none.status_code == 404
+
+
+async def test_the_same_tree_uploaded_twice_at_once_is_stored_once(world: World) -> None:
+    """Two submits racing with one archive: one PUT stores it (201), the other finds it (200)."""
+    data = archive({"train.py": b"print('race')\n"})
+    first, second = await asyncio.gather(world.put(world.alice, data), world.put(world.alice, data))
+    assert sorted([first.status_code, second.status_code]) == [200, 201]
+    assert first.json()["created_at"] == second.json()["created_at"]
