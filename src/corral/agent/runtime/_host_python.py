@@ -9,6 +9,7 @@ interpreter it runs, so a kernel start costs no shell and no pyenv lookup.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import subprocess
@@ -28,8 +29,10 @@ def corral_venv() -> Path | None:
     return Path(sys.prefix).resolve()
 
 
+@functools.lru_cache(maxsize=16)
 def outside_corral_venv(path: str) -> str:
-    """A PATH value without the folders of corral's own virtualenv."""
+    """A PATH value without the folders of corral's own virtualenv (memoised: every kernel
+    start asks, with the agent's one PATH, and resolving its folders costs a syscall each)."""
     venv = corral_venv()
     if venv is None:
         return path
