@@ -69,6 +69,10 @@ class Settings(BaseSettings):
     max_array_size: int = Field(
         default=DEFAULT_MAX_ARRAY_SIZE, ge=1, le=1_000_000, description="elements of one job array"
     )
+    # `corral run --upload`: the largest archive of a directory the manager stores.
+    upload_max_bytes: int = Field(
+        default=100 * 1024 * 1024, gt=0, description="the cap of one upload, bytes"
+    )
 
     @field_validator("database_url")
     @classmethod

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -77,6 +78,10 @@ class ManagerClient(Protocol):
 
     async def upload_outputs(self, agent_id: str, outputs: list[OutputMessage]) -> None:
         """Output files."""
+        ...
+
+    async def fetch_upload(self, agent_id: str, kernel_id: uuid.UUID) -> bytes:
+        """The tar.gz a kernel of the agent unpacks before it starts (404: it names none)."""
         ...
 
     async def close(self) -> None:
@@ -181,6 +186,14 @@ class HttpManagerClient:
             json=OutputBatch(outputs=outputs).model_dump(mode="json"),
         )
 
+    async def fetch_upload(self, agent_id: str, kernel_id: uuid.UUID) -> bytes:
+        """GET the kernel's upload."""
+        data = await self._call(
+            "GET", f"/v1/agents/{agent_id}/kernels/{kernel_id}/upload", raw=True
+        )
+        assert isinstance(data, bytes)
+        return data
+
     async def close(self) -> None:
         """Close the connection pools."""
         for http in self._http:
@@ -208,6 +221,7 @@ class HttpManagerClient:
         params: dict[str, Any] | None = None,
         token: str | None = None,
         timeout_s: float | None = None,
+        raw: bool = False,
     ) -> Any:
         bearer = token or self._token
         if bearer is None:
@@ -232,7 +246,7 @@ class HttpManagerClient:
                 self._failed(index)
                 continue
             self._answered(index)
-            return self._result(response)
+            return self._result(response, raw)
         raise ManagerUnavailableError(f"{method} {path}: " + "; ".join(failures))
 
     def _failed(self, index: int) -> None:
@@ -251,13 +265,16 @@ class HttpManagerClient:
             self.current = index
 
     @staticmethod
-    def _result(response: httpx.Response) -> Any:
+    def _result(response: httpx.Response, raw: bool = False) -> Any:
+        """The answer's JSON (None when empty), its bytes if `raw`; a 4xx raises."""
         if response.status_code >= 400:
             try:
                 problem = response.json()
             except ValueError:
                 problem = {"detail": response.text[:500]}
             raise ManagerRejectedError(response.status_code, problem)
+        if raw:
+            return response.content
         if response.status_code == 204 or not response.content:
             return None
         return response.json()

@@ -451,6 +451,8 @@ class AgentDaemon:
             devices=devices,
             array_id=kernel.array_id,
             array_index=kernel.array_index,
+            workdir=Path(spec["workdir"]) if spec.get("workdir") else None,
+            upload=spec.get("upload") or None,
         )
 
     # -- shutdown ---------------------------------------------------------------------------

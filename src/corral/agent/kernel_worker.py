@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, NoReturn, Protocol, TypeVar
 
@@ -48,6 +49,7 @@ from corral.agent.runtime import (
     Runtime,
     StageFailure,
 )
+from corral.agent.uploads import unpack_upload
 from corral.domain.record import record
 from corral.domain.session import KernelIntent
 from corral.domain.status import KERNEL_TRANSITIONS, KernelStatus
@@ -100,6 +102,10 @@ class Shipper(Protocol):
 
     async def upload_outputs(self, outputs: list[OutputMessage]) -> None:
         """Upload now (raises ManagerUnavailableError when the manager cannot be reached)."""
+        ...
+
+    async def fetch_upload(self, kernel_id: uuid.UUID) -> bytes:
+        """The kernel's upload (raises ManagerUnavailableError when it cannot be reached)."""
         ...
 
 
@@ -228,12 +234,19 @@ class KernelWorker:
 
     async def _prepare(self) -> None:
         if self.progress.black_box:
-            await self._attempt(lambda: self._runtime.preload(self.launch))
+            await self._attempt(self._preload)
             self._emit(KernelStatus.PREPARED)
             return
         self._move(P.PRELOADING)
-        await self._attempt(lambda: self._runtime.preload(self.launch))
+        await self._attempt(self._preload)
         self._move(P.PRELOADING_COMPLETE)
+
+    async def _preload(self) -> None:
+        """The runtime's preload, then the session's upload unpacked (only if it names one)."""
+        await self._runtime.preload(self.launch)
+        if self.launch.upload is not None:
+            data = await self._shipper.fetch_upload(self.kernel_id)
+            await asyncio.to_thread(unpack_upload, data, self.launch.upload_dir)
 
     async def _start(self) -> RunningKernel:
         self._move(P.GENERATING, report=False)

@@ -107,6 +107,10 @@ class ReportShipper:
         """Upload output files now."""
         await self._client.upload_outputs(self._agent_id, outputs)
 
+    async def fetch_upload(self, kernel_id: uuid.UUID) -> bytes:
+        """The kernel's upload, fetched now."""
+        return await self._client.fetch_upload(self._agent_id, kernel_id)
+
     async def run(self) -> None:
         """Deliver queued reports until cancelled."""
         while True:

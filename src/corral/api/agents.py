@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -25,7 +26,7 @@ from corral.controller.agents import (
     AgentIdTakenError,
     UnknownAgentError,
 )
-from corral.domain.types import AgentId
+from corral.domain.types import AgentId, KernelId
 from corral.manager.wire import (
     assignment_message,
     kernel_reports,
@@ -135,6 +136,24 @@ async def logs(agent_id: Agent, body: LogBatch, agents: Controller) -> Response:
     except UploadRefusedError as exc:
         raise Problem(409, "not-agents-kernel", "Upload refused", str(exc)) from exc
     return Response(status_code=204)
+
+
+@router.get(
+    "/{agent_id}/kernels/{kernel_id}/upload",
+    response_class=Response,
+    responses={200: {"content": {"application/gzip": {}}, "description": "the upload, tar.gz"}},
+)
+async def kernel_upload(agent_id: Agent, kernel_id: uuid.UUID, agents: Controller) -> Response:
+    """The upload a kernel of this agent unpacks before it starts (its session's `upload`)."""
+    data = await agents.kernel_upload(agent_id, KernelId(kernel_id))
+    if data is None:
+        raise Problem(
+            404,
+            "upload-not-found",
+            "No such upload",
+            f"kernel {kernel_id} is not placed on agent {agent_id}, or names no upload",
+        )
+    return Response(data, media_type="application/gzip")
 
 
 @router.post("/{agent_id}/outputs", status_code=204)

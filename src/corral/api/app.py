@@ -14,9 +14,11 @@ from corral.api import (
     arrays,
     events,
     health,
+    outputs,
     resource_groups,
     session_logs,
     sessions,
+    uploads,
     users,
 )
 from corral.api.metrics import metrics_router
@@ -40,6 +42,7 @@ class ApiContext:
     events: EventBus | None = None
     loops: Sequence[DualLoop] = field(default_factory=tuple)  # for metrics and readiness
     metrics: CoordinatorMetrics | None = None
+    upload_max_bytes: int = uploads.DEFAULT_UPLOAD_MAX_BYTES  # the cap of one upload's archive
 
 
 def create_app(context: ApiContext) -> FastAPI:
@@ -50,6 +53,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.state.agents = context.agents
     app.state.sessions = context.sessions
     app.state.token_cache = {}
+    app.state.upload_max_bytes = context.upload_max_bytes
     install_problem_handlers(app)
     app.include_router(health.router)
     app.include_router(metrics_router(context, context.metrics))
@@ -59,6 +63,8 @@ def create_app(context: ApiContext) -> FastAPI:
         sessions.router,
         session_logs.router,
         arrays.router,
+        outputs.router,
+        uploads.router,
         resource_groups.router,
         users.router,
         events.router,

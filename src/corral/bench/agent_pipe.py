@@ -20,6 +20,7 @@ import asyncio
 import itertools
 import json
 import struct
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -237,6 +238,10 @@ class PipeManagerClient:
         """Output files."""
         body = OutputBatch(outputs=outputs).model_dump_json().encode()
         await self._request({"call": "upload_outputs", "agent": agent_id}, body)
+
+    async def fetch_upload(self, agent_id: str, kernel_id: uuid.UUID) -> bytes:
+        """Refused: simulated sessions name no uploads, and the pipe does not carry them."""
+        raise ManagerRejectedError(404, {"detail": "uploads do not travel over the agent pipe"})
 
     async def close(self) -> None:
         """Nothing per agent: the pipe is shared, and its owner closes it."""

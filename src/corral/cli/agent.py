@@ -25,6 +25,7 @@ from corral.cli._common import fail, settings_from_flags
 from corral.domain.slots import ResourceSlots, SlotError
 
 RuntimeName = Literal["process", "simulated"]
+PYTHON_ENVVAR = "CORRAL_AGENT_PYTHON"  # `--python` of `corral agent` and `corral up`
 
 
 def detect_slots() -> ResourceSlots:
@@ -81,6 +82,14 @@ def agent_command(
     image: Annotated[
         list[str] | None,
         typer.Option(help="NAME=PATH: an extra image (an interpreter or a venv). Repeatable."),
+    ] = None,
+    python: Annotated[
+        Path | None,
+        typer.Option(
+            envvar=PYTHON_ENVVAR,
+            help="What `python` means in jobs: an interpreter or a venv (default: the first "
+            "python3 on PATH outside corral's own virtualenv).",
+        ),
     ] = None,
     on_shutdown: Annotated[
         str,
@@ -166,14 +175,19 @@ def agent_command(
         worker=WorkerSettings(stop_grace_s=stop_grace),
     )
     configure_logging(log_level)
-    chosen = _runtime(runtime, images, profile, sim_seed, config.data_dir)
+    chosen = _runtime(runtime, images, python, profile, sim_seed, config.data_dir)
     devices = DeviceAllocator(int(capacity.get("cuda.device", 0)))
     client = HttpManagerClient(managers, failback_after_s=failback_after)
     asyncio.run(_run(config, client, chosen, devices))
 
 
 def _runtime(
-    name: str, images: dict[str, str], profile: SimulationProfile, seed: int | None, data_dir: Path
+    name: str,
+    images: dict[str, str],
+    python: Path | None,
+    profile: SimulationProfile,
+    seed: int | None,
+    data_dir: Path,
 ) -> Runtime:
     if name == "simulated":
         from corral.agent.runtime.sim_journal import JOURNAL_NAME, Journal, JournalEvent
@@ -184,7 +198,10 @@ def _runtime(
         return SimulatedRuntime(profile, rng=random.Random(seed), journal=journal)
     from corral.agent.runtime.process import ProcessRuntime
 
-    return ProcessRuntime(images)
+    try:
+        return ProcessRuntime(images, python=python)
+    except ValueError as exc:
+        fail(str(exc))
 
 
 async def _run(

@@ -65,6 +65,7 @@ def manager_command(
         retention_days=settings.retention_days,
         lock_ttl_s=settings.lock_ttl_s,
         max_array_size=settings.max_array_size,
+        upload_max_bytes=settings.upload_max_bytes,
     )
 
     token_file = settings.data_dir.expanduser() / "join-token"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import uuid
 from decimal import Decimal
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -19,7 +21,7 @@ from corral.cli._dependencies import (
 )
 from corral.cli._follow import SessionFollower, Terminal, confirm_on_terminal
 from corral.cli._remote import call
-from corral.client import Client, UnreachableError, ValidationError, validated
+from corral.client import Client, UnreachableError, UploadError, ValidationError, validated
 from corral.domain.arrays import ArraySpec
 from corral.domain.field_errors import FieldError, describe
 from corral.domain.images import default_image
@@ -106,6 +108,20 @@ def run_command(
             "HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (default: the resource group's).",
         ),
     ] = None,
+    workdir: Annotated[
+        str | None,
+        typer.Option(
+            help="Where the command starts on the agent (default: this directory; the kernel's "
+            "own directory where it does not exist there)."
+        ),
+    ] = None,
+    upload: Annotated[
+        Path | None,
+        typer.Option(
+            help="Send this directory (without .git and what its .corralignore lists); the "
+            "command starts in its copy on the agent. An unchanged directory is sent once."
+        ),
+    ] = None,
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="Print the session id and return at once.")
     ] = False,
@@ -143,7 +159,13 @@ def run_command(
     Images of the process runtime: `python` runs CMD as an argv, `python` or `python3` as the
     agent's interpreter and other programs from PATH; `shell` runs CMD with `/bin/sh -c`. The
     default is `shell` when CMD is one argument with spaces or shell syntax
-    (`corral run 'make && ./bench | tee log'`), else `python`.
+    (`corral run 'make && ./bench | tee log'`), else `python`. `python` is the interpreter the
+    agent is configured with for jobs (`corral agent --python`), by default the host's python3.
+
+    CMD starts in the directory `corral run` was called from (or `--workdir`), when that
+    directory exists on the agent: a shared file system, or `corral up` on this machine.
+    Without one, `--upload DIR` sends DIR (a tar.gz, up to the manager's upload_max_bytes),
+    and CMD starts in its copy on the agent.
 
     With `--array`, one session per index, each with CORRAL_ARRAY_ID and CORRAL_ARRAY_INDEX
     in its environment, submitted in one request; the array id goes to stdout and the command
@@ -175,28 +197,33 @@ def run_command(
         priority=priority,
         env=_environment(env or []),
         time_limit_s=time_limit_s,
+        workdir=None if upload else os.path.abspath(workdir) if workdir else os.getcwd(),
     )
+    if upload is not None and workdir is not None:
+        fail("give --workdir or --upload, not both: an upload's command starts in its copy")
     if array is None and wait:
         fail("--wait goes with --array (a single session is waited for unless --detach)")
+
+    async def completed(client: Client, model: type[SpecT], checked: SpecT, **more: Any) -> SpecT:
+        """`checked` with what needs the server: dependencies resolved, the upload sent."""
+        if wanted:
+            checked = _spec(model, **fields, **more, dependencies=await resolve(client, wanted))
+        if upload is not None:
+            checked = checked.model_copy(update={"upload": await _upload(client, upload)})
+        return checked
+
     if array is not None:
         array_spec = _spec(ArraySpec, array=array, **fields)  # checked before anything is sent
 
         async def submit_all(client: Client) -> int:
-            chosen = array_spec
-            if wanted:
-                dependencies = await resolve(client, wanted)
-                chosen = _spec(ArraySpec, array=array, **fields, dependencies=dependencies)
+            chosen = await completed(client, ArraySpec, array_spec, array=array)
             return await submit_array(client, chosen, wait=wait, say=_say)
 
         raise typer.Exit(call(submit_all))
     spec = _spec(SessionSpec, **fields)  # every field checked before anything is sent
 
     async def submit(client: Client) -> int:
-        session = await client.create_session(
-            _spec(SessionSpec, **fields, dependencies=await resolve(client, wanted))
-            if wanted
-            else spec
-        )
+        session = await client.create_session(await completed(client, SessionSpec, spec))
         if detach:
             typer.echo(str(session.id))
             return 0
@@ -215,6 +242,19 @@ def run_command(
             ) from exc
 
     raise typer.Exit(call(submit))
+
+
+async def _upload(client: Client, directory: Path) -> str:
+    """Send `directory` unless the server has it; its digest."""
+    try:
+        sent = await client.upload_directory(directory)
+    except UploadError as exc:
+        fail(str(exc))
+    if sent.sent:
+        _say(f"uploaded {directory} ({sent.size_bytes} bytes, sha256 {sent.digest[:12]})")
+    else:
+        _say(f"{directory} is unchanged since its upload, nothing sent (sha256 {sent.digest[:12]})")
+    return sent.digest
 
 
 def _spec(model: type[SpecT], **fields: Any) -> SpecT:

@@ -22,6 +22,7 @@ from corral.cli._remote import (
     print_table,
     text,
 )
+from corral.cli.session_outputs import outputs_command
 from corral.client import Client, Explanation, HistoryEntry, LogStream, Session
 from corral.domain.status import SessionStatus
 from corral.domain.time_limit import format_duration
@@ -344,6 +345,9 @@ def rm_command(
             typer.echo(f"removed session {session_id}")
 
     call(remove)
+
+
+app.command("outputs")(outputs_command)
 
 
 def _status(value: str) -> str:

@@ -43,12 +43,15 @@ from corral.client.models import (
     Explanation,
     HistoryEntry,
     Kernel,
+    OutputFile,
     Page,
     Session,
     SessionArray,
     TerminateResult,
+    Upload,
     User,
 )
+from corral.client.uploads import UploadError
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -69,6 +72,7 @@ __all__ = [
     "Kernel",
     "LogStream",
     "NotFoundError",
+    "OutputFile",
     "Page",
     "ServerError",
     "Session",
@@ -76,6 +80,8 @@ __all__ = [
     "SessionRef",
     "TerminateResult",
     "UnreachableError",
+    "Upload",
+    "UploadError",
     "User",
     "ValidationError",
     "client_config_path",

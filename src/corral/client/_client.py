@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import (
@@ -13,6 +14,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 from urllib.parse import quote
@@ -37,12 +39,15 @@ from corral.client.models import (
     Event,
     Explanation,
     HistoryEntry,
+    OutputFile,
     Page,
     Session,
     SessionArray,
     TerminateResult,
+    Upload,
     User,
 )
+from corral.client.uploads import pack_directory
 from corral.domain.arrays import ArraySpec
 from corral.domain.field_errors import describe, field_errors
 from corral.domain.spec import SessionSpec
@@ -290,6 +295,43 @@ class Client:
         data = await self._json("GET", f"{_session_path(session_id)}/explain")
         return Explanation.model_validate(data)
 
+    # --- uploads and outputs ---------------------------------------------------------------
+
+    async def upload_directory(self, path: Path | str) -> Upload:
+        """Pack a directory (`corral.client.uploads`) and send it unless the server has it.
+
+        The result's `digest` is what a spec's `upload` names; `sent` says whether bytes went.
+        """
+        packed = await asyncio.to_thread(pack_directory, Path(path))
+        try:
+            with contextlib.suppress(NotFoundError):
+                found = await self._json("GET", f"/v1/uploads/{packed.digest}")
+                return Upload.model_validate(found)
+            headers = {"Content-Type": "application/gzip"}
+            stored = await self._json(
+                "PUT",
+                f"/v1/uploads/{packed.digest}",
+                content=packed.archive.read(),
+                headers=headers,
+            )
+            return Upload.model_validate({**stored, "sent": True})
+        finally:
+            packed.close()
+
+    async def list_outputs(self, session_id: SessionRef) -> list[OutputFile]:
+        """The files the session's kernels wrote to CORRAL_OUTPUT_DIR, by kernel and name."""
+        data = await self._json("GET", f"{_session_path(session_id)}/outputs")
+        return [OutputFile.model_validate(item) for item in data["items"]]
+
+    async def download_output(self, session_id: SessionRef, kernel: int, name: str) -> bytes:
+        """One output file of the kernel with that cluster index."""
+        path = f"{_session_path(session_id)}/outputs/{kernel}/{quote(name)}"
+        return (await self._send("GET", path)).content
+
+    async def download_outputs(self, session_id: SessionRef) -> bytes:
+        """Every output file as one tar.gz (a `kernel-<index>/` folder each if several)."""
+        return (await self._send("GET", f"{_session_path(session_id)}/outputs/archive")).content
+
     # --- agents, events, the caller -------------------------------------------------------
 
     async def list_agents(
@@ -376,8 +418,12 @@ class Client:
         *,
         params: Mapping[str, object] | None = None,
         json: object = None,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Any:
-        response = await self._send(method, path, params=params, json=json)
+        response = await self._send(
+            method, path, params=params, json=json, content=content, headers=headers
+        )
         try:
             return response.json()
         except ValueError as exc:
@@ -394,9 +440,13 @@ class Client:
         *,
         params: Mapping[str, object] | None = None,
         json: object = None,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
         with self._network_errors():
-            response = await self._http.request(method, path, params=_query(params), json=json)
+            response = await self._http.request(
+                method, path, params=_query(params), json=json, content=content, headers=headers
+            )
         if response.is_error:
             raise error_from_response(response)
         return response

@@ -171,6 +171,24 @@ class Event(ApiModel):
     created_at: datetime
 
 
+class OutputFile(ApiModel):
+    """One file a session's kernel left in its output directory (CORRAL_OUTPUT_DIR)."""
+
+    kernel: int  # the kernel's cluster index (0: the main one)
+    kernel_id: uuid.UUID
+    name: str  # relative to the output directory, '/'-separated
+    size_bytes: int
+
+
+class Upload(ApiModel):
+    """A directory uploaded for sessions (`upload` in a spec): its archive's digest and size."""
+
+    digest: str
+    size_bytes: int
+    created_at: datetime
+    sent: bool = False  # set by `Client.upload_directory`: False when the server had it already
+
+
 class User(ApiModel):
     """Who a token belongs to."""
 

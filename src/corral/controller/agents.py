@@ -20,7 +20,7 @@ from corral.coordination.hints import PROMOTION_HINTS, Hint, hints_after_report
 from corral.domain.record import record
 from corral.domain.slots import ResourceSlots
 from corral.domain.status import KernelStatus
-from corral.domain.types import AgentId, Clock, SessionId, utcnow
+from corral.domain.types import AgentId, Clock, KernelId, SessionId, utcnow
 from corral.infra.hints import HintBus
 from corral.store.agent_registry import (
     AgentRecord,
@@ -42,6 +42,7 @@ from corral.store.kernel_logs import (
     store_outputs,
 )
 from corral.store.kernel_reports import KernelReport, ReportOutcome, apply_report_batches
+from corral.store.uploads import kernel_upload
 from corral.store.users import hash_secret
 
 logger = logging.getLogger(__name__)
@@ -230,6 +231,10 @@ class AgentController:
     async def upload_outputs(self, agent_id: AgentId, outputs: Sequence[OutputBlob]) -> None:
         """Store output files of the agent's kernels (idempotent)."""
         await store_outputs(self.db, agent_id, outputs, self.clock())
+
+    async def kernel_upload(self, agent_id: AgentId, kernel_id: KernelId) -> bytes | None:
+        """The upload a kernel placed on the agent unpacks; None: no such kernel or upload."""
+        return await kernel_upload(self.db, agent_id, kernel_id)
 
     async def sweep_lost(self) -> LostAgents:
         """Mark agents silent past the timeout LOST and fail their kernels (`agent_lost`);

@@ -39,6 +39,7 @@ from corral.store.group_options import forget_group_options, group_options_namin
 from corral.store.sessions import insert_sessions
 from corral.store.status_changes import AppliedChanges, StatusChange, apply_changes
 from corral.store.tables import sessions
+from corral.store.uploads import missing_uploads
 
 PHASE_TERMINATE = "terminate"
 # Statuses a terminate request moves to TERMINATING (their kernels may hold agent resources).
@@ -51,6 +52,8 @@ _STARTED = frozenset(
         SessionStatus.RUNNING,
     }
 )
+# The spec's fields kept in the session's `spec` column, for agents (the others are columns).
+_AGENT_SPEC_FIELDS = {"image", "command", "env", "resources", "type", "workdir", "upload"}
 
 # Run for every submission: built once, run directly (`store._direct`).
 _OWNER = sa.bindparam("owner", type_=sessions.c.owner_id.type)
@@ -345,6 +348,15 @@ class SessionController:
             refused = options[spec.resource_group].check_time_limit(spec.time_limit_s)
             if refused is not None:
                 raise SubmissionError("time_limit_s", refused)
+        digests = {spec.upload for spec in specs if spec.upload is not None}
+        for digest in sorted(
+            await missing_uploads(conn, dialect, owner, digests) if digests else ()
+        ):
+            raise SubmissionError(
+                "upload",
+                f"you have no upload {digest}; send the directory first (`corral run --upload "
+                "DIR` does, or PUT /v1/uploads/{digest})",
+            )
         wanted = {dep.session for spec in specs for dep in spec.dependencies}
         if not wanted:
             return options
@@ -378,7 +390,7 @@ def _new_session(
         resource_group=spec.resource_group,
         cluster_mode=spec.cluster_mode.value,
         cluster_size=spec.cluster_size,
-        spec=spec.model_dump(mode="json", include={"image", "command", "env", "resources", "type"}),
+        spec=spec.model_dump(mode="json", include=_AGENT_SPEC_FIELDS, exclude_none=True),
         kernel_slots=spec.resources.to_milli(),
         name=spec.name,
         priority=spec.priority,

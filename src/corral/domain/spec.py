@@ -43,6 +43,9 @@ MAX_PRIORITY = 100
 MAX_DEPENDENCIES = 64
 MAX_IMAGE_LENGTH = 256
 MAX_CREATION_ID_LENGTH = 128
+MAX_WORKDIR_LENGTH = 4096  # PATH_MAX on Linux
+# An upload is named by the sha256 of its archive (`corral.client.uploads` packs it).
+UPLOAD_DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 # corral sets these in every kernel (session id, kernel rank, ...); a user may not override them.
 RESERVED_ENV_PREFIX = "CORRAL_"
 DEFAULT_RESOURCES = ResourceSlots({"cpu": 1, "mem": "1g"})
@@ -96,6 +99,12 @@ class SessionSpec(BaseModel):
     starts_at: datetime | None = None
     # Wall-time limit in seconds once it runs (None: its resource group's default, if any).
     time_limit_s: int | None = Field(default=None, ge=1, le=MAX_TIME_LIMIT_S)
+    # Where the kernels start: a directory on the agents (the submitting one, by `corral run`);
+    # kernels start in their own directory where it does not exist.
+    workdir: str | None = None
+    # The sha256 of a directory the owner uploaded (`PUT /v1/uploads/{digest}`): unpacked into
+    # each kernel's own directory, where the kernel then starts (instead of `workdir`).
+    upload: str | None = None
     creation_id: str | None = None  # idempotency key: a repeated request returns the same session
 
     @property
@@ -184,6 +193,33 @@ class SessionSpec(BaseModel):
                 "starts_at must include a timezone, like 2030-01-01T09:00:00Z or +02:00"
             )
         return value.astimezone(UTC)
+
+    @field_validator("workdir")
+    @classmethod
+    def _check_workdir(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.startswith("/") or len(value) > MAX_WORKDIR_LENGTH or "\0" in value:
+            raise ValueError(
+                f"workdir must be an absolute path of at most {MAX_WORKDIR_LENGTH} characters "
+                f"without NUL, like /home/me/project"
+            )
+        return value
+
+    @field_validator("upload")
+    @classmethod
+    def _check_upload(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        if UPLOAD_DIGEST_RE.fullmatch(value) is None:
+            raise ValueError(
+                "upload must be the sha256 of an uploaded archive: 64 lowercase hex digits"
+            )
+        if info.data.get("workdir") is not None:
+            raise ValueError(
+                "give workdir or upload, not both: an upload's kernels start where it is unpacked"
+            )
+        return value
 
     @field_validator("creation_id")
     @classmethod

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import uvicorn
 
 from corral.api.app import ApiContext, create_app
+from corral.api.uploads import DEFAULT_UPLOAD_MAX_BYTES
 from corral.controller.agents import AgentController, AgentTimings
 from corral.controller.sessions import SessionController
 from corral.coordination.coordinator import SessionCoordinator
@@ -74,6 +75,7 @@ class ManagerConfig:
     retention_days: float = DEFAULT_RETENTION_DAYS  # ended sessions kept; 0: for ever
     lock_ttl_s: float = DEFAULT_LOCK_TTL_S
     max_array_size: int = DEFAULT_MAX_ARRAY_SIZE  # elements of one job array
+    upload_max_bytes: int = DEFAULT_UPLOAD_MAX_BYTES
 
 
 @dataclass(slots=True)
@@ -200,6 +202,7 @@ class ManagerDaemon:
                 events=buses.events,
                 loops=loops,
                 metrics=metrics,
+                upload_max_bytes=config.upload_max_bytes,
             )
         )
         self._sock = _bind(config.host, config.port)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import uuid
 from collections.abc import Iterator
 
 from corral.agent.client import ManagerRejectedError, ManagerUnavailableError
@@ -25,7 +26,7 @@ from corral.agent.protocol import (
 )
 from corral.controller._assignment_polls import PollsClosedError
 from corral.controller.agents import AgentAuthError, AgentController, UnknownAgentError
-from corral.domain.types import AgentId
+from corral.domain.types import AgentId, KernelId
 from corral.manager.wire import (
     assignment_message,
     kernel_reports,
@@ -119,6 +120,14 @@ class InProcessManagerClient:
                 await self._controller.upload_outputs(AgentId(agent_id), output_blobs(outputs))
             except UploadRefusedError as exc:
                 raise ManagerRejectedError(409, {"detail": str(exc)}) from exc
+
+    async def fetch_upload(self, agent_id: str, kernel_id: uuid.UUID) -> bytes:
+        """The kernel's upload, as the HTTP route answers it."""
+        with _as_over_http("fetch_upload"):
+            data = await self._controller.kernel_upload(AgentId(agent_id), KernelId(kernel_id))
+            if data is None:
+                raise ManagerRejectedError(404, {"detail": f"kernel {kernel_id} names no upload"})
+            return data
 
     async def close(self) -> None:
         """Nothing to release."""

@@ -22,6 +22,7 @@ from corral.agent.client import HttpManagerClient
 from corral.agent.daemon import AgentConfig, AgentDaemon
 from corral.agent.devices import DeviceAllocator
 from corral.agent.runtime.process import ProcessRuntime
+from corral.api.uploads import DEFAULT_UPLOAD_MAX_BYTES
 from corral.domain.record import record
 from corral.domain.slots import ResourceSlots
 from corral.domain.types import utcnow
@@ -48,6 +49,8 @@ class UpConfig:
     agents: int = 1  # local agents sharing the machine's slots (to try multi-node sessions)
     log_cap_bytes: int = DEFAULT_LOG_CAP_BYTES
     retention_days: float = DEFAULT_RETENTION_DAYS
+    python: Path | None = None  # what `python` means in jobs (None: the host's python3)
+    upload_max_bytes: int = DEFAULT_UPLOAD_MAX_BYTES
 
 
 @record
@@ -74,6 +77,10 @@ async def run_up(
 ) -> None:
     """Run the manager and the local agent until `stop` is set or one of them fails."""
     config.data_dir.mkdir(parents=True, exist_ok=True)
+    # Before the manager starts: a wrong --python is a ValueError naming it, nothing to stop.
+    runtimes = [
+        ProcessRuntime(python=config.python, host=config.host) for _ in range(config.agents)
+    ]
     join_token = secrets.token_urlsafe(24)
     manager = ManagerDaemon(
         ManagerConfig(
@@ -83,6 +90,7 @@ async def run_up(
             join_token=join_token,
             log_cap_bytes=config.log_cap_bytes,
             retention_days=config.retention_days,
+            upload_max_bytes=config.upload_max_bytes,
         )
     )
     managing = await manager.start()
@@ -99,7 +107,7 @@ async def run_up(
                 data_dir=config.data_dir / "agents" / str(i),
             ),
             HttpManagerClient(manager.url),
-            ProcessRuntime(host=config.host),
+            runtimes[i],
             devices=DeviceAllocator(int(share.get("cuda.device", 0))),
         )
         for i in range(config.agents)

@@ -515,3 +515,18 @@ kernel_outputs = sa.Table(
     sa.Column("data", sa.LargeBinary(), nullable=False),
     _created(),
 )
+
+
+# Directories users uploaded for their sessions (`corral run --upload`): a tar.gz named by its
+# sha256, once per owner. Sessions name one in their spec (`upload`).
+uploads = sa.Table(
+    "uploads",
+    metadata,
+    sa.Column(
+        "owner_id", sa.Uuid(), sa.ForeignKey("users.id", ondelete="CASCADE"), primary_key=True
+    ),
+    sa.Column("digest", sa.String(64), primary_key=True),
+    sa.Column("size_bytes", sa.BigInteger(), nullable=False),
+    sa.Column("data", sa.LargeBinary(), nullable=False),
+    _created(),
+)

@@ -251,10 +251,9 @@ async def test_logs_are_read_by_offset_and_limit(
         await kernel.read_log("stdin", 0, 1)
 
 
-async def test_python_image_runs_the_agents_interpreter(
-    runtime: ProcessRuntime, run: Run, tmp_path: Path
-) -> None:
-    """Under the python image, `python` and `python3` are the agent's own interpreter."""
+async def test_python_image_runs_the_configured_interpreter(run: Run, tmp_path: Path) -> None:
+    """Under the python image, `python` and `python3` are the agent's `--python` interpreter."""
+    runtime = ProcessRuntime(python=sys.executable)
     script = "import sys; print(sys.executable)"
     for alias in ("python", "python3"):
         kernel = await run(runtime, make_launch(tmp_path, (alias, "-c", script)))

@@ -142,6 +142,7 @@ class FakeShipper:
     def __init__(self, watch: Watch | None = None) -> None:
         self.events: list[tuple[str, Any]] = []
         self.upload_errors: deque[BaseException] = deque()  # raised by the next uploads
+        self.uploads: dict[uuid.UUID, bytes] = {}  # what fetch_upload answers, per kernel
         self.watch = watch or Watch()
 
     def report(self, report: KernelReportMessage) -> None:
@@ -157,6 +158,11 @@ class FakeShipper:
         self._maybe_fail()
         self.events.append(("outputs", list(outputs)))
         self.watch.changed()
+
+    async def fetch_upload(self, kernel_id: uuid.UUID) -> bytes:
+        self._maybe_fail()
+        self.events.append(("fetch_upload", kernel_id))
+        return self.uploads[kernel_id]
 
     @property
     def reports(self) -> list[KernelReportMessage]:
@@ -459,6 +465,10 @@ class FakeManagerClient:
         self._check("upload_outputs")
         self.outputs.extend(outputs)
         self.watch.changed()
+
+    async def fetch_upload(self, agent_id: str, kernel_id: uuid.UUID) -> bytes:
+        self._check("fetch_upload")
+        raise ManagerRejectedError(404, {"detail": "no uploads in this fake"})
 
     async def close(self) -> None:
         self.closed = True

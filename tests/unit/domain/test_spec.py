@@ -124,6 +124,9 @@ def test_invalid_type_does_not_also_blame_command() -> None:
         ("creation_id", "", "creation_id must be 1 to 128 printable characters"),
         ("creation_id", "x" * 129, "1 to 128 printable"),
         ("creation_id", "tab\there", "printable"),
+        ("workdir", "relative/dir", "workdir must be an absolute path"),
+        ("workdir", "/a\0b", "without NUL"),
+        ("workdir", "/" + "d" * 4096, "at most 4096 characters"),
         ("unknown_field", 1, "Extra inputs are not permitted"),
     ],
 )

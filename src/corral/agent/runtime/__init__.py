@@ -73,6 +73,9 @@ class KernelLaunch:
     # A job array's element: the array's id and this element's index (None: not in an array).
     array_id: str | None = None
     array_index: int | None = None
+    # The session's workdir: where the kernel starts when it exists on this host.
+    workdir: Path | None = None
+    upload: str | None = None  # the digest of the session's upload, unpacked into upload_dir
 
     @property
     def output_dir(self) -> Path:
@@ -80,13 +83,25 @@ class KernelLaunch:
         return self.work_dir / "outputs"
 
     @property
+    def upload_dir(self) -> Path:
+        """Where the session's upload is unpacked (the kernel's files stay beside it)."""
+        return self.work_dir / "upload"
+
+    @property
+    def start_dir(self) -> Path:
+        """Where the kernel starts if its directories exist: upload, workdir, else its own."""
+        if self.upload is not None:
+            return self.upload_dir
+        return self.workdir or self.work_dir
+
+    @property
     def master_port(self) -> int:
         """torch.distributed's MASTER_PORT, the same on every rank of the session."""
         digest = hashlib.sha256(str(self.session_id).encode()).digest()
         return MASTER_PORT_BASE + int.from_bytes(digest[:4], "big") % MASTER_PORT_SPAN
 
-    def environment(self) -> dict[str, str]:
-        """The variables corral sets for the kernel (the user's `env` is laid under them)."""
+    def environment(self, cwd: Path) -> dict[str, str]:
+        """The variables corral sets for the kernel started in `cwd` (the user's `env` under)."""
         hosts = self.cluster_hosts or ("127.0.0.1",)
         env = {
             **self.env,
@@ -97,6 +112,7 @@ class KernelLaunch:
             "CORRAL_CLUSTER_ROLE": self.cluster_role,
             "CORRAL_CLUSTER_HOSTS": ",".join(hosts),
             "CORRAL_OUTPUT_DIR": str(self.output_dir),
+            "CORRAL_WORKDIR": str(cwd),
             "MASTER_ADDR": hosts[0],
             "MASTER_PORT": str(self.master_port),
             "WORLD_SIZE": str(self.cluster_size),

@@ -72,6 +72,7 @@ class KernelRecord:
     cgroups: tuple[Cgroup, ...] = ()
     logs: Mapping[str, Path] = field(default_factory=dict)  # stream: file
     log_marks: Mapping[str, LogMark] = field(default_factory=dict)
+    cwd: Path | None = None  # where the kernel started (None: recorded before it was kept)
 
     @property
     def path(self) -> Path:
@@ -125,6 +126,7 @@ class KernelRecord:
             ],
             "logs": {stream: str(path) for stream, path in self.logs.items()},
             "log_marks": {s: [m.shipped, m.sending] for s, m in self.log_marks.items()},
+            "cwd": None if self.cwd is None else str(self.cwd),
         }
 
     @classmethod
@@ -150,6 +152,7 @@ class KernelRecord:
                     for s, (shipped, sending) in data["log_marks"].items()
                     if s in LOG_STREAMS
                 },
+                cwd=Path(data["cwd"]) if data.get("cwd") else None,
             )
         except RecordError:
             raise

@@ -46,6 +46,8 @@ class _HostKernel:
         self._record = record
         self._write_lock = threading.Lock()  # record writes run in threads; one at a time
         self._info: dict[str, Any] = {"host": host, "pid": record.kernel.pid}
+        if record.cwd is not None:
+            self._info["cwd"] = str(record.cwd)  # users can tell whether it is their workdir
         if record.cgroups:
             self._info["cgroups"] = {
                 controller: str(cgroup.path)
@@ -55,7 +57,7 @@ class _HostKernel:
 
     @property
     def info(self) -> Mapping[str, Any]:
-        """Host and the kernel's pid (its process group's id), and its cgroups by controller."""
+        """Host, the kernel's pid (its process group's id), where it started, its cgroups."""
         return self._info
 
     @property

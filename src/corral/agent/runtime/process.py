@@ -1,6 +1,7 @@
 """The `process` runtime: every kernel is a process group on the agent's host.
 
-Images name environments this agent knows: `python` (the agent's own interpreter), `shell`
+Images name environments this agent knows: `python` (the interpreter configured for user jobs,
+by default the host's `python3`, never corral's own virtualenv: `_host_python.py`), `shell`
 (`/bin/sh`) and configured extras (an interpreter path, or a venv directory: its `bin/python`,
 with VIRTUAL_ENV set). How a kernel's command runs under an image:
 
@@ -8,6 +9,11 @@ with VIRTUAL_ENV set). How a kernel's command runs under an image:
   interpreter; any other name is looked up on PATH, where the image's bin directory comes first.
 - `shell`: `/bin/sh -c <script>`; a one-element command is the script, several are shlex-joined.
 - an empty command (interactive sessions) idles until the kernel is terminated.
+
+Where a kernel starts: in its unpacked upload when the session names one; else in the
+session's `workdir` when that directory exists on this host (a shared file system, as Slurm
+assumes; always so under `corral up`); else in its own work directory, and then the first line
+of its stderr says so. CORRAL_WORKDIR names the directory it started in.
 
 The kernel's `mem` slot is enforced by a cgroup per kernel (v2, else v1) where this host lets
 the agent make one, else by RLIMIT_AS (best effort, and not for kernels holding GPUs: CUDA
@@ -51,6 +57,7 @@ from corral.agent.runtime import (
 )
 from corral.agent.runtime import _exitwrap as exitwrap
 from corral.agent.runtime._cgroups import Cgroup, CgroupProbe, probe_cgroups, release_cgroups
+from corral.agent.runtime._host_python import DEFAULT_PATH, host_python, outside_corral_venv
 from corral.agent.runtime._kernel_record import (
     EXIT_FILE,
     RECORD_FILE,
@@ -73,7 +80,6 @@ CpuLimitMode = Literal["cgroup", "none"]
 _PYTHON_NAMES = frozenset({"python", "python3"})
 # The agent's environment may hold secrets: a kernel gets only these from it.
 _BASE_ENV = ("PATH", "HOME", "LANG", "TMPDIR")
-_DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 _IDLE_SCRIPT = "while :; do sleep 3600; done"
 # Run as `sh -c WRAPPER corral-kernel <args...> <argv...>`: the wrapper limits its own pid,
 # then execs the kernel in place, so the limits hold before the kernel can fork anything.
@@ -125,6 +131,7 @@ class ProcessRuntime:
         self,
         images: Mapping[str, str | Path] | None = None,
         *,
+        python: str | Path | None = None,
         memory_limits: bool = True,
         host: str | None = None,
         adopted_poll_s: float = 0.5,
@@ -133,6 +140,12 @@ class ProcessRuntime:
         if clashes:
             raise ValueError(f"images {clashes} are built in; configure them under other names")
         self._images = {name: Path(location) for name, location in (images or {}).items()}
+        # `python`: an interpreter or a venv, like the extras; checked now, so a wrong setting
+        # stops the agent at its start instead of failing every kernel.
+        try:
+            self._python = _located("python", Path(python) if python else host_python())
+        except StageFailure as exc:
+            raise ValueError(f"--python: {exc.message}") from exc
         self._host = host or socket.gethostname()
         # An adopted kernel is not the agent's child: how often it checks that it still runs.
         self._adopted_poll_s = adopted_poll_s
@@ -178,9 +191,15 @@ class ProcessRuntime:
         """This runtime itself: it adopts the kernels an earlier agent left running."""
         return self
 
+    @property
+    def python(self) -> Path:
+        """The interpreter `python` means in kernels (a venv's `bin/python` for a venv)."""
+        return self._python.interpreter
+
     def notes(self) -> RuntimeNotes:
         """The limits this runtime can and cannot enforce here, for the agent's startup log."""
-        return RuntimeNotes(lines=(self._memory_note, self._cpu_note))
+        python = f"python: {self._python.venv or self._python.interpreter}"
+        return RuntimeNotes(lines=(self._memory_note, self._cpu_note, python))
 
     async def preload(self, launch: KernelLaunch) -> None:
         """Resolve the image and create the kernel's work and output directories."""
@@ -195,22 +214,25 @@ class ProcessRuntime:
         """Spawn the kernel in its own session, logs to files in its work directory."""
         image = self._image(launch.image)
         base = {key: os.environ[key] for key in _BASE_ENV if key in os.environ}
-        base.setdefault("PATH", _DEFAULT_PATH)
-        env = {**base, **image.variables(base["PATH"]), **launch.environment()}
+        base["PATH"] = outside_corral_venv(base.get("PATH", "")) or DEFAULT_PATH
+        cwd, elsewhere = self._start_dir(launch)
+        env = {**base, **image.variables(base["PATH"]), **launch.environment(cwd)}
         argv = image.argv(launch.command)
-        if not _executable_exists(argv[0], env.get("PATH", ""), launch.work_dir):
+        if not _executable_exists(argv[0], env.get("PATH", ""), cwd):
             message = f"{argv[0]!r} is not an executable on the kernel's PATH (image {image.name})"
             raise StageFailure("kernel_start_failure", message, retryable=False)
         try:
             # An exit status left by an earlier start of this kernel must not be read as its own.
             (launch.work_dir / EXIT_FILE).unlink(missing_ok=True)
             stdout, stderr = _open_logs(launch.work_dir)
+            if elsewhere:
+                os.write(stderr, elsewhere.encode())
         except OSError as exc:
             raise StageFailure("kernel_start_failure", f"cannot open its logs: {exc}") from exc
         cgroups: tuple[Cgroup, ...] = ()
         try:
             argv, cgroups = self._limit(launch, argv)
-            process, kernel = await _spawn(launch, argv, env, stdout, stderr)
+            process, kernel = await _spawn(launch, cwd, argv, env, stdout, stderr)
         except OSError as exc:
             await release_cgroups(cgroups)
             message = f"cannot start the kernel: {exc}"
@@ -229,13 +251,14 @@ class ProcessRuntime:
             devices=launch.devices,
             cgroups=cgroups,
             logs={stream: launch.work_dir / f"{stream}.log" for stream in LOG_STREAMS},
+            cwd=cwd,
         )
         try:
             await asyncio.to_thread(record.write)
         except OSError as exc:
             unwritten = {"kernel_id": str(launch.kernel_id), "error": str(exc)}
             logger.warning("runtime.kernel_record_unwritten", extra=unwritten)  # not adoptable
-        extra = {"kernel_id": str(launch.kernel_id), "pid": kernel.identity.pid}
+        extra = {"kernel_id": str(launch.kernel_id), "pid": kernel.identity.pid, "cwd": str(cwd)}
         logger.info("runtime.kernel_started", extra={**extra, "image": image.name})
         return ProcessKernel(launch, process, record, self._host)
 
@@ -279,7 +302,7 @@ class ProcessRuntime:
 
     def _image(self, name: str) -> _Image:
         if name == "python":
-            return _Image(name, Path(sys.executable))  # not resolved: a venv's python is a link
+            return self._python
         if name == "shell":
             return _Image(name, Path(SHELL), shell=True)
         location = self._images.get(name)
@@ -288,15 +311,32 @@ class ProcessRuntime:
             raise StageFailure(
                 "image_pull_failure", f"unknown image {name!r}; this agent knows: {known}"
             )
-        venv = location if location.is_dir() else None
-        image = _Image(name, location / "bin" / "python" if venv else location, venv=venv)
-        if not os.access(image.interpreter, os.X_OK) or not image.interpreter.is_file():
-            raise StageFailure(
-                "image_pull_failure",
-                f"image {name!r}: interpreter {image.interpreter} does not exist or is not "
-                "executable; fix the agent's image configuration",
-            )
-        return image
+        return _located(name, location)
+
+    def _start_dir(self, launch: KernelLaunch) -> tuple[Path, str]:
+        """Where the kernel starts, and a line for its stderr when not where the user asked."""
+        if launch.workdir is None or launch.workdir.is_dir():
+            return launch.start_dir, ""
+        extra = {"kernel_id": str(launch.kernel_id), "workdir": str(launch.workdir)}
+        logger.warning("runtime.workdir_missing", extra=extra)
+        return launch.work_dir, (
+            f"corral: workdir {launch.workdir} does not exist on {self._host}; the kernel "
+            f"starts in its own directory {launch.work_dir} (use --upload DIR to send files)\n"
+        )
+
+
+def _located(name: str, location: Path) -> _Image:
+    """The image at `location`: an interpreter, or a venv directory (its `bin/python`)."""
+    venv = location if location.is_dir() else None
+    # Not resolved: a venv's python is a link, and its bin directory must stay first on PATH.
+    image = _Image(name, location / "bin" / "python" if venv else location, venv=venv)
+    if not os.access(image.interpreter, os.X_OK) or not image.interpreter.is_file():
+        raise StageFailure(
+            "image_pull_failure",
+            f"image {name!r}: interpreter {image.interpreter} does not exist or is not "
+            "executable; fix the agent's image configuration",
+        )
+    return image
 
 
 @record
@@ -308,7 +348,12 @@ class _Started:
 
 
 async def _spawn(
-    launch: KernelLaunch, argv: list[str], env: Mapping[str, str], stdout: int, stderr: int
+    launch: KernelLaunch,
+    cwd: Path,
+    argv: list[str],
+    env: Mapping[str, str],
+    stdout: int,
+    stderr: int,
 ) -> tuple[asyncio.subprocess.Process, _Started]:
     """Start `argv` under the exit-status wrapper; the wrapper and the started kernel."""
     status_r, status_w = os.pipe()
@@ -322,7 +367,7 @@ async def _spawn(
             stdin=asyncio.subprocess.DEVNULL,
             stdout=stdout,
             stderr=stderr,
-            cwd=launch.work_dir,
+            cwd=cwd,
             env=env,
             start_new_session=True,  # not in the agent's group: a Ctrl-C meant for it stays there
             pass_fds=(status_w,),
