@@ -56,7 +56,8 @@ def run_command(
         typer.Option("--env", "-e", help="KEY=VALUE in the command's environment (repeatable)."),
     ] = None,
     detach: Annotated[
-        bool, typer.Option("--detach", "-d", help="Print the session id and return at once.")
+        bool,
+        typer.Option("--detach", "-d", help="Print the session's number and return at once."),
     ] = False,
     follow: Annotated[
         bool,
@@ -94,7 +95,7 @@ def run_command(
     async def submit(client: Client) -> int:
         session = await client.create_session(spec)
         if detach:
-            typer.echo(str(session.id))
+            typer.echo(str(session.number))
             return 0
         terminal = Terminal(
             stdout=sys.stdout.buffer,
@@ -106,8 +107,8 @@ def run_command(
             return await SessionFollower(client, session, terminal, stream_logs=follow).run()
         except UnreachableError as exc:
             raise UnreachableError(
-                f"{exc}; session {session.id} may still be running: "
-                f"`corral session info {session.id}`"
+                f"{exc}; session {session.number} may still be running: "
+                f"`corral session info {session.number}`"
             ) from exc
 
     raise typer.Exit(call(submit))

@@ -46,10 +46,12 @@ class SessionFilter:
     statuses: tuple[str, ...] = ()
     resource_group: str | None = None
     type: str | None = None
+    since: datetime | None = None  # created at or after
 
 
 _COLUMNS = (
     sessions.c.id,
+    sessions.c.number,
     sessions.c.name,
     users.c.name.label("owner"),
     sessions.c.owner_id,
@@ -87,6 +89,8 @@ async def list_sessions(
         query = query.where(sessions.c.resource_group == where.resource_group)
     if where.type is not None:
         query = query.where(sessions.c.type == where.type)
+    if where.since is not None:
+        query = query.where(sessions.c.created_at >= where.since)
     if cursor is not None:
         created_at, last_id = _decode(cursor)
         query = query.where(
