@@ -105,8 +105,8 @@ async def load_snapshot(
         usage=usage,
         dependencies={
             sid: [
-                DependencyState(dep, SessionStatus(status) if status else None, result)
-                for dep, status, result in deps
+                DependencyState(dep, SessionStatus(status) if status else None, result, number)
+                for dep, status, result, number in deps
             ]
             for sid, deps in dependencies.items()
         },

@@ -76,6 +76,7 @@ class DependencyState:
     session_id: uuid.UUID
     status: SessionStatus | None  # None: no such session
     result: str | None
+    number: int | None = None  # the session's short number (None: no such session)
 
 
 @dataclass(slots=True)

@@ -361,6 +361,7 @@ def _dependencies(dialect: Dialect) -> sa.Select[Any]:
             session_dependencies.c.depends_on,
             dep.c.status,
             dep.c.result,
+            dep.c.number,
         )
         .select_from(
             session_dependencies.outerjoin(dep, dep.c.id == session_dependencies.c.depends_on)
@@ -374,12 +375,13 @@ _DEPENDENCIES = DirectStatement(_dependencies)
 
 async def read_dependencies(
     conn: AsyncConnection, dialect: Dialect, session_ids: Collection[SessionId]
-) -> dict[SessionId, list[tuple[uuid.UUID, str | None, str | None]]]:
-    """For each session that has dependencies: (dependency id, its status, its result)."""
+) -> dict[SessionId, list[tuple[uuid.UUID, str | None, str | None, int | None]]]:
+    """For each session that has dependencies: (dependency id, its status, its result, its
+    number); all three None when the dependency does not exist."""
     if not session_ids:
         return {}
     rows = await _DEPENDENCIES.rows(conn, {"ids": payload(dialect, session_ids)})
-    found: dict[SessionId, list[tuple[uuid.UUID, str | None, str | None]]] = {}
-    for sid, depends_on, status, result in rows:
-        found.setdefault(SessionId(sid), []).append((depends_on, status, result))
+    found: dict[SessionId, list[tuple[uuid.UUID, str | None, str | None, int | None]]] = {}
+    for sid, depends_on, status, result, number in rows:
+        found.setdefault(SessionId(sid), []).append((depends_on, status, result, number))
     return found

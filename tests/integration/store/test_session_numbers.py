@@ -84,7 +84,7 @@ async def test_a_removed_or_rolled_back_number_is_not_given_again(db: Database) 
 
 async def test_the_migration_numbers_existing_sessions_by_creation_time(empty_db: Database) -> None:
     """Sessions made before numbers existed get 1, 2, ... oldest first; new ones go on."""
-    await upgrade(empty_db, "0014")
+    await upgrade(empty_db, "0015")  # the revision before numbers
     owner = uuid.uuid4()
     ids = [uuid.uuid4() for _ in range(3)]
     async with empty_db.transaction() as conn:
