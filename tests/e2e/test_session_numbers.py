@@ -103,6 +103,10 @@ def test_a_number_or_name_works_in_every_session_command(up: Up) -> None:
     assert [s["number"] for s in everything] == [int(number), int(hog)]
     ended = json.loads(_ok(up, "session", "ls", "--state", "terminated,error", "--json"))
     assert int(number) in {s["number"] for s in ended}
+    recent = json.loads(_ok(up, "session", "ls", "--all-states", "--since", "1h", "--json"))
+    assert {s["number"] for s in recent} == {int(number), int(hog)}
+    bad_since = up.corral("session", "ls", "--since", "yesterday")
+    assert bad_since.returncode == 2 and "since" in bad_since.stderr
 
     assert _ok(up, "session", "rm", number).startswith(f"removed session {number} (")
     gone = up.corral("session", "info", number)
