@@ -53,9 +53,9 @@ def big(up: Up) -> str:
     )
     started = up.corral("run", "--detach", "--name", "big", "--", "python", "-c", program)
     assert started.returncode == 0, started.stderr
-    session_id = started.stdout.strip().split()[-1]
-    assert _ended(up, session_id)["status"] == "TERMINATED"
-    return session_id
+    ended = _ended(up, started.stdout.strip())  # `--detach` printed the session's number
+    assert ended["status"] == "TERMINATED"
+    return str(ended["id"])
 
 
 def test_a_50_mb_log_keeps_its_newest_part_and_says_what_was_dropped(up: Up, big: str) -> None:
@@ -102,7 +102,9 @@ def test_a_multi_kernel_session_prefixes_each_line(up: Up) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     (session,) = [
-        s for s in json.loads(up.corral("session", "ls", "--json").stdout) if s["cluster_size"] == 2
+        s
+        for s in json.loads(up.corral("session", "ls", "--all-states", "--json").stdout)
+        if s["cluster_size"] == 2
     ]
     shown = up.corral("session", "logs", session["id"])
     assert sorted(shown.stdout.splitlines()) == ["[kernel 0] rank 0", "[kernel 1] rank 1"]

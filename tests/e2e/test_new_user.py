@@ -29,7 +29,7 @@ def test_run_prints_the_output_untouched_and_returns_the_exit_code(up: Up) -> No
     failed = up.corral("run", "--", "python", "-c", "import sys; print('bye'); sys.exit(3)")
     assert failed.returncode == 3, failed.stderr
     assert failed.stdout == "bye\n"
-    listed = up.corral("session", "ls", "--json")
+    listed = up.corral("session", "ls", "--all-states", "--json")
     assert listed.returncode == 0, listed.stderr
     sessions = json.loads(listed.stdout)
     assert sorted(s["status"] for s in sessions) == ["ERROR", "TERMINATED"]
@@ -76,7 +76,7 @@ def test_multi_node_run_on_two_local_agents(tmp_path: Path) -> None:
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert done.stdout == "0 2\n"  # the main kernel's output
-        listed = json.loads(up.corral("session", "ls", "--json").stdout)
+        listed = json.loads(up.corral("session", "ls", "--all-states", "--json").stdout)
         (session,) = listed
         info = json.loads(up.corral("session", "info", session["id"], "--json").stdout)
         assert len({k["agent_id"] for k in info["kernels"]}) == 2

@@ -21,7 +21,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from corral.api._pages import MAX_BIGINT
 from corral.api.auth import CurrentUser, Db
 from corral.api.problems import Problem
-from corral.api.sessions import _visible
+from corral.api.sessions import SessionRef, _visible
 from corral.domain.log_text import LineFormatter, LogLine, dropped_note, merge_by_time
 from corral.domain.moments import parse_moment
 from corral.domain.status import SESSION_TERMINAL, SessionStatus
@@ -58,7 +58,7 @@ class _Shown:
 
 @router.get("/{session_id}/logs", response_class=PlainTextResponse)
 async def session_logs(
-    session_id: uuid.UUID,
+    session_id: SessionRef,
     user: CurrentUser,
     db: Db,
     stream: Literal["stdout", "stderr"] = "stdout",
@@ -117,7 +117,7 @@ async def session_logs(
         return Response(b"".join(merge_by_time(outputs)), media_type=TEXT)
 
     async def chunks() -> AsyncIterator[bytes]:
-        ended = await _ended(db, session_id)  # read before the log: nothing is missed
+        ended = await _ended(db, found["id"])  # read before the log: nothing is missed
         outputs = await first_reads()
         while True:
             if ended:
@@ -129,7 +129,7 @@ async def session_logs(
             if ended:
                 return
             await asyncio.sleep(FOLLOW_POLL_S)
-            ended = await _ended(db, session_id)
+            ended = await _ended(db, found["id"])
             outputs = [
                 one.lines(await read_log_from(db, one.kernel_id, stream, one.position))
                 for one in shown

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import BaseModel
 
 from corral.api._pages import invalid_cursor
@@ -20,12 +20,20 @@ from corral.api.auth import CurrentUser, Db
 from corral.api.problems import Problem, invalid_request
 from corral.controller.sessions import SessionController, SubmissionError
 from corral.domain.field_errors import FieldError
+from corral.domain.moments import parse_moment
 from corral.domain.outcome import SessionResult
 from corral.domain.slots import ResourceSlots
 from corral.domain.spec import SessionSpec
 from corral.domain.status import SessionStatus
 from corral.domain.types import SessionId, UserId, utcnow
-from corral.scheduler.explain import SessionNotFoundError, explain
+from corral.scheduler.explain import SessionNotFoundError, explain, explain_many
+from corral.store.session_refs import (
+    AmbiguousSessionRefError,
+    SessionRefNotFoundError,
+    full_session_id,
+    not_found_message,
+    resolve_session_ref,
+)
 from corral.store.session_views import (
     BadCursorError,
     SessionFilter,
@@ -60,6 +68,7 @@ class SessionOut(BaseModel):
     """A session as users see it."""
 
     id: uuid.UUID
+    number: int  # short, cluster-wide, increasing: what users type
     name: str | None
     owner: str
     type: str
@@ -87,6 +96,9 @@ class SessionOut(BaseModel):
     time_limit_s: int | None = None
     deadline_at: datetime | None = None
     kernels: list[KernelOut] | None = None
+    # Listings asked `reasons=true`: why a PENDING session waits, in a word (the code
+    # `/explain` gives, else its outcome); None for the others.
+    reason: str | None = None
 
 
 class SessionPage(BaseModel):
@@ -100,6 +112,7 @@ class TerminateOut(BaseModel):
     """What a terminate request did."""
 
     id: uuid.UUID
+    number: int
     outcome: Literal["cancelled", "terminating", "unchanged"]
     status: str
 
@@ -128,6 +141,7 @@ class ExplanationOut(BaseModel):
     """Where a session stands in its group's queue, and why it is (not) placed."""
 
     session_id: uuid.UUID
+    number: int
     status: str
     resource_group: str
     position: int | None
@@ -157,11 +171,38 @@ def _out(row: dict[str, Any], *, with_kernels: bool = False) -> SessionOut:
     )
 
 
-async def _visible(db: Any, user: Principal, session_id: uuid.UUID) -> dict[str, Any]:
-    """The session if the caller may see it; 404 otherwise (another's session included)."""
+# What every route taking a session accepts in its path (`store.session_refs`).
+SessionRef = Annotated[
+    str,
+    Path(
+        description="The session's id, its number, a unique prefix of its id, or its name "
+        "(unique among the sessions you can see)"
+    ),
+]
+
+
+async def _visible(db: Any, user: Principal, ref: str | uuid.UUID) -> dict[str, Any]:
+    """The session `ref` names, if the caller may see it: 404 otherwise (another's session
+    included), 409 when a name or id prefix fits several."""
+    owner_id = None if user.is_admin else user.user_id
+    try:
+        # A full id (what the SDK and `corral run` use) is read with the session at once.
+        session_id = full_session_id(ref) or await resolve_session_ref(db, ref, owner_id)
+    except SessionRefNotFoundError as exc:
+        raise Problem(404, "session-not-found", "No such session", str(exc)) from exc
+    except AmbiguousSessionRefError as exc:
+        raise Problem(
+            409,
+            "session-ambiguous",
+            "The session reference is ambiguous",
+            str(exc),
+            candidates=[
+                {"number": c.number, "id": str(c.id), "owner": c.owner} for c in exc.candidates
+            ],
+        ) from exc
     found = await get_session(db, session_id)
-    if found is None or (not user.is_admin and found["owner_id"] != user.user_id):
-        raise Problem(404, "session-not-found", "No such session", f"no session {session_id}")
+    if found is None or (owner_id is not None and found["owner_id"] != owner_id):
+        raise Problem(404, "session-not-found", "No such session", not_found_message(ref))
     return found
 
 
@@ -208,6 +249,16 @@ async def list_sessions_route(
     resource_group: str | None = None,
     type: str | None = None,
     array_id: Annotated[uuid.UUID | None, Query(description="one job array's elements")] = None,
+    since: Annotated[
+        str | None,
+        Query(
+            max_length=64,
+            description="Only sessions created since: an age (2h) or an ISO 8601 time",
+        ),
+    ] = None,
+    reasons: Annotated[
+        bool, Query(description="Say why each PENDING session waits (`reason`)")
+    ] = False,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: str | None = None,
 ) -> SessionPage:
@@ -228,60 +279,83 @@ async def list_sessions_route(
         resource_group=resource_group,
         type=type.upper() if type else None,
         array_id=array_id,
+        since=None if since is None else _moment("since", since),
     )
     try:
         rows, next_cursor = await list_sessions(db, where, limit=limit, cursor=cursor)
     except BadCursorError as exc:
         raise invalid_cursor(cursor or "") from exc
-    return SessionPage(items=[_out(r) for r in rows], next_cursor=next_cursor)
+    items = [_out(r) for r in rows]
+    if reasons:
+        pending = [i.id for i in items if i.status == SessionStatus.PENDING.value]
+        why = await explain_many(db, pending, utcnow())
+        items = [
+            i.model_copy(update={"reason": why[i.id].reason}) if i.id in why else i for i in items
+        ]
+    return SessionPage(items=items, next_cursor=next_cursor)
+
+
+def _moment(field: str, value: str) -> datetime:
+    """A query parameter's age (`2h`) or ISO 8601 time; 422 naming `field` if it is neither."""
+    try:
+        return parse_moment(value, utcnow())
+    except ValueError as exc:
+        raise Problem(
+            422,
+            "validation-error",
+            "The request is not valid",
+            f"{field}: {exc}",
+            errors=[{"field": field, "message": str(exc)}],
+        ) from None
 
 
 @router.get("/{session_id}", response_model=SessionOut)
-async def get_session_route(session_id: uuid.UUID, user: CurrentUser, db: Db) -> SessionOut:
+async def get_session_route(session_id: SessionRef, user: CurrentUser, db: Db) -> SessionOut:
     """One session with its kernels."""
     return _out(await _visible(db, user, session_id), with_kernels=True)
 
 
 @router.post("/{session_id}/terminate", response_model=TerminateOut)
 async def terminate_session(
-    session_id: uuid.UUID, user: CurrentUser, db: Db, request: Request
+    session_id: SessionRef, user: CurrentUser, db: Db, request: Request
 ) -> TerminateOut:
     """Cancel a pending session, stop a started one; an ended one is left as it is."""
-    await _visible(db, user, session_id)
-    outcome = await _controller(request).mark_terminate([SessionId(session_id)], "user request")
+    found = await _visible(db, user, session_id)
+    found_id = SessionId(found["id"])
+    outcome = await _controller(request).mark_terminate([found_id], "user request")
     said: Literal["cancelled", "terminating", "unchanged"] = (
         "cancelled" if outcome.cancelled else "terminating" if outcome.terminating else "unchanged"
     )
-    after = await _visible(db, user, session_id)
-    return TerminateOut(id=session_id, outcome=said, status=after["status"])
+    after = await _visible(db, user, found_id)
+    return TerminateOut(id=found_id, number=found["number"], outcome=said, status=after["status"])
 
 
 @router.get("/{session_id}/history", response_model=HistoryOut)
-async def history(session_id: uuid.UUID, user: CurrentUser, db: Db) -> HistoryOut:
+async def history(session_id: SessionRef, user: CurrentUser, db: Db) -> HistoryOut:
     """The session's scheduling history: every phase, its result and attempts."""
-    await _visible(db, user, session_id)
+    found = await _visible(db, user, session_id)
     return HistoryOut(
-        items=[HistoryEntry(**row) for row in await session_history_rows(db, session_id)]
+        items=[HistoryEntry(**row) for row in await session_history_rows(db, found["id"])]
     )
 
 
 @router.get("/{session_id}/explain", response_model=ExplanationOut)
-async def explain_route(session_id: uuid.UUID, user: CurrentUser, db: Db) -> ExplanationOut:
+async def explain_route(session_id: SessionRef, user: CurrentUser, db: Db) -> ExplanationOut:
     """Why a pending session waits: its place in the queue and the scheduler's reason."""
-    await _visible(db, user, session_id)
+    found = await _visible(db, user, session_id)
     try:
-        result = await explain(db, session_id, utcnow())
+        result = await explain(db, found["id"], utcnow())
     except SessionNotFoundError as exc:
         raise Problem(404, "session-not-found", "No such session", str(exc)) from exc
-    return ExplanationOut.model_validate(result.as_json())
+    return ExplanationOut.model_validate(result.as_json() | {"number": found["number"]})
 
 
 @router.delete("/{session_id}", status_code=204)
-async def remove_session(session_id: uuid.UUID, user: CurrentUser, db: Db) -> Response:
+async def remove_session(session_id: SessionRef, user: CurrentUser, db: Db) -> Response:
     """Remove an ended session with its kernels, history, logs and outputs."""
-    await _visible(db, user, session_id)
+    found = await _visible(db, user, session_id)
     try:
-        await delete_session(db, SessionId(session_id))
+        await delete_session(db, SessionId(found["id"]))
     except SessionNotEndedError as exc:
         raise Problem(409, "session-not-ended", "Session has not ended", str(exc)) from exc
     return Response(status_code=204)

@@ -34,7 +34,6 @@ def _bench_commands(app: typer.Typer) -> None:
 class _Commands(_lazy.LazyGroup):
     loaders = {  # noqa: RUF012 (the class attribute of LazyGroup, set once)
         "states": _lazy.command("states", "corral.cli.states", "states_command"),
-        "explain": _lazy.command("explain", "corral.cli.explain", "explain_command"),
         "manager": _lazy.command("manager", "corral.cli.manager", "manager_command"),
         "agent": _lazy.group("agent", "corral.cli.agent", _agent_commands),
         "up": _lazy.command("up", "corral.cli.up", "up_command"),

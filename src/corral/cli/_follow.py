@@ -91,6 +91,7 @@ class SessionFollower:
         self.client = client
         self.submitted = session
         self.session_id = session.id
+        self.number = session.number  # what the user is shown and types
         self.terminal = terminal
         self.stream_logs = stream_logs
         self.timings = timings or FollowTimings()
@@ -103,7 +104,8 @@ class SessionFollower:
 
     async def run(self) -> int:
         """Follow the session to its end; its exit code (130 after Ctrl-C)."""
-        self._show(self.submitted.status)
+        self._shown = self.submitted.status
+        self._say(f"session {self.number} ({self.session_id}) {self.submitted.status.value}")
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGINT, self._interrupted.set)
         watcher = asyncio.create_task(self._watch())
@@ -147,24 +149,24 @@ class SessionFollower:
     async def _on_interrupt(self) -> bool:
         """Ctrl-C: terminate on yes and keep following to the end; False: stop following."""
         if self._terminated:
-            self._say(f"session {self.session_id} is terminating; not waiting for it")
+            self._say(f"session {self.number} is terminating; not waiting for it")
             return False
         loop = asyncio.get_running_loop()
         # While asking, Ctrl-C interrupts the prompt itself (see confirm_on_terminal).
         loop.remove_signal_handler(signal.SIGINT)
         try:
-            terminate = self.terminal.confirm(f"terminate session {self.session_id}? [y/N] ")
+            terminate = self.terminal.confirm(f"terminate session {self.number}? [y/N] ")
         finally:
             loop.add_signal_handler(signal.SIGINT, self._interrupted.set)
         if not terminate:
             self._say(
-                f"session {self.session_id} keeps running; follow it with "
-                f"`corral session logs -f {self.session_id}`"
+                f"session {self.number} keeps running; follow it with "
+                f"`corral session logs -f {self.number}`"
             )
             return False
         result = await self.client.terminate_session(self.session_id)
         self._terminated = True
-        self._say(f"session {self.session_id}: {result.outcome} (Ctrl-C again to stop waiting)")
+        self._say(f"session {self.number}: {result.outcome} (Ctrl-C again to stop waiting)")
         return True
 
     async def _watch(self) -> Session:
@@ -223,10 +225,10 @@ class SessionFollower:
     def _show(self, status: SessionStatus) -> None:
         if status is not self._shown:
             self._shown = status
-            self._say(f"session {self.session_id} {status.value}")
+            self._say(f"session {self.number} {status.value}")
 
     def _say_end(self, session: Session) -> None:
-        parts = [f"session {session.id} {session.status.value}"]
+        parts = [f"session {session.number} {session.status.value}"]
         if session.result is not None:
             parts.append(f" ({session.result.value})")
         if session.failure_cause:

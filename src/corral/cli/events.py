@@ -41,7 +41,7 @@ def events_command(
     ] = None,
     session: Annotated[
         str | None,
-        typer.Option(help="Only this session's events (an id, a unique prefix, or a name)."),
+        typer.Option(help="Only this session's events: its number, id, id prefix or name."),
     ] = None,
     limit: Annotated[
         int, typer.Option(min=1, max=1000, help="With --since: at most this many events.")

@@ -123,7 +123,8 @@ def run_command(
         ),
     ] = None,
     detach: Annotated[
-        bool, typer.Option("--detach", "-d", help="Print the session id and return at once.")
+        bool,
+        typer.Option("--detach", "-d", help="Print the session's number and return at once."),
     ] = False,
     follow: Annotated[
         bool,
@@ -225,7 +226,7 @@ def run_command(
     async def submit(client: Client) -> int:
         session = await client.create_session(await completed(client, SessionSpec, spec))
         if detach:
-            typer.echo(str(session.id))
+            typer.echo(str(session.number))
             return 0
         terminal = Terminal(
             stdout=sys.stdout.buffer,
@@ -237,8 +238,8 @@ def run_command(
             return await SessionFollower(client, session, terminal, stream_logs=follow).run()
         except UnreachableError as exc:
             raise UnreachableError(
-                f"{exc}; session {session.id} may still be running: "
-                f"`corral session info {session.id}`"
+                f"{exc}; session {session.number} may still be running: "
+                f"`corral session info {session.number}`"
             ) from exc
 
     raise typer.Exit(call(submit))

@@ -24,7 +24,7 @@ from corral.cli._remote import (
 )
 from corral.cli.session_outputs import outputs_command
 from corral.client import Client, Explanation, HistoryEntry, LogStream, Session
-from corral.domain.status import SessionStatus
+from corral.domain.status import SESSION_TERMINAL, SessionStatus
 from corral.domain.time_limit import format_duration
 
 app = typer.Typer(
@@ -35,14 +35,28 @@ app = typer.Typer(
 
 @app.command("ls")
 def ls_command(
-    status: Annotated[
+    state: Annotated[
         list[str] | None,
-        typer.Option("--status", "-s", help="Only sessions in this status (repeatable)."),
+        typer.Option(
+            "--state",
+            "--status",
+            "-s",
+            help="Only sessions in these states: S[,S...] (repeatable; default: active ones).",
+        ),
+    ] = None,
+    all_states: Annotated[
+        bool, typer.Option("--all-states", help="Ended sessions too, not only active ones.")
+    ] = False,
+    since: Annotated[
+        str | None,
+        typer.Option(help="Only sessions created since an age (30m, 2h, 1d) or an ISO time."),
     ] = None,
     every_owner: Annotated[
-        bool, typer.Option("--all", "-a", help="Admins: every owner's sessions, not just yours.")
+        bool, typer.Option("--all", "-a", help="Admins: every user's sessions, not just yours.")
     ] = False,
-    owner: Annotated[str | None, typer.Option(help="Admins: this user's sessions.")] = None,
+    user: Annotated[
+        str | None, typer.Option("--user", "--owner", help="Admins: this user's sessions.")
+    ] = None,
     resource_group: Annotated[str | None, typer.Option(help="Only this resource group.")] = None,
     session_type: Annotated[
         str | None, typer.Option("--type", help="BATCH, INTERACTIVE or INFERENCE.")
@@ -55,13 +69,22 @@ def ls_command(
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """List sessions, newest first."""
-    statuses = [_status(value) for value in status or ()]
+    """List sessions, newest first: active ones (not yet ended) unless told otherwise.
+
+    A PENDING session's REASON says why it waits (`corral session explain` says more).
+    """
+    if state and all_states:
+        fail("--state and --all-states: give one or the other")
+    statuses = [_status(value) for item in state or () for value in item.split(",") if value]
+    if not statuses and not all_states:
+        statuses = [s.value for s in SessionStatus if s not in SESSION_TERMINAL]
 
     async def fetch(client: Client) -> list[Session]:
-        chosen = owner
-        if chosen is None and not every_owner:
-            chosen = (await client.me()).name
+        me = await client.me()
+        if (every_owner or user not in (None, me.name)) and not me.is_admin:
+            what = "--all" if every_owner else "--user"
+            fail(f"{what} lists other users' sessions, which needs an admin; you are {me.name}")
+        chosen = user if user is not None or every_owner else me.name
         found: list[Session] = []
         sessions = client.iter_sessions(
             status=statuses or None,
@@ -69,6 +92,8 @@ def ls_command(
             resource_group=resource_group,
             type=session_type,
             array_id=array,
+            since=since,
+            reasons=True,
             page_size=min(limit or 1000, 1000),
         )
         async with aclosing(sessions):
@@ -83,33 +108,32 @@ def ls_command(
         print_json(sessions)
         return
     if not sessions:
-        typer.echo("no sessions", err=True)
+        typer.echo("no sessions" if all_states or state else "no active sessions", err=True)
         return
-    show_owner = every_owner or owner is not None
+    show_user = every_owner or user is not None
+    now = datetime.now(UTC)
     print_table(
         [
-            "ID",
+            "NUMBER",
             "NAME",
-            *(["OWNER"] if show_owner else []),
+            *(["USER"] if show_user else []),
             "STATUS",
-            "TYPE",
-            "SIZE",
-            "RESOURCES",
+            "REASON",
             "GROUP",
             "AGE",
+            "TIME",
             "EXIT",
         ],
         [
             [
-                str(s.id),
+                str(s.number),
                 text(s.name),
-                *([s.owner] if show_owner else []),
+                *([s.owner] if show_user else []),
                 s.status.value,
-                s.type,
-                str(s.cluster_size),
-                s.resources.format_human(),
+                text(s.reason),
                 s.resource_group,
-                age(s.created_at),
+                age(s.created_at, now),
+                _run_time(s, now),
                 text(s.exit_code),
             ]
             for s in sessions
@@ -117,12 +141,19 @@ def ls_command(
     )
 
 
+def _run_time(session: Session, now: datetime) -> str:
+    """How long the session ran (runs), squeue's TIME: `-` if it never started."""
+    if session.started_at is None:
+        return "-"
+    return age(session.started_at, session.terminated_at or now)
+
+
 @app.command("info")
 def info_command(session: SessionArgument, as_json: JsonOption = False) -> None:
     """Show a session in detail, with its kernels."""
 
     async def fetch(client: Client) -> Session:
-        return await client.get_session(await client.resolve_session_id(session))
+        return await client.get_session(session)
 
     found = call(fetch)
     if as_json:
@@ -152,6 +183,7 @@ def _facts(session: Session) -> list[list[str]]:
     status = session.status.value + (f" ({session.status_info})" if session.status_info else "")
     placement = f"{session.cluster_size} kernel(s), {session.cluster_mode}"
     facts = [
+        ("number", str(session.number)),
         ("id", str(session.id)),
         ("name", text(session.name)),
         ("owner", session.owner),
@@ -218,11 +250,10 @@ def logs_command(
         tail = screenful()
 
     async def copy(client: Client) -> None:
-        session_id = await client.resolve_session_id(session)
         if not follow:
             out.write(
                 await client.session_logs(
-                    session_id,
+                    session,
                     stream=stream,
                     kernel=kernel,
                     tail=tail,
@@ -232,6 +263,8 @@ def logs_command(
             )
             out.flush()
             return
+        # By id from here on: a name may come to mean a newer session while this follows.
+        session_id = await client.resolve_session_id(session)
         chunks = client.follow_logs(
             session_id, stream=stream, kernel=kernel, tail=tail, since=since, timestamps=timestamps
         )
@@ -253,7 +286,7 @@ def history_command(session: SessionArgument, as_json: JsonOption = False) -> No
     """Show the session's scheduling phases: results, attempts, and why any failed."""
 
     async def fetch(client: Client) -> list[HistoryEntry]:
-        return await client.session_history(await client.resolve_session_id(session))
+        return await client.session_history(session)
 
     entries = call(fetch)
     if as_json:
@@ -282,13 +315,13 @@ def explain_command(session: SessionArgument, as_json: JsonOption = False) -> No
     """Say where a session stands in its resource group's queue, and why it waits."""
 
     async def fetch(client: Client) -> Explanation:
-        return await client.explain(await client.resolve_session_id(session))
+        return await client.explain(session)
 
     result = call(fetch)
     if as_json:
         print_json(result)
         return
-    typer.echo(f"session {result.session_id}: {result.status.value}, {describe_place(result)}")
+    typer.echo(f"session {result.number}: {result.status.value}, {describe_place(result)}")
     code = f" ({result.code})" if result.code else ""
     typer.echo(f"  {result.outcome}{code}: {result.message}")
 
@@ -321,8 +354,8 @@ def terminate_command(session: SessionArgument) -> None:
             )
         result = await client.terminate_session(session_id)
         if result.outcome == "unchanged":
-            return f"session {result.id} had already ended ({result.status.value})"
-        return f"session {result.id}: {result.outcome} ({result.status.value})"
+            return f"session {result.number} had already ended ({result.status.value})"
+        return f"session {result.number}: {result.outcome} ({result.status.value})"
 
     typer.echo(call(request))
 
@@ -332,7 +365,8 @@ def rm_command(
     sessions: Annotated[
         list[str],
         typer.Argument(
-            metavar="SESSION", help="Ended sessions to remove (ids, prefixes or names)."
+            metavar="SESSION",
+            help="Ended sessions to remove (numbers, ids, unique id prefixes or names).",
         ),
     ],
 ) -> None:
@@ -340,9 +374,9 @@ def rm_command(
 
     async def remove(client: Client) -> None:
         for ref in sessions:
-            session_id = await client.resolve_session_id(ref)
-            await client.delete_session(session_id)
-            typer.echo(f"removed session {session_id}")
+            found = await client.get_session(ref)
+            await client.delete_session(found.id)
+            typer.echo(f"removed session {found.number} ({found.id})")
 
     call(remove)
 
@@ -355,4 +389,4 @@ def _status(value: str) -> str:
         return SessionStatus(value.upper()).value
     except ValueError:
         known = ", ".join(s.value for s in SessionStatus)
-        fail(f"--status {value!r} is not a session status; use one of {known}")
+        fail(f"--state {value!r} is not a session state; use one of {known}")

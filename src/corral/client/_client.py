@@ -59,7 +59,6 @@ LogStream = Literal["stdout", "stderr"]
 
 DEFAULT_TIMEOUT_S = 30.0
 VALIDATION_PROBLEM = "https://corral.dev/problems/validation-error"
-_AMBIGUOUS_SHOWN = 5  # sessions an ambiguous reference lists
 
 
 class Client:
@@ -154,10 +153,14 @@ class Client:
         resource_group: str | None = None,
         type: str | None = None,
         array_id: uuid.UUID | str | None = None,
+        since: str | None = None,
+        reasons: bool = False,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> Page[Session]:
-        """One page of sessions, newest first, filtered (any of several `status`es).
+        """One page of sessions, newest first, filtered (any of several `status`es; created
+        `since` an age like `2h` or an ISO time); with `reasons`, each PENDING one says why it
+        waits (`reason`).
 
         A user lists their own sessions; an admin everyone's, or one `owner`'s (a user name).
         """
@@ -167,6 +170,8 @@ class Client:
             "resource_group": resource_group,
             "type": type,
             "array_id": array_id,
+            "since": since,
+            "reasons": reasons or None,
             "limit": limit,
             "cursor": cursor,
         }
@@ -181,6 +186,8 @@ class Client:
         resource_group: str | None = None,
         type: str | None = None,
         array_id: uuid.UUID | str | None = None,
+        since: str | None = None,
+        reasons: bool = False,
         page_size: int | None = None,
     ) -> AsyncGenerator[Session, None]:
         """Every session `list_sessions` would list, following the cursors page by page."""
@@ -192,6 +199,8 @@ class Client:
                 resource_group=resource_group,
                 type=type,
                 array_id=array_id,
+                since=since,
+                reasons=reasons,
                 limit=page_size,
                 cursor=cursor,
             )
@@ -204,38 +213,22 @@ class Client:
         """The session, with its kernels."""
         return Session.model_validate(await self._json("GET", _session_path(session_id)))
 
-    async def resolve_session_id(self, ref: str) -> uuid.UUID:
-        """The id of the session `ref` names: a full id, a unique id prefix, or a unique name.
+    async def resolve_session_id(self, ref: SessionRef) -> uuid.UUID:
+        """The id of the session `ref` names: its id, its number, a unique id prefix or name.
 
-        Prefixes and names are matched against the caller's sessions, listed page by page.
+        The server resolves it (every session route accepts any of these); a full id needs no
+        request. `NotFoundError` when no session of yours answers to it, `ConflictError`
+        (naming the candidates' numbers) when a name or prefix fits several.
         """
+        if isinstance(ref, uuid.UUID):
+            return ref
         with contextlib.suppress(ValueError):
             return uuid.UUID(ref)
-        if not ref:
-            raise ValidationError("a session id is empty", errors=[FieldError("session", "empty")])
-        prefix = ref.lower()
-        matches: list[uuid.UUID] = []
-        sessions = self.iter_sessions(page_size=1000)
-        async with contextlib.aclosing(sessions):
-            async for session in sessions:
-                if str(session.id).startswith(prefix) or session.name == ref:
-                    matches.append(session.id)
-                    if len(matches) > _AMBIGUOUS_SHOWN:
-                        break
-        if len(matches) == 1:
-            return matches[0]
-        if not matches:
-            raise NotFoundError(
-                f"no session you can see has the name {ref!r} or an id starting with it; "
-                "list them with `corral session ls`",
-                title="No such session",
+        if not ref.strip():
+            raise ValidationError(
+                "a session reference is empty", errors=[FieldError("session", "empty")]
             )
-        shown = ", ".join(str(m) for m in matches[:_AMBIGUOUS_SHOWN])
-        more = ", ..." if len(matches) > _AMBIGUOUS_SHOWN else ""
-        raise ValidationError(
-            f"session {ref!r} is ambiguous: it matches {shown}{more}; give more of the id",
-            errors=[FieldError("session", "matches several sessions")],
-        )
+        return (await self.get_session(ref)).id
 
     async def terminate_session(self, session_id: SessionRef) -> TerminateResult:
         """Ask the session to end: cancelled if it never ran, else terminated on its agents."""

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict
 from corral.domain.outcome import SessionResult
 from corral.domain.slots import ResourceSlots
 from corral.domain.status import KernelStatus, SessionStatus
+from corral.domain.types import ADMIN_ROLE
 
 T = TypeVar("T")
 
@@ -51,6 +52,7 @@ class Session(ApiModel):
     """A session as the API shows it; `kernels` only when fetched one by one."""
 
     id: uuid.UUID
+    number: int  # short, cluster-wide: what users type
     name: str | None = None
     owner: str
     type: str
@@ -76,6 +78,7 @@ class Session(ApiModel):
     time_limit_s: int | None = None  # wall-time limit in seconds
     deadline_at: datetime | None = None  # while RUNNING with a limit: when it is stopped
     kernels: tuple[Kernel, ...] | None = None
+    reason: str | None = None  # why a PENDING session waits, in a word (listings that ask)
 
     @property
     def is_terminal(self) -> bool:
@@ -87,6 +90,7 @@ class TerminateResult(ApiModel):
     """What a terminate request did: `cancelled` (never ran), `terminating`, or `unchanged`."""
 
     id: uuid.UUID
+    number: int
     outcome: str
     status: SessionStatus
 
@@ -135,6 +139,7 @@ class Explanation(ApiModel):
     """Where a session stands in its resource group's queue and why it is (not) placed."""
 
     session_id: uuid.UUID
+    number: int
     status: SessionStatus
     resource_group: str
     position: int | None = None  # 1-based; None when the session is not a candidate
@@ -195,3 +200,8 @@ class User(ApiModel):
     id: uuid.UUID
     name: str
     role: str
+
+    @property
+    def is_admin(self) -> bool:
+        """Whether the user sees and acts on everyone's sessions."""
+        return self.role == ADMIN_ROLE

@@ -244,9 +244,11 @@ class SessionController:
                     options = await self._check_references(conn, specs, owner)
                     new = [_time_limited(n, options[n.resource_group]) for n in new]
                     rows = await insert_sessions(conn, new, now)
-                    events = await append_events(
-                        conn, [_created_event(n, now) for n in new], now, notify=self._notify
-                    )
+                    created_events = [
+                        _created_event(n, row["number"], now)
+                        for n, row in zip(new, rows, strict=True)
+                    ]
+                    events = await append_events(conn, created_events, now, notify=self._notify)
             except sa.exc.IntegrityError:
                 # A concurrent submission with the same creation_id won the unique index, or
                 # another manager deleted a group moments ago that the kept options still
@@ -402,7 +404,7 @@ def _new_session(
     )
 
 
-def _created_event(new: NewSession, now: datetime) -> Event:
+def _created_event(new: NewSession, number: int, now: datetime) -> Event:
     return Event(
         id=None,
         kind="session.created",
@@ -411,6 +413,7 @@ def _created_event(new: NewSession, now: datetime) -> Event:
         owner_id=new.owner_id,
         payload={
             "status": SessionStatus.PENDING.value,
+            "number": number,
             "name": new.name,
             "resource_group": new.resource_group,
             "cluster_size": new.cluster_size,

@@ -16,6 +16,7 @@ DeploymentId = NewType("DeploymentId", uuid.UUID)
 RouteId = NewType("RouteId", uuid.UUID)
 UserId = NewType("UserId", uuid.UUID)
 
+ADMIN_ROLE = "admin"  # a user who sees and acts on every session; every other role: "user"
 _MILLIS_MASK = (1 << 48) - 1  # a UUID v7's time: milliseconds since 1970, 48 bits
 _RANDOM_MASK = (1 << 62) - 1  # and its random tail
 

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 
 from corral.domain.record import record
 from corral.domain.status import SessionStatus
+from corral.domain.types import SessionId
 from corral.scheduler.planner import place_sessions
 from corral.scheduler.snapshot import load_snapshot
-from corral.scheduler.types import Outcome
+from corral.scheduler.types import Outcome, Plan
 from corral.store.database import Database
 from corral.store.tables import sessions
 
@@ -33,6 +36,11 @@ class Explanation:
     code: str
     message: str
 
+    @property
+    def reason(self) -> str:
+        """The explanation in a word, as `session ls` shows it: the code, else the outcome."""
+        return self.code or self.outcome
+
     def as_json(self) -> dict[str, object]:
         return {
             "session_id": str(self.session_id),
@@ -48,23 +56,60 @@ class Explanation:
 
 async def explain(db: Database, session_id: uuid.UUID, now: datetime) -> Explanation:
     """Run placement for the session's group without committing, and report on the session."""
+    found = await explain_many(db, [session_id], now)
+    if session_id not in found:
+        raise SessionNotFoundError(f"no session {session_id}")
+    return found[session_id]
+
+
+async def explain_many(
+    db: Database, session_ids: Collection[uuid.UUID], now: datetime
+) -> dict[uuid.UUID, Explanation]:
+    """`explain` for several sessions (missing ids left out): one dry-run pass per group."""
+    if not session_ids:
+        return {}
     async with db.read() as conn:
-        row = (
+        rows = (
             await conn.execute(
                 sa.select(
+                    sessions.c.id,
                     sessions.c.status,
                     sessions.c.resource_group,
                     sessions.c.status_info,
                     sessions.c.requeue_at,
                     sessions.c.starts_at,
                     sessions.c.requeue_active,
-                ).where(sessions.c.id == session_id)
+                ).where(sessions.c.id.in_(list(session_ids)))
             )
-        ).first()
-    if row is None:
-        raise SessionNotFoundError(f"no session {session_id}")
+        ).all()
+    plans: dict[str, Plan] = {}
+    found: dict[uuid.UUID, Explanation] = {}
+    for row in rows:
+        early = _without_placement(row, now)
+        if early is not None:
+            found[row.id] = early
+            continue
+        plan = plans.get(row.resource_group)
+        if plan is None:
+            plan = plans[row.resource_group] = place_sessions(
+                await load_snapshot(db, row.resource_group, now)
+            )
+        found[row.id] = _from_plan(row, plan)
+    return found
+
+
+def _base(row: Any) -> dict[str, Any]:
+    return {
+        "session_id": row.id,
+        "status": SessionStatus(row.status),
+        "resource_group": row.resource_group,
+    }
+
+
+def _without_placement(row: Any, now: datetime) -> Explanation | None:
+    """The explanation of a session placement need not be run for (not pending, not due)."""
     status = SessionStatus(row.status)
-    base = {"session_id": session_id, "status": status, "resource_group": row.resource_group}
+    base = _base(row)
     if status is not SessionStatus.PENDING:
         return Explanation(
             **base,
@@ -95,8 +140,12 @@ async def explain(db: Database, session_id: uuid.UUID, now: datetime) -> Explana
             code="deactivated",
             message="deactivated after too many requeues; reactivate it to queue it again",
         )
-    plan = place_sessions(await load_snapshot(db, row.resource_group, now))
-    decision = plan.decisions.get(session_id)  # type: ignore[call-overload]
+    return None
+
+
+def _from_plan(row: Any, plan: Plan) -> Explanation:
+    base = _base(row)
+    decision = plan.decisions.get(SessionId(row.id))
     if decision is None:
         return Explanation(
             **base,

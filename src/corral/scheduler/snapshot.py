@@ -111,9 +111,13 @@ async def load_snapshot(
         dependencies={
             sid: [
                 DependencyState(
-                    dep, SessionStatus(status) if status else None, result, DependencyKind(kind)
+                    dep,
+                    SessionStatus(status) if status else None,
+                    result,
+                    DependencyKind(kind),
+                    number,
                 )
-                for dep, kind, status, result in deps
+                for dep, kind, status, result, number in deps
             ]
             for sid, deps in dependencies.items()
         },

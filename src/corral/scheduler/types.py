@@ -78,6 +78,7 @@ class DependencyState:
     status: SessionStatus | None  # None: no such session
     result: str | None
     kind: DependencyKind = DEFAULT_DEPENDENCY_KIND
+    number: int | None = None  # the session's short number (None: no such session)
 
 
 @dataclass(slots=True)

@@ -333,6 +333,9 @@ def _ending(dependency: DependencyState) -> str:
 
 
 def _short(dependency: DependencyState) -> str:
+    """The dependency as users name it: its number, else (no such session) its id's start."""
+    if dependency.number is not None:
+        return str(dependency.number)
     return str(dependency.session_id)[:8]
 
 

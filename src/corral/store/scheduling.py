@@ -362,6 +362,7 @@ def _dependencies(dialect: Dialect) -> sa.Select[Any]:
             session_dependencies.c.kind,
             dep.c.status,
             dep.c.result,
+            dep.c.number,
         )
         .select_from(
             session_dependencies.outerjoin(dep, dep.c.id == session_dependencies.c.depends_on)
@@ -375,14 +376,15 @@ _DEPENDENCIES = DirectStatement(_dependencies)
 
 async def read_dependencies(
     conn: AsyncConnection, dialect: Dialect, session_ids: Collection[SessionId]
-) -> dict[SessionId, list[tuple[uuid.UUID, str, str | None, str | None]]]:
-    """For each session that has dependencies: (dependency id, kind, its status, its result)."""
+) -> dict[SessionId, list[tuple[uuid.UUID, str, str | None, str | None, int | None]]]:
+    """For each session that has dependencies: (dependency id, kind, its status, its result,
+    its number); the last three None when the dependency does not exist."""
     if not session_ids:
         return {}
     rows = await _DEPENDENCIES.rows(conn, {"ids": payload(dialect, session_ids)})
-    found: dict[SessionId, list[tuple[uuid.UUID, str, str | None, str | None]]] = {}
-    for sid, depends_on, kind, status, result in rows:
-        found.setdefault(SessionId(sid), []).append((depends_on, kind, status, result))
+    found: dict[SessionId, list[tuple[uuid.UUID, str, str | None, str | None, int | None]]] = {}
+    for sid, depends_on, kind, status, result, number in rows:
+        found.setdefault(SessionId(sid), []).append((depends_on, kind, status, result, number))
     return found
 
 

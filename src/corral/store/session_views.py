@@ -47,10 +47,12 @@ class SessionFilter:
     resource_group: str | None = None
     type: str | None = None
     array_id: uuid.UUID | None = None  # the elements of one job array
+    since: datetime | None = None  # created at or after
 
 
 _COLUMNS = (
     sessions.c.id,
+    sessions.c.number,
     sessions.c.name,
     users.c.name.label("owner"),
     sessions.c.owner_id,
@@ -94,6 +96,8 @@ async def list_sessions(
         query = query.where(sessions.c.type == where.type)
     if where.array_id is not None:
         query = query.where(sessions.c.array_id == where.array_id)
+    if where.since is not None:
+        query = query.where(sessions.c.created_at >= where.since)
     if cursor is not None:
         created_at, last_id = _decode(cursor)
         query = query.where(

@@ -41,6 +41,7 @@ from corral.store._sql import in_constants, in_param, in_values, payload
 from corral.store._uuids import uuid_result_processor
 from corral.store.agents import AGENT_ALIVE
 from corral.store.database import Database, Dialect
+from corral.store.session_numbers import take_session_numbers
 from corral.store.status_changes import AppliedChanges, StatusChange, apply_changes
 from corral.store.tables import agents, kernels, session_dependencies, sessions
 
@@ -196,9 +197,10 @@ class SessionRepository:
         return await apply_changes(self.db, changes, now)
 
 
-def _session_row(s: NewSession, now: datetime) -> dict[str, Any]:
+def _session_row(s: NewSession, number: int, now: datetime) -> dict[str, Any]:
     return {
         "id": s.id,
+        "number": number,
         "name": s.name,
         "owner_id": s.owner_id,
         "project": s.project,
@@ -249,12 +251,16 @@ async def insert_sessions(
 ) -> list[dict[str, Any]]:
     """Create sessions, their PENDING kernels and dependencies, in the caller's transaction.
 
-    Returns the session rows as written (column → value, unset columns left out), each with
-    its kernel rows under `kernels`, in the order of `new_sessions`.
+    Each session is given the next session number, in the order of `new_sessions`. Returns
+    the session rows as written (column → value, unset columns left out), each with its
+    kernel rows under `kernels`, in the order of `new_sessions`.
     """
     if not new_sessions:
         return []
-    session_rows = [_session_row(s, now) for s in new_sessions]
+    numbers = await take_session_numbers(conn, len(new_sessions))
+    session_rows = [
+        _session_row(s, number, now) for s, number in zip(new_sessions, numbers, strict=True)
+    ]
     kernel_rows = [_kernel_rows(s, now) for s in new_sessions]
     await _INSERT_SESSION.run_many(conn, session_rows)
     await _INSERT_KERNEL.run_many(conn, [row for rows in kernel_rows for row in rows])
@@ -273,6 +279,7 @@ _INSERT_SESSION = insert_columns(
     sessions,
     (
         "id",
+        "number",
         "name",
         "owner_id",
         "project",

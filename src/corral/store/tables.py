@@ -181,6 +181,9 @@ sessions = sa.Table(
     "sessions",
     metadata,
     sa.Column("id", sa.Uuid(), primary_key=True),
+    # The short number users type: cluster-wide, increasing in creation order, never reused
+    # (`store.session_numbers`).
+    sa.Column("number", BigID, nullable=False),
     sa.Column("name", sa.String(NAME_LEN), nullable=True),
     sa.Column("owner_id", sa.Uuid(), sa.ForeignKey("users.id"), nullable=False),
     sa.Column("project", sa.String(NAME_LEN), nullable=False, server_default="default"),
@@ -250,6 +253,14 @@ sessions = sa.Table(
         "parent_session_id",
         postgresql_where=sa.text("parent_session_id IS NOT NULL"),
         sqlite_where=sa.text("parent_session_id IS NOT NULL"),
+    ),
+    sa.Index("uq_sessions_number", "number", unique=True),
+    # Partial: a session is found by its name (`store.session_refs`); most have none.
+    sa.Index(
+        None,
+        "name",
+        postgresql_where=sa.text("name IS NOT NULL"),
+        sqlite_where=sa.text("name IS NOT NULL"),
     ),
     sa.Index(
         "uq_sessions_owner_id_creation_id",
@@ -479,6 +490,17 @@ events = sa.Table(
 # Hints for the PostgreSQL hint bus: a set hint is a row; consuming it deletes the row. NOTIFY
 # wakes waiting managers at once; the row keeps a hint set for whoever looks next. UNLOGGED on
 # PostgreSQL (migration 0011): a hint is not truth, so its writes need not wait for the WAL.
+# Named counters, on SQLite only: the next session number is taken from a row here under the
+# write lock every writer holds. PostgreSQL uses a sequence of the same name instead
+# (`store.session_numbers`), which hands out numbers without a lock held until commit; there
+# the table stays empty.
+counters = sa.Table(
+    "counters",
+    metadata,
+    sa.Column("name", sa.String(NAME_LEN), primary_key=True),
+    sa.Column("value", sa.BigInteger(), nullable=False),
+)
+
 hints = sa.Table(
     "hints",
     metadata,

@@ -11,12 +11,12 @@ import sqlalchemy as sa
 
 from corral.domain.events import Event
 from corral.domain.record import record
-from corral.domain.types import UserId
+from corral.domain.types import ADMIN_ROLE, UserId
 from corral.store.database import Database
 from corral.store.events import TOKEN_REVOKED, append_events
 from corral.store.tables import api_tokens, users
 
-ROLES = ("admin", "user")
+ROLES = (ADMIN_ROLE, "user")
 TOKEN_PREFIX = "crl_"  # makes a leaked corral token easy to recognise (and to scan for)
 
 
@@ -31,7 +31,7 @@ class Principal:
     @property
     def is_admin(self) -> bool:
         """Admins see and act on everything."""
-        return self.role == "admin"
+        return self.role == ADMIN_ROLE
 
 
 @record

@@ -191,8 +191,9 @@ async def test_run_follows_a_session_to_its_exit_code(world: ApiWorld, connect: 
         await _exit(world, running, 3)
         assert await follower == 3
     assert (stdout.getvalue(), stderr.getvalue()) == (b"42\n", b"warning\n")
-    phases = [line.removeprefix(f"session {session.id} ") for line in lines]
+    assert lines[0] == f"session {session.number} ({session.id}) PENDING"
+    phases = [line.split(" ")[-1] if line.startswith("session") else line for line in lines]
     assert [p for p in phases if not p.startswith("  ")][:6] == [
         "PENDING", "SCHEDULED", "PREPARING", "PREPARED", "CREATING", "RUNNING",
     ]  # fmt: skip
-    assert phases[-1] == "TERMINATED (failure), exit code 3"
+    assert lines[-1] == f"session {session.number} TERMINATED (failure), exit code 3"

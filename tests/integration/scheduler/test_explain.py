@@ -27,6 +27,7 @@ from tests.integration.store._factories import (
     add_sessions,
     add_user,
     history_rows,
+    number_of,
     update_sessions,
 )
 
@@ -98,7 +99,7 @@ async def test_session_waiting_for_a_dependency_says_which(db: Database) -> None
 
     assert (explained.outcome, explained.code) == ("waiting", DEPENDENCY_PENDING)
     assert (explained.position, explained.queue_length) == (2, 2)
-    assert str(dependency)[:8] in explained.message
+    assert f"session {await number_of(db, dependency)}" in explained.message
     assert await footprint(db, [dependency, dependant]) == before
 
 

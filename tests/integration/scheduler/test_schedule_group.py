@@ -37,6 +37,7 @@ from tests.integration.store._factories import (
     assert_kernels_follow_sessions,
     assert_slots_consistent,
     history_rows,
+    number_of,
     set_group_options,
     update_agents,
     update_sessions,
@@ -245,7 +246,7 @@ async def test_session_waits_while_its_dependency_has_not_ended(
 
     decision = result.plan.decisions[dependant]
     assert (decision.outcome, decision.code) == (Outcome.WAITING, DEPENDENCY_PENDING)
-    assert str(dependency)[:8] in decision.message
+    assert f"session {await number_of(db, dependency)}" in decision.message
     handled = result.handler_result()
     assert dependant in handled.skipped and not handled.notes[dependant].permanent
     assert (await statuses(db, [dependant]))[dependant] is S.PENDING
@@ -270,7 +271,7 @@ async def test_session_fails_when_its_dependency_ended_badly(
     assert handled.failures == [dependant] and handled.successes == []
     note = handled.notes[dependant]
     assert (note.code, note.permanent) == (DEPENDENCY_FAILED, True)
-    assert str(dependency)[:8] in note.message
+    assert f"session {await number_of(db, dependency)}" in note.message
 
 
 async def test_session_runs_once_its_dependency_terminated_successfully(db: Database) -> None:

@@ -287,3 +287,11 @@ async def history_rows(db: Database, phase: str) -> list[tuple[SessionId, str, s
             .order_by(session_history.c.id)
         )
         return [(SessionId(sid), result, to, attempts) for sid, result, to, attempts in rows]
+
+
+async def number_of(db: Database, session_id: SessionId) -> int:
+    """The session's short number (as users name it in messages)."""
+    async with db.read() as conn:
+        number = await conn.scalar(sa.select(sessions.c.number).where(sessions.c.id == session_id))
+    assert number is not None, session_id
+    return int(number)

@@ -43,6 +43,7 @@ def session_json(**fields: Any) -> dict[str, Any]:
     session_id = str(fields.pop("id", uuid.uuid4()))
     base: dict[str, Any] = {
         "id": session_id,
+        "number": 1,
         "name": None,
         "owner": "alice",
         "type": "BATCH",
@@ -64,6 +65,7 @@ def session_json(**fields: Any) -> dict[str, Any]:
         "resources": {"cpu": 1, "mem": 1024**3},
         "creation_id": None,
         "kernels": [kernel_json(0)],
+        "reason": None,
     }
     return {**base, **fields}
 
@@ -147,10 +149,33 @@ class FakeApi:
         return Client(URL, TOKEN, transport=httpx.MockTransport(self.handle))
 
     def add_session(self, **fields: Any) -> str:
-        """Store a session (see `session_json`); its id."""
-        session = session_json(**fields)
+        """Store a session (see `session_json`), numbered after the last; its id."""
+        number = max((s["number"] for s in self.sessions.values()), default=0) + 1
+        session = session_json(**{"number": number, **fields})
         self.sessions[session["id"]] = session
         return str(session["id"])
+
+    def find(self, ref: str) -> str | httpx.Response:
+        """The id of the session `ref` names (as `store.session_refs` reads it), or the 404 or
+        409 problem the API answers."""
+        if ref in self.sessions:
+            return ref
+        by_number = [i for i, s in self.sessions.items() if str(s["number"]) == ref]
+        named = [i for i, s in self.sessions.items() if s["name"] == ref]
+        prefixed = [i for i in self.sessions if i.replace("-", "").startswith(ref.replace("-", ""))]
+        for found in (by_number, named, prefixed):
+            if len(found) > 1:
+                numbers = ", ".join(str(self.sessions[i]["number"]) for i in found)
+                candidates = [{"number": self.sessions[i]["number"], "id": i} for i in found]
+                return problem(
+                    409,
+                    "session-ambiguous",
+                    f"{ref!r} fits several sessions ({numbers}); give the session's number",
+                    candidates=candidates,
+                )
+            if found:
+                return found[0]
+        return _no_session(ref)
 
     async def move(self, session_id: str, status: str, reason: str = "") -> None:
         """Change a session's status, recording a `session.status_changed` event."""
@@ -216,7 +241,12 @@ class FakeApi:
         for method, pattern, route in self._routes:
             match = pattern.fullmatch(request.url.path)
             if match and request.method == method:
-                return await route(request, *match.groups())
+                if not match.groups():
+                    return await route(request)
+                found = self.find(match.group(1))  # every session route takes a reference
+                if isinstance(found, httpx.Response):
+                    return found
+                return await route(request, found)
         return problem(404, "not-found", "Not Found")
 
     # --- routes -----------------------------------------------------------------------------
@@ -272,7 +302,12 @@ class FakeApi:
             await self.move(session_id, "TERMINATING", "user request")
             if self.on_terminate is not None:
                 await self.on_terminate(session_id)
-        body = {"id": session_id, "outcome": outcome, "status": session["status"]}
+        body = {
+            "id": session_id,
+            "number": session["number"],
+            "outcome": outcome,
+            "status": session["status"],
+        }
         return httpx.Response(200, json=body)
 
     async def _logs(self, request: httpx.Request, session_id: str) -> httpx.Response:
@@ -308,12 +343,13 @@ class FakeApi:
         pending = session["status"] == "PENDING"
         body = {
             "session_id": session_id,
+            "number": session["number"],
             "status": session["status"],
             "resource_group": session["resource_group"],
             "position": 1 if pending else None,
             "queue_length": 2 if pending else 1,
             "outcome": "waiting" if pending else "not_pending",
-            "code": "insufficient_resources" if pending else None,
+            "code": "no_capacity" if pending else None,
             "message": self.explanation_message if pending else "the session is not pending",
         }
         return httpx.Response(200, json=body)

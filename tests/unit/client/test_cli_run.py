@@ -36,10 +36,10 @@ def test_the_commands_output_alone_reaches_stdout(cli: Cli, api: FakeApi) -> Non
     session_id = next(iter(api.sessions))
     # The scheduler's reason (indented) may show while the session is PENDING.
     phases = [line for line in result.stderr.splitlines() if not line.startswith("corral:  ")]
-    assert phases == [
-        f"corral: session {session_id} {status}"
-        for status in ("PENDING", "SCHEDULED", "PREPARING", "PREPARED", "CREATING", "RUNNING")
-    ] + [f"corral: session {session_id} TERMINATED (success), exit code 0"]
+    assert phases == [f"corral: session 1 ({session_id}) PENDING"] + [
+        f"corral: session 1 {status}"
+        for status in ("SCHEDULED", "PREPARING", "PREPARED", "CREATING", "RUNNING")
+    ] + ["corral: session 1 TERMINATED (success), exit code 0"]
 
 
 def test_the_submitted_spec_is_a_batch_session_with_the_flags(cli: Cli, api: FakeApi) -> None:
@@ -108,11 +108,12 @@ def test_an_unsuccessful_end_exits_nonzero(
     assert f"{status} (" in last and "): agent_lost" in last
 
 
-def test_detach_prints_the_id_and_returns(cli: Cli, api: FakeApi) -> None:
-    """`--detach` prints only the session id and follows nothing."""
+def test_detach_prints_the_number_and_returns(cli: Cli, api: FakeApi) -> None:
+    """`--detach` prints only the session's number and follows nothing."""
+    api.add_session(status="TERMINATED")  # numbered 1: the new one is 2
     result = cli("run", "--detach", "--", "sleep", "100")
     assert result.exit_code == 0
-    assert result.stdout == f"{next(iter(api.sessions))}\n"
+    assert result.stdout == "2\n"
     assert [r.url.path for r in api.requests] == ["/v1/sessions"]
 
 
@@ -165,7 +166,7 @@ def test_ctrl_c_without_a_terminal_terminates_and_exits_130(cli: Cli, api: FakeA
     assert result.stdout_bytes == b"partial\n"
     session_id = next(iter(api.sessions))
     assert api.sent("POST", f"/v1/sessions/{session_id}/terminate")
-    assert f"corral: session {session_id}: terminating" in result.stderr
+    assert "corral: session 1: terminating" in result.stderr
 
 
 def test_a_lost_connection_says_the_session_may_still_run(cli: Cli, api: FakeApi) -> None:
@@ -176,8 +177,5 @@ def test_a_lost_connection_says_the_session_may_still_run(cli: Cli, api: FakeApi
 
     api.on_follow = broken
     result = cli("run", "--", "python", "train.py")
-    session_id = next(iter(api.sessions))
     assert result.exit_code == 1
-    assert result.stderr.splitlines()[-1].endswith(
-        f"may still be running: `corral session info {session_id}`"
-    )
+    assert result.stderr.splitlines()[-1].endswith("may still be running: `corral session info 1`")

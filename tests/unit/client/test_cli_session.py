@@ -22,49 +22,77 @@ def _lines(text: str) -> list[list[str]]:
 
 
 def test_ls_prints_an_aligned_table_of_the_callers_sessions(cli: Cli, api: FakeApi) -> None:
-    """Headers and one row per session, columns aligned; only the caller's own are asked for."""
+    """Headers and one row per session, columns aligned; only the caller's own are asked for,
+    active ones, with the reasons pending ones wait."""
     api.add_session(id=FIRST, name="train", status="RUNNING")
-    api.add_session(id=SECOND, owner="bob")
+    api.add_session(id=SECOND, reason="no_capacity")
+    api.add_session(owner="bob")
     result = cli("session", "ls")
     assert result.exit_code == 0, result.output
-    header, row = result.stdout.splitlines()
+    header, second, first = result.stdout.splitlines()
     assert header.split() == [
-        "ID", "NAME", "STATUS", "TYPE", "SIZE", "RESOURCES", "GROUP", "AGE", "EXIT",
+        "NUMBER", "NAME", "STATUS", "REASON", "GROUP", "AGE", "TIME", "EXIT",
     ]  # fmt: skip
-    assert row.split()[:7] == [FIRST, "train", "RUNNING", "BATCH", "1", "cpu=1", "mem=1GiB"]
-    assert header.index("STATUS") == row.index("RUNNING")
-    assert api.sent("GET", "/v1/sessions")[0].url.params["owner"] == "alice"
+    assert first.split()[:5] == ["1", "train", "RUNNING", "-", "default"]
+    assert second.split()[:5] == ["2", "-", "PENDING", "no_capacity", "default"]
+    assert header.index("STATUS") == first.index("RUNNING")
+    params = api.sent("GET", "/v1/sessions")[0].url.params
+    assert (params["owner"], params["reasons"]) == ("alice", "true")
+    assert "TERMINATED" not in params.get_list("status")
+    assert {"PENDING", "RUNNING"} <= set(params.get_list("status"))
 
 
 def test_ls_all_asks_for_every_owner_and_shows_the_owner(cli: Cli, api: FakeApi) -> None:
-    """`--all` sends no owner filter and adds an OWNER column."""
+    """An admin's `--all` sends no owner filter and adds a USER column."""
+    api.role = "admin"
     api.add_session(id=FIRST, owner="bob")
     result = cli("session", "ls", "--all")
     assert result.exit_code == 0, result.output
-    assert _lines(result.stdout)[1][:3] == [FIRST, "-", "bob"]
+    assert _lines(result.stdout)[1][:3] == ["1", "-", "bob"]
     assert "owner" not in api.sent("GET", "/v1/sessions")[0].url.params
+
+
+def test_ls_all_by_a_non_admin_is_a_usage_error(cli: Cli, api: FakeApi) -> None:
+    """`--all` (or another `--user`) from a user says it needs an admin, exit 2, no listing."""
+    for flags in (["--all"], ["--user", "bob"]):
+        result = cli("session", "ls", *flags)
+        assert result.exit_code == 2
+        assert result.stderr.startswith("corral: error: ")
+        assert "needs an admin" in result.stderr
+    assert api.sent("GET", "/v1/sessions") == []
+
+
+def test_ls_all_states_and_since(cli: Cli, api: FakeApi) -> None:
+    """`--all-states` asks for every status; `--since 2h` is passed on for the API to read."""
+    cli("session", "ls", "--all-states", "--since", "2h")
+    params = api.sent("GET", "/v1/sessions")[0].url.params
+    assert (params.get_list("status"), params["since"]) == ([], "2h")
+    both = cli("session", "ls", "--all-states", "--state", "running")
+    assert both.exit_code == 2 and "--all-states" in both.stderr
 
 
 def test_ls_json_is_a_list_of_sessions(cli: Cli, api: FakeApi) -> None:
     """`--json` prints a JSON list with the sessions' fields."""
     api.add_session(id=FIRST, status="ERROR", exit_code=3)
-    result = cli("session", "ls", "--json")
+    result = cli("session", "ls", "--json", "--state", "error")
     sessions = json.loads(result.stdout)
-    assert [(s["id"], s["status"], s["exit_code"]) for s in sessions] == [(FIRST, "ERROR", 3)]
+    assert [(s["number"], s["id"], s["status"], s["exit_code"]) for s in sessions] == [
+        (1, FIRST, "ERROR", 3)
+    ]
 
 
 def test_ls_filters_by_status_case_insensitively(cli: Cli, api: FakeApi) -> None:
-    """`--status running` asks the API for RUNNING sessions."""
-    cli("session", "ls", "--status", "running", "-s", "PENDING")
+    """`--state running,error -s PENDING` asks the API for those three statuses."""
+    cli("session", "ls", "--state", "running,error", "-s", "PENDING")
     params = api.sent("GET", "/v1/sessions")[0].url.params
-    assert params.get_list("status") == ["RUNNING", "PENDING"]
+    assert params.get_list("status") == ["RUNNING", "ERROR", "PENDING"]
 
 
 def test_ls_refuses_an_unknown_status(cli: Cli, api: FakeApi) -> None:
     """A misspelt status is a usage error (exit 2) listing the statuses, before any request."""
-    result = cli("session", "ls", "--status", "RUNING")
+    result = cli("session", "ls", "--state", "RUNING")
     assert result.exit_code == 2
-    assert "corral: error: --status 'RUNING' is not a session status" in result.stderr
+    assert "corral: error: --state 'RUNING' is not a session state" in result.stderr
     assert api.requests == []
 
 
@@ -80,7 +108,7 @@ def test_ls_limit_stops_after_enough_sessions(cli: Cli, api: FakeApi) -> None:
 def test_ls_without_sessions_says_so_on_stderr(cli: Cli) -> None:
     """An empty listing prints nothing on stdout and a note on stderr."""
     result = cli("session", "ls")
-    assert (result.exit_code, result.stdout, result.stderr) == (0, "", "no sessions\n")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "", "no active sessions\n")
 
 
 def test_info_shows_the_session_and_its_kernels(cli: Cli, api: FakeApi) -> None:
@@ -99,6 +127,7 @@ def test_info_shows_the_session_and_its_kernels(cli: Cli, api: FakeApi) -> None:
     result = cli("session", "info", "aaaa")
     assert result.exit_code == 0, result.output
     out = result.stdout
+    assert "number:     1" in out
     assert f"id:         {FIRST}" in out
     assert "command:    python -c 'print(42)'" in out
     assert "failure:    agent_lost" in out
@@ -168,10 +197,10 @@ def test_history_is_a_table_of_phases(cli: Cli, api: FakeApi) -> None:
 def test_explain_says_where_the_session_waits_and_why(cli: Cli, api: FakeApi) -> None:
     """The queue position and the scheduler's reason, in words."""
     api.add_session(id=FIRST)
-    out = cli("session", "explain", FIRST).stdout
+    out = cli("session", "explain", "1").stdout
     assert out == (
-        f"session {FIRST}: PENDING, position 1 of 2 in resource group 'default'\n"
-        "  waiting (insufficient_resources): no agent has 8 cpu free\n"
+        "session 1: PENDING, position 1 of 2 in resource group 'default'\n"
+        "  waiting (no_capacity): no agent has 8 cpu free\n"
     )
     assert json.loads(cli("session", "explain", FIRST, "--json").stdout)["position"] == 1
 
@@ -179,12 +208,10 @@ def test_explain_says_where_the_session_waits_and_why(cli: Cli, api: FakeApi) ->
 def test_terminate_reports_the_outcome(cli: Cli, api: FakeApi) -> None:
     """Terminating a running session says it is terminating; again, that it had ended."""
     api.add_session(id=FIRST, status="RUNNING")
-    assert cli("session", "terminate", FIRST).stdout == (
-        f"session {FIRST}: terminating (TERMINATING)\n"
-    )
+    assert cli("session", "terminate", "1").stdout == "session 1: terminating (TERMINATING)\n"
     api.sessions[FIRST]["status"] = "TERMINATED"
     assert cli("session", "terminate", FIRST).stdout == (
-        f"session {FIRST} had already ended (TERMINATED)\n"
+        "session 1 had already ended (TERMINATED)\n"
     )
 
 
@@ -193,7 +220,7 @@ def test_rm_removes_ended_sessions_and_refuses_running_ones(cli: Cli, api: FakeA
     api.add_session(id=FIRST, status="TERMINATED")
     api.add_session(id=SECOND, status="RUNNING")
     removed = cli("session", "rm", FIRST)
-    assert (removed.exit_code, removed.stdout) == (0, f"removed session {FIRST}\n")
+    assert (removed.exit_code, removed.stdout) == (0, f"removed session 1 ({FIRST})\n")
     refused = cli("session", "rm", SECOND)
     assert refused.exit_code == 1
     assert refused.stderr == f"corral: error: session {SECOND} has not ended\n"
@@ -207,13 +234,13 @@ def test_an_unknown_session_exits_1_with_the_apis_message(cli: Cli) -> None:
     assert result.stderr == f"corral: error: no session {FIRST}\n"
 
 
-def test_an_ambiguous_prefix_is_a_usage_error(cli: Cli, api: FakeApi) -> None:
-    """A prefix of two sessions exits 2, naming both."""
+def test_an_ambiguous_prefix_exits_1_naming_the_numbers(cli: Cli, api: FakeApi) -> None:
+    """A prefix of two sessions is the API's 409, which names both numbers."""
     api.add_session(id="abcd1111-0000-4000-8000-000000000000")
     api.add_session(id="abcd2222-0000-4000-8000-000000000000")
     result = cli("session", "info", "abcd")
-    assert result.exit_code == 2
-    assert "is ambiguous" in result.stderr
+    assert result.exit_code == 1
+    assert "fits several sessions (1, 2)" in result.stderr
 
 
 def test_a_refused_token_exits_1(cli: Cli, api: FakeApi, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -266,25 +266,31 @@ async def test_resolve_session_id_accepts_a_full_id_without_a_request() -> None:
     assert api.requests == []
 
 
-async def test_resolve_session_id_finds_a_unique_prefix_or_name() -> None:
-    """A unique id prefix or an exact name resolves to the session's id."""
+async def test_resolve_session_id_asks_the_server_for_a_number_prefix_or_name() -> None:
+    """A number, a unique id prefix or an exact name is resolved by the API to the id."""
     api = FakeApi()
     first = api.add_session(id="aaaa1111-0000-4000-8000-000000000000", name="train")
     api.add_session(id="bbbb2222-0000-4000-8000-000000000000")
     async with api.client() as client:
+        assert str(await client.resolve_session_id("1")) == first
         assert str(await client.resolve_session_id("aaaa")) == first
         assert str(await client.resolve_session_id("train")) == first
+    assert [r.url.path for r in api.requests] == [
+        "/v1/sessions/1",
+        "/v1/sessions/aaaa",
+        "/v1/sessions/train",
+    ]
 
 
 async def test_resolve_session_id_refuses_ambiguous_and_unknown_references() -> None:
-    """A prefix of two sessions is ambiguous (both listed); one of none is not found."""
+    """A prefix of two sessions is a conflict naming both numbers; one of none is not found."""
     api = FakeApi()
     api.add_session(id="abcd1111-0000-4000-8000-000000000000")
     api.add_session(id="abcd2222-0000-4000-8000-000000000000")
     async with api.client() as client:
-        with pytest.raises(ValidationError, match=r"abcd2222.*abcd1111.*give more of the id"):
+        with pytest.raises(ConflictError, match=r"\(1, 2\); give the session's number"):
             await client.resolve_session_id("abcd")
-        with pytest.raises(NotFoundError, match="corral session ls"):
+        with pytest.raises(NotFoundError):
             await client.resolve_session_id("ffff")
 
 
@@ -313,7 +319,7 @@ async def test_terminate_history_explain_and_delete() -> None:
         result = await client.terminate_session(session_id)
         await api.finish(session_id)
         await client.delete_session(session_id)
-    assert (explanation.position, explanation.code) == (1, "insufficient_resources")
+    assert (explanation.position, explanation.code) == (1, "no_capacity")
     assert history[0].attempts == 3
     assert (result.outcome, result.status) == ("terminating", SessionStatus.TERMINATING)
     assert session_id not in api.sessions

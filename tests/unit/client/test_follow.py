@@ -76,7 +76,8 @@ async def test_without_events_the_poll_shows_the_phases() -> None:
     assert await _follow(api, screen, session_id) == 0
     phases = [line.rsplit(" ", 1)[-1] for line in screen.lines if not line.startswith("  ")]
     assert phases == ["PENDING", "SCHEDULED", "RUNNING", "0"]
-    assert screen.lines[-1] == f"session {session_id} TERMINATED (success), exit code 0"
+    assert screen.lines[0] == f"session 1 ({session_id}) PENDING"  # the number, then the id
+    assert screen.lines[-1] == "session 1 TERMINATED (success), exit code 0"
 
 
 async def test_a_pending_session_shows_the_schedulers_reason_when_it_changes() -> None:
@@ -113,9 +114,9 @@ async def test_ctrl_c_answered_yes_terminates_and_follows_to_the_end() -> None:
     api.on_follow = interrupted
     screen = Screen(answer=True)
     assert await _follow(api, screen, session_id) == 130
-    assert screen.questions == [f"terminate session {session_id}? [y/N] "]
+    assert screen.questions == ["terminate session 1? [y/N] "]
     assert screen.stdout.getvalue() == b"saving checkpoint\n"
-    assert screen.lines[-1] == f"session {session_id} TERMINATED (cancelled), exit code -15"
+    assert screen.lines[-1] == "session 1 TERMINATED (cancelled), exit code -15"
 
 
 async def test_ctrl_c_answered_no_leaves_the_session_running() -> None:
@@ -132,7 +133,7 @@ async def test_ctrl_c_answered_no_leaves_the_session_running() -> None:
     assert await _follow(api, screen, session_id) == 130
     assert not api.sent("POST", f"/v1/sessions/{session_id}/terminate")
     assert screen.lines[-1] == (
-        f"session {session_id} keeps running; follow it with `corral session logs -f {session_id}`"
+        "session 1 keeps running; follow it with `corral session logs -f 1`"
     )
 
 
@@ -150,7 +151,7 @@ async def test_a_second_ctrl_c_stops_waiting_for_the_termination() -> None:
     api.on_follow = interrupted
     screen = Screen(answer=True)
     assert await _follow(api, screen, session_id) == 130
-    assert screen.lines[-1] == f"session {session_id} is terminating; not waiting for it"
+    assert screen.lines[-1] == "session 1 is terminating; not waiting for it"
     assert len(screen.questions) == 1
 
 
