@@ -62,7 +62,8 @@ def ls_command(
         str | None, typer.Option("--type", help="BATCH, INTERACTIVE or INFERENCE.")
     ] = None,
     array: Annotated[
-        str | None, typer.Option(help="Only the elements of this job array (its id).")
+        str | None,
+        typer.Option(help="The elements of this job array (its id), in every state by default."),
     ] = None,
     limit: Annotated[
         int | None, typer.Option(min=1, help="At most this many, newest first (default: all).")
@@ -76,7 +77,8 @@ def ls_command(
     if state and all_states:
         fail("--state and --all-states: give one or the other")
     statuses = [_status(value) for item in state or () for value in item.split(",") if value]
-    if not statuses and not all_states:
+    # An array's elements are listed whole, like `sacct -j`: its ended ones are its results.
+    if not statuses and not all_states and array is None:
         statuses = [s.value for s in SessionStatus if s not in SESSION_TERMINAL]
 
     async def fetch(client: Client) -> list[Session]:
