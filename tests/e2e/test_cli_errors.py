@@ -115,7 +115,7 @@ def test_server_errors_and_quantities_through_a_real_manager(up: Up) -> None:
     session_id = submitted.stdout.strip()
     info = json.loads(up.corral("session", "info", session_id, "--json").stdout)
     assert info["resources"] == {"cpu": 0.5, "mem": 512 * 1024**2}
-    listed = json.loads(up.corral("session", "ls", "--json").stdout)
+    listed = json.loads(up.corral("session", "ls", "--all-states", "--json").stdout)
     assert [s["resources"] for s in listed] == [{"cpu": 0.5, "mem": 512 * 1024**2}]
     shown = up.corral("session", "info", session_id)
     assert "cpu=0.5 mem=512MiB per kernel" in shown.stdout
