@@ -10,7 +10,7 @@ import base64
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 from corral.domain.session import KernelIntent
 from corral.domain.slots import ResourceSlots
@@ -102,13 +102,15 @@ class KernelReportMessage(_Message):
 
     kernel_id: uuid.UUID
     status: KernelStatus
-    exit_code: int | None = Field(default=None, ge=EXIT_CODE_MIN, le=EXIT_CODE_MAX)
+    # Strict: a report is answered per kernel (200 even when each is refused), so a mistyped
+    # field must fail the request itself rather than be coerced (`false` is not exit code 0).
+    exit_code: StrictInt | None = Field(default=None, ge=EXIT_CODE_MIN, le=EXIT_CODE_MAX)
     failure_cause: str | None = Field(default=None, max_length=64)
     message: str | None = Field(default=None, max_length=4096)
     runtime_info: dict[str, Any] | None = None
-    stage_failed: bool = False
+    stage_failed: StrictBool = False
     # The placement the report is about, as the assignment named it (None: the current one).
-    attempt: int | None = Field(default=None, ge=0)
+    attempt: StrictInt | None = Field(default=None, ge=0)
 
 
 class ReportBatch(_Message):
