@@ -78,7 +78,7 @@ async def test_a_dependant_is_cancelled_when_its_dependency_failed(world: ApiWor
     assert ended["result"] == SessionResult.FAILURE
     dependant = await _get(world, world.alice, b)
     assert dependant["status"] == "CANCELLED"
-    assert a[:8] in dependant["status_info"]
+    assert f"session {(await _get(world, world.alice, a))['number']} " in dependant["status_info"]
 
 
 async def test_a_dependant_waits_with_a_reason_naming_the_dependency_and_kind(
@@ -90,7 +90,8 @@ async def test_a_dependant_waits_with_a_reason_naming_the_dependency_and_kind(
     await world.cluster.settle()
     assert (await _get(world, world.alice, b))["status"] == "PENDING"
     why = await world.http.get(f"/v1/sessions/{b}/explain", headers=world.alice.headers)
-    assert f"waiting for session {a[:8]} (afterany)" in why.json()["message"]
+    number = (await _get(world, world.alice, a))["number"]
+    assert f"waiting for session {number} (afterany)" in why.json()["message"]
 
 
 @pytest.mark.parametrize(
@@ -115,7 +116,8 @@ async def test_each_kind_after_a_success_or_a_failure(
         assert dependant["status"] == "RUNNING"
     else:
         assert dependant["status"] == "CANCELLED"
-        assert f"session {a[:8]} ({kind})" in dependant["status_info"]
+        number = (await _get(world, world.alice, a))["number"]
+        assert f"session {number} ({kind})" in dependant["status_info"]
 
 
 async def test_an_unknown_dependency_kind_is_a_422_naming_the_field(world: ApiWorld) -> None:

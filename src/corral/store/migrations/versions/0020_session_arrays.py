@@ -41,7 +41,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_index("ix_sessions_array_id", table_name="sessions")
-    with op.batch_alter_table("sessions") as batch:
-        batch.drop_column("array_throttle")
-        batch.drop_column("array_index")
-        batch.drop_column("array_id")
+    # Plain DROP COLUMNs, as 0017 does: a batch (copy-and-move) on SQLite drops the old sessions
+    # table, whose ON DELETE CASCADE empties `kernels`.
+    op.drop_column("sessions", "array_throttle")
+    op.drop_column("sessions", "array_index")
+    op.drop_column("sessions", "array_id")
