@@ -26,6 +26,15 @@ from corral.domain.slots import ResourceSlots, SlotError
 
 RuntimeName = Literal["process", "simulated"]
 PYTHON_ENVVAR = "CORRAL_AGENT_PYTHON"  # `--python` of `corral agent` and `corral up`
+# `--python` of `corral agent` and `corral up`: what `python` means in jobs.
+PythonOption = Annotated[
+    Path | None,
+    typer.Option(
+        envvar=PYTHON_ENVVAR,
+        help="What `python` means in jobs: an interpreter or a venv (default: the first "
+        "python3 on PATH outside corral's own virtualenv).",
+    ),
+]
 
 
 def detect_slots() -> ResourceSlots:
@@ -83,14 +92,7 @@ def agent_command(
         list[str] | None,
         typer.Option(help="NAME=PATH: an extra image (an interpreter or a venv). Repeatable."),
     ] = None,
-    python: Annotated[
-        Path | None,
-        typer.Option(
-            envvar=PYTHON_ENVVAR,
-            help="What `python` means in jobs: an interpreter or a venv (default: the first "
-            "python3 on PATH outside corral's own virtualenv).",
-        ),
-    ] = None,
+    python: PythonOption = None,
     on_shutdown: Annotated[
         str,
         typer.Option(

@@ -11,7 +11,7 @@ import typer
 
 from corral._logging import configure_logging
 from corral.cli._common import fail, settings_from_flags
-from corral.cli.agent import PYTHON_ENVVAR, detect_slots
+from corral.cli.agent import PythonOption, detect_slots
 from corral.manager.up import UpConfig, UpReady, run_up
 
 
@@ -23,14 +23,7 @@ def up_command(
     agents: Annotated[
         int, typer.Option(min=1, max=16, help="Local agents sharing this machine (multi-node).")
     ] = 1,
-    python: Annotated[
-        Path | None,
-        typer.Option(
-            envvar=PYTHON_ENVVAR,
-            help="What `python` means in jobs: an interpreter or a venv (default: the first "
-            "python3 on PATH outside corral's own virtualenv).",
-        ),
-    ] = None,
+    python: PythonOption = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR.")] = "WARNING",
 ) -> None:
     """Run corral on this machine (SQLite, one local agent) until Ctrl-C."""
