@@ -5,8 +5,9 @@ the hint could be consumed (or, while the hint bus is down, whether a hint was s
 run it every short tick). While the task is busy (a run of it moved something within the last
 debounce period) a pushed hint is debounced first, so a burst of hints becomes one batch; a
 hint after a quiet spell, or after a run that found nothing to do (a promotion woken before the
-agents answered), runs at once, so a lone submission pays no debounce at any phase. Long loop: every
-`long_interval_s`, run the task whatever the hints say. A lost hint or a dead hint bus costs
+agents answered), runs at once, so a lone submission pays no debounce at any phase. Long loop:
+at start and every `long_interval_s` after, run the task whatever the hints say (a forced run
+that finds the lock held is retried until it runs). A lost hint or a dead hint bus costs
 latency, never correctness (DESIGN.md, "Coordination"). Due times: a run may report when the
 task next has work that no hint will announce (`TaskRun.due_in_s`: a phase timeout, a start
 time, a deadline); the loop wakes then and runs the task, so time-driven work is done within
@@ -76,6 +77,7 @@ class DualLoop:
         long_interval_s: float = 60.0,
         debounce_s: float = 0.005,
         lock_linger_s: float = 1.0,
+        run_at_start: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not short_interval_s > 0:
@@ -101,6 +103,7 @@ class DualLoop:
         self._long_interval_s = long_interval_s
         self._debounce_s = debounce_s
         self._lock_linger_s = lock_linger_s
+        self._run_at_start = run_at_start
         self._clock = clock
         # Counters for metrics and tests. `runs` counts completed runs, forced ones included.
         self.runs = 0
@@ -137,7 +140,12 @@ class DualLoop:
         if self._running:
             raise RuntimeError(f"the loop of task {self.task.name!r} is already running")
         self._running = True
-        self._next_forced_at = self._clock() + self._long_interval_s
+        # A manager (re)started owes each task a run: the hints it consumed before a crash are
+        # gone, and with managers restarting more often than the long interval, a long loop
+        # counted from start would never come (issue 32, the chaos run with kills every 5 s).
+        self._next_forced_at = self._clock() + (
+            0.0 if self._run_at_start else self._long_interval_s
+        )
         pause = False  # after a failure or a busy lock: wait, don't answer a set hint at once
         retry = False  # a failed run's work is still owed, hint or not
         try:
@@ -161,7 +169,10 @@ class DualLoop:
                     self.attempts += 1
                     continue
                 outcome = await self._attempt(forced=forced, retry=retry, due=due)
-                if due and outcome is _Outcome.BUSY and self._due_at is None:
+                # A due or forced run left to the lock's holder is owed until it happens: the
+                # holder may only be lingering for hints, or be dead with its lock not yet
+                # expired.
+                if (due or forced) and outcome is _Outcome.BUSY and self._due_at is None:
                     self._due_at = self._clock() + DUE_BUSY_RETRY_S
                 retry = outcome is _Outcome.FAILED or (retry and outcome is _Outcome.BUSY)
                 pause = outcome in (_Outcome.FAILED, _Outcome.BUSY)

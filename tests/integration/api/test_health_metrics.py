@@ -67,7 +67,12 @@ class ProbeLoop:
         self.ran = asyncio.Event()
         task = Task(PROBE, "probe", self._run)
         self.loop = DualLoop(
-            task, self.hints, MemoryLockManager(), short_interval_s=NEVER_S, long_interval_s=NEVER_S
+            task,
+            self.hints,
+            MemoryLockManager(),
+            short_interval_s=NEVER_S,
+            long_interval_s=NEVER_S,
+            run_at_start=False,
         )
         self._runner: asyncio.Task[None] | None = None
 

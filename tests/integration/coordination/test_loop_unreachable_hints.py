@@ -38,6 +38,7 @@ async def test_an_unreachable_hint_server_leaves_the_long_loop_running(
         MemoryLockManager(),
         short_interval_s=0.01,
         long_interval_s=60,
+        run_at_start=False,  # the forced runs counted are the long loop's
         clock=lambda: now[0],
     )
     running = asyncio.create_task(loop.run())

@@ -72,8 +72,10 @@ def make_loop(
     lock: str | None = LOCK,
     **intervals: Any,
 ) -> DualLoop:
-    """A loop over one task named and hinted "schedule"."""
+    """A loop over one task named and hinted "schedule"; unless asked, without the run at start
+    (the tests count runs from hints and intervals)."""
     task = Task(name=HINT, hint=HINT, run=recorder, lock=lock)
+    intervals.setdefault("run_at_start", False)
     return DualLoop(task, hints, locks or MemoryLockManager(), **intervals)
 
 
@@ -346,19 +348,39 @@ async def test_a_lingering_hold_ends_when_the_long_loop_comes_due() -> None:
         assert (loop.runs, loop.lock_holds) == (2, 2)
 
 
-async def test_a_forced_run_that_finds_the_lock_busy_is_left_to_the_holder() -> None:
-    """The lock's holder is running the task, so the long deadline moves on without a run."""
+async def test_a_forced_run_that_finds_the_lock_busy_is_owed_until_it_runs() -> None:
+    """The lock's holder may only be lingering for hints, or be a killed manager whose lock has
+    not expired: a forced run that finds the lock held is tried again soon and runs once the
+    lock is free, with no hint."""
     hints, locks, recorder, clock = MemoryHintBus(), MemoryLockManager(), Recorder(), FakeClock()
     loop = make_loop(recorder, hints, locks, short_interval_s=0.01, long_interval_s=60, clock=clock)
     async with running(loop):
         async with locks.hold(LOCK):
             clock.now = 60
-            # The attempt after the one in progress (if any) is the forced one.
-            attempts = loop.attempts
-            await eventually(lambda: loop.attempts >= attempts + 2)
+            await eventually(lambda: loop.lock_busy >= 1)
+            clock.now = 61  # past the busy retry, still held
+            busy = loop.lock_busy
+            await eventually(lambda: loop.lock_busy > busy)
+            assert recorder.calls == 0
+        clock.now = 62
+        await eventually(lambda: recorder.calls == 1)
         attempts = loop.attempts
         await eventually(lambda: loop.attempts >= attempts + 3)
-    assert recorder.calls == 0
+    assert recorder.calls == 1  # owed once, run once
+
+
+async def test_a_loop_runs_its_task_once_at_start() -> None:
+    """A (re)started manager owes every task a run: the hints it consumed before it was killed
+    are gone. With hour-long intervals and no hint, the task still runs once at start, then
+    waits."""
+    hints, recorder = MemoryHintBus(), Recorder()
+    loop = make_loop(
+        recorder, hints, short_interval_s=NEVER_S, long_interval_s=NEVER_S, run_at_start=True
+    )
+    async with running(loop):
+        await eventually(lambda: loop.forced_runs == 1)
+        await asyncio.sleep(0)  # one more turn of the loop: nothing else is due
+    assert recorder.calls == 1
 
 
 async def test_a_failing_run_is_logged_counted_and_retried(

@@ -45,7 +45,8 @@ class Handler:
 
 
 def make_loops(hints: MemoryHintBus, *handlers: Handler) -> list[DualLoop]:
-    """One idle loop per handler (hour-long intervals): only hints make them run."""
+    """One idle loop per handler (hour-long intervals, no run at start): only hints make them
+    run."""
     locks = MemoryLockManager()
     return [
         DualLoop(
@@ -54,6 +55,7 @@ def make_loops(hints: MemoryHintBus, *handlers: Handler) -> list[DualLoop]:
             locks,
             short_interval_s=NEVER_S,
             long_interval_s=NEVER_S,
+            run_at_start=False,
         )
         for handler in handlers
     ]
