@@ -453,6 +453,7 @@ class AgentDaemon:
             array_index=kernel.array_index,
             workdir=Path(spec["workdir"]) if spec.get("workdir") else None,
             upload=spec.get("upload") or None,
+            attempt=kernel.attempt,
         )
 
     # -- shutdown ---------------------------------------------------------------------------

@@ -400,7 +400,8 @@ async def test_runtime_facts_and_notes() -> None:
 
 
 async def test_the_journal_records_each_start_and_how_each_kernel_ended(tmp_path: Path) -> None:
-    """With a journal, a start and the kernel's end (exited by itself, or stopped) are recorded."""
+    """With a journal, a start (with its placement) and the kernel's end (exited by itself, or
+    stopped) are recorded."""
     journal = Journal(tmp_path / "journal.jsonl")
     runtime = SimulatedRuntime(
         SimulationProfile(run=Latency.fixed(5.0)), sleep=RecordingSleep(block=True), journal=journal
@@ -408,15 +409,18 @@ async def test_the_journal_records_each_start_and_how_each_kernel_ended(tmp_path
     stopped = await runtime.start(launch())
     await stopped.terminate(grace_s=1.0)
     quick = SimulatedRuntime(journal=journal)
-    ended = await quick.start(replace(launch(), kernel_id=KernelId(uuid.UUID(int=7))))
+    ended = await quick.start(replace(launch(), kernel_id=KernelId(uuid.UUID(int=7)), attempt=3))
     assert (await ended.wait()).exit_code == 0
     journal.close()
-    events = [(e["event"], e["kernel"], e.get("how")) for e in read_journal(journal.path)]
+    events = [
+        (e["event"], e["kernel"], e.get("attempt"), e.get("how"))
+        for e in read_journal(journal.path)
+    ]
     assert events == [
-        ("start", str(KERNEL_ID), None),
-        ("end", str(KERNEL_ID), "terminated"),
-        ("start", str(uuid.UUID(int=7)), None),
-        ("end", str(uuid.UUID(int=7)), "exited"),
+        ("start", str(KERNEL_ID), 0, None),
+        ("end", str(KERNEL_ID), None, "terminated"),
+        ("start", str(uuid.UUID(int=7)), 3, None),
+        ("end", str(uuid.UUID(int=7)), None, "exited"),
     ]
 
 

@@ -10,8 +10,16 @@ from corral.bench.chaos import checks
 CPU = {"cpu": 1000}
 
 
-def _start(t: float, kernel: str, slots: dict[str, int] = CPU) -> dict[str, Any]:
-    return {"event": JournalEvent.START.value, "t": t, "kernel": kernel, "slots": slots}
+def _start(
+    t: float, kernel: str, slots: dict[str, int] = CPU, *, attempt: int = 0
+) -> dict[str, Any]:
+    return {
+        "event": JournalEvent.START.value,
+        "t": t,
+        "kernel": kernel,
+        "attempt": attempt,
+        "slots": slots,
+    }
 
 
 def _end(t: float, kernel: str, how: EndHow) -> dict[str, Any]:
@@ -50,15 +58,30 @@ def test_a_kernel_started_while_it_runs_elsewhere_is_a_violation() -> None:
     assert checks.no_double_start(journals).violations == 1
 
 
-def test_a_kernel_stopped_or_lost_may_start_again() -> None:
-    """A kernel its agent stopped, or lost with a restart, may be placed and started anew."""
+def test_a_kernel_stopped_or_lost_may_start_again_as_a_new_placement() -> None:
+    """A kernel its agent stopped, or lost with a restart, may be placed and started anew: the
+    manager's next placement has the next attempt number."""
     journals = {
-        "a1": [_start(1, "k"), _end(2, "k", EndHow.TERMINATED), _start(3, "j"), _boot(4)],
-        "a2": [_start(5, "k"), _end(6, "k", EndHow.EXITED), _start(7, "j")],
+        "a1": [
+            _start(1, "k"),
+            _end(2, "k", EndHow.TERMINATED),
+            _start(3, "j"),
+            _boot(4),
+        ],
+        "a2": [_start(5, "k", attempt=1), _end(6, "k", EndHow.EXITED), _start(7, "j", attempt=1)],
     }
     result = checks.no_double_start(journals)
     assert result.ok, result.examples
     assert result.checked == 4
+
+
+def test_one_placement_started_again_after_its_agent_restarted_is_a_violation() -> None:
+    """An agent killed after it started a kernel, which starts the same placement again when it
+    comes back, ran the job twice although neither run ended by itself."""
+    journals = {"a1": [_start(1, "k", attempt=2), _boot(2), _start(3, "k", attempt=2)]}
+    result = checks.no_double_start(journals)
+    assert result.violations == 1
+    assert "placement 2 started on a1 after it started on a1" in result.examples[0]
 
 
 def test_an_overcommitted_ledger_sample_is_a_violation() -> None:

@@ -76,6 +76,7 @@ class KernelLaunch:
     # The session's workdir: where the kernel starts when it exists on this host.
     workdir: Path | None = None
     upload: str | None = None  # the digest of the session's upload, unpacked into upload_dir
+    attempt: int = 0  # the placement this launch runs (bumped each time the kernel is placed)
 
     @property
     def output_dir(self) -> Path:

@@ -407,6 +407,7 @@ class SimulatedRuntime:
             self._journal.write(
                 JournalEvent.START,
                 kernel=str(launch.kernel_id),
+                attempt=launch.attempt,
                 session=str(launch.session_id),
                 slots=dict(launch.slots),
             )

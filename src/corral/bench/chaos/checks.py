@@ -73,30 +73,41 @@ def all_terminal(accepted: Iterable[str], statuses: Mapping[str, str]) -> CheckR
 
 
 def no_double_start(journals: Mapping[str, Sequence[Mapping[str, Any]]]) -> CheckResult:
-    """No kernel starts again after it ran to its end, nor while it is still running anywhere.
+    """No kernel starts twice for one placement, nor again after it ran to its end.
 
-    A kernel the agent stopped (or lost with its process) may be placed and started again: that
-    is a new placement. One that exited by itself is finished and must never start again.
+    A placement is the kernel's attempt number (the manager bumps it each time the kernel is
+    placed): a kernel stopped, or lost with its agent before it started, may be placed again and
+    start under a new attempt. The same attempt starting twice (on one agent after a restart, or
+    on two) ran one placement twice; a kernel that exited by itself is finished and must never
+    start again under any attempt.
     """
     result = CheckResult(CheckName.NO_DOUBLE_START)
-    running: dict[str, str] = {}  # kernel -> the agent running it
+    started: dict[tuple[str, str], str] = {}  # (kernel, attempt) -> the agent that started it
     finished: dict[str, str] = {}  # kernel -> the agent on which it ran to its end
-    for agent, kernel, event, how in _merged(journals):
+    running: dict[str, str] = {}  # kernel -> the agent running it
+    for agent, kernel, attempt, event, how in _merged(journals):
         if event == JournalEvent.BOOT:
             for lost in [k for k, a in running.items() if a == agent]:
                 del running[lost]
             continue
         if event == JournalEvent.START:
             result.checked += 1
+            placement = (kernel, attempt)
             if kernel in finished:
                 result.violated(
                     f"kernel {kernel} started on {agent} after it ran to its end on "
                     f"{finished[kernel]}"
                 )
+            elif placement in started:
+                result.violated(
+                    f"kernel {kernel} placement {attempt} started on {agent} after it started "
+                    f"on {started[placement]}"
+                )
             elif kernel in running:
                 result.violated(
                     f"kernel {kernel} started on {agent} while running on {running[kernel]}"
                 )
+            started[placement] = agent
             running[kernel] = agent
         elif event == JournalEvent.END and running.get(kernel) == agent:
             del running[kernel]
@@ -107,8 +118,8 @@ def no_double_start(journals: Mapping[str, Sequence[Mapping[str, Any]]]) -> Chec
 
 def _merged(
     journals: Mapping[str, Sequence[Mapping[str, Any]]],
-) -> list[tuple[str, str, str, str]]:
-    """Every agent's events as (agent, kernel, event, how), by time (stable per agent)."""
+) -> list[tuple[str, str, str, str, str]]:
+    """Every agent's events as (agent, kernel, attempt, event, how), by time (stable per agent)."""
     events = [
         (float(line["t"]), agent, index, line)
         for agent, lines in journals.items()
@@ -116,7 +127,13 @@ def _merged(
     ]
     events.sort(key=lambda item: (item[0], item[1], item[2]))
     return [
-        (agent, str(line.get("kernel", "")), str(line["event"]), str(line.get("how", "")))
+        (
+            agent,
+            str(line.get("kernel", "")),
+            str(line.get("attempt", 0)),
+            str(line["event"]),
+            str(line.get("how", "")),
+        )
         for _, agent, _, line in events
     ]
 
