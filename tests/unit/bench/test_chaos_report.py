@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from corral.bench.chaos.report import baseline_report, summary
+from corral.bench.chaos.run import _resumed_after
 
 
 def _report(took_s: float, violations: int) -> dict[str, Any]:
@@ -19,6 +20,7 @@ def _report(took_s: float, violations: int) -> dict[str, Any]:
         "agent_kills": 0,
         "outages": [],
         "ended_during_outages": [],
+        "resumed_after_outages_s": [],
         "checks": [
             {"name": "no_overcommit", "checked": 5, "violations": violations,
              "examples": ["ledger: a1 cpu occupied 5 of 4"] * violations},
@@ -43,3 +45,11 @@ def test_the_baseline_report_gives_the_slowdown_and_counts_both_runs() -> None:
     assert combined["slowdown"] == 1.5
     assert combined["violations"] == 1
     assert "slowdown 1.5x" in summary(combined)
+
+
+def test_progress_resumes_at_the_first_sample_with_more_ended_after_the_outage() -> None:
+    """The time to resume counts from the outage's end to the first sample past it that has
+    more sessions ended than at its end; an outage nothing ended after is None."""
+    series = [(0.0, 0), (1.0, 5), (2.0, 5), (3.0, 5), (3.5, 5), (4.0, 9), (5.0, 9)]
+    assert _resumed_after(series, [(1.5, 3.0)]) == [1.0]
+    assert _resumed_after(series, [(4.5, 4.8)]) == [None]

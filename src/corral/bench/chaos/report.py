@@ -26,7 +26,8 @@ def summary(report: dict[str, Any]) -> str:
         f"took {report['took_s']} s{'' if report['all_ended'] else ' (timed out)'}; "
         f"{report['manager_kills']} manager kills, "
         f"{report['agent_kills']} agent kills, outages {report['outages']} "
-        f"(sessions ended during them: {report['ended_during_outages']})",
+        f"(sessions ended during them: {report['ended_during_outages']}; "
+        f"progress resumed after them in {report['resumed_after_outages_s']} s)",
     ]
     if "baseline" in report:
         lines.append(

@@ -221,6 +221,7 @@ async def _run(config: ChaosConfig, workdir: Path, say: Progress) -> dict[str, A
             "agent_kills": log.agent_kills,
             "outages": [[round(a, 2), round(b, 2)] for a, b in log.outages],
             "ended_during_outages": _ended_during(progress_series, log.outages),
+            "resumed_after_outages_s": _resumed_after(progress_series, log.outages),
             "manager_restarts": sum(m.starts - 1 for m in fleet.managers),
             "checks": [vars(r) | {"name": str(r.name)} for r in results],
             "violations": sum(r.violations for r in results),
@@ -347,6 +348,20 @@ def _ended_during(series: list[tuple[float, int]], windows: list[tuple[float, fl
     for begin, end in windows:
         inside = [n for t, n in series if begin <= t <= end]
         out.append(inside[-1] - inside[0] if inside else 0)
+    return out
+
+
+def _resumed_after(
+    series: list[tuple[float, int]], windows: list[tuple[float, float]]
+) -> list[float | None]:
+    """Seconds from each outage's end to the first sample with more sessions ended than at its
+    end (None: none ended after it); the resolution is the sampling interval."""
+    out: list[float | None] = []
+    for _, end in windows:
+        before = [n for t, n in series if t <= end]
+        at_end = before[-1] if before else 0
+        after = [t for t, n in series if t > end and n > at_end]
+        out.append(round(after[0] - end, 2) if after else None)
     return out
 
 
