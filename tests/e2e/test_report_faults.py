@@ -13,11 +13,13 @@ import sqlalchemy as sa
 from corral.agent.client import HttpManagerClient, ManagerRejectedError, ManagerUnavailableError
 from corral.agent.daemon import AgentConfig, AgentDaemon
 from corral.agent.protocol import KernelReportMessage, ReportAccepted
-from corral.agent.runtime.simulated import SimulatedRuntime
+from corral.agent.runtime import KERNEL_LOST_CAUSE
+from corral.agent.runtime.sim_journal import JOURNAL_NAME, Journal, JournalEvent, read_journal
+from corral.agent.runtime.simulated import Latency, SimulatedRuntime, SimulationProfile
 from corral.domain.slots import ResourceSlots
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.store.tables import kernel_history, session_history
-from tests.e2e._cluster import JOIN_TOKEN, LiveCluster, live_cluster
+from tests.e2e._cluster import JOIN_TOKEN, LiveCluster, live_cluster, poll
 
 S, K = SessionStatus, KernelStatus
 
@@ -172,3 +174,105 @@ async def test_a_running_session_whose_agent_stops_reporting_its_kernel_is_recon
                 )
             )
         assert started == 1
+
+
+class DyingJournal(Journal):
+    """A simulated agent's journal that records nothing once the agent is "killed"."""
+
+    dead = False
+
+    def write(self, event: JournalEvent, **fields: Any) -> None:
+        """Append, unless the agent died."""
+        if not self.dead:
+            super().write(event, **fields)
+
+
+class NoRunningReport(FaultyClient):
+    """The manager hears PREPARED but never RUNNING (its answers lost, then the agent dies):
+    a batch naming RUNNING fails to connect, and once `dead` every call does."""
+
+    dead = False
+
+    async def report(self, agent_id: str, reports: list[KernelReportMessage]) -> ReportAccepted:
+        """Forward, except for the faults above."""
+        if self.dead or any(r.status is K.RUNNING for r in reports):
+            raise ManagerUnavailableError("the manager cannot be reached")
+        return await self.inner.report(agent_id, reports)
+
+    async def assignment(self, *args: Any, **kwargs: Any) -> Any:
+        """Forward, unless the agent died."""
+        if self.dead:
+            raise ManagerUnavailableError("the agent is dead")
+        return await self.inner.assignment(*args, **kwargs)
+
+
+def _daemon(data_dir: Path, client: Any, runtime: SimulatedRuntime) -> AgentDaemon:
+    return AgentDaemon(
+        AgentConfig(
+            agent_id="node-a",
+            token=JOIN_TOKEN,
+            address="127.0.0.1",
+            slots=ResourceSlots.parse("cpu=2,mem=2g"),
+            data_dir=data_dir,
+            backoff_initial_s=0.01,
+            backoff_max_s=0.05,
+            shutdown_flush_s=0.0,  # killed: nothing is sent on the way out
+        ),
+        client,
+        runtime,
+    )
+
+
+async def test_an_agent_killed_after_it_started_a_kernel_does_not_start_it_again(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The agent starts a kernel and dies before the manager hears RUNNING (the manager still
+    says CREATING). Back with the same data directory, it finds the kernel in its record,
+    started and never ended, and reports it lost: the job is not run a second time."""
+    data_dir = tmp_path / "node-a"
+    journal_path = data_dir / JOURNAL_NAME
+    forever = SimulationProfile(run=Latency.fixed(3600.0))
+    # The agent is back long before the manager would count it lost (then the kernel, not
+    # started as far as the manager knows, would be placed again: a new placement).
+    async with live_cluster(database_url, tmp_path, heartbeat_timeout_s=60.0) as cluster:
+        journal = DyingJournal(journal_path)
+        journal.write(JournalEvent.BOOT)
+        fault = NoRunningReport(HttpManagerClient(cluster.manager.url))
+        first = _daemon(data_dir, fault, SimulatedRuntime(forever, journal=journal))
+        running = asyncio.create_task(first.run())
+        await cluster.wait_agents_alive({"node-a"})
+        sid = await cluster.submit(
+            image="python", command=["true"], resources={"cpu": 1, "mem": "256m"}
+        )
+
+        def started() -> list[Any]:
+            return [e for e in read_journal(journal_path) if e["event"] == JournalEvent.START]
+
+        async def kernel_started() -> bool:
+            return bool(started())
+
+        await poll(kernel_started, what="the kernel to start on the first agent")
+        # SIGKILL: nothing more is recorded or sent; the kernel died with the agent.
+        journal.dead = fault.dead = True
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        journal.close()
+        (kernel,) = await cluster.kernels(sid)
+        assert kernel["status"] == K.CREATING  # the manager never heard it run
+
+        journal = Journal(journal_path)
+        journal.write(JournalEvent.BOOT)
+        client = HttpManagerClient(cluster.manager.url)
+        again = _daemon(data_dir, client, SimulatedRuntime(forever, journal=journal))
+        running = asyncio.create_task(again.run())
+        try:
+            row = await cluster.wait_status(sid)
+        finally:
+            await again.stop()
+            await running
+            journal.close()
+        assert row["status"] == S.ERROR, row
+        (kernel,) = await cluster.kernels(sid)
+        assert (kernel["status"], kernel["failure_cause"]) == (K.ERROR, KERNEL_LOST_CAUSE)
+        assert len(started()) == 1  # one start, never a second for the placement

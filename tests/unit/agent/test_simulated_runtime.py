@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corral.agent.runtime import KernelLaunch, Runtime, StageFailure
+from corral.agent.runtime import KERNEL_LOST_CAUSE, KernelExit, KernelLaunch, Runtime, StageFailure
 from corral.agent.runtime.sim_journal import Journal, read_journal
 from corral.agent.runtime.simulated import (
     FAIL_RATE_SHARES,
@@ -429,3 +429,39 @@ def test_a_torn_journal_line_is_skipped(tmp_path: Path) -> None:
     path = tmp_path / "journal.jsonl"
     path.write_text('{"event": "boot", "t": 1}\n{"event": "sta')
     assert [e["event"] for e in read_journal(path)] == ["boot"]
+
+
+async def test_a_journaled_kernel_never_ended_is_left_and_adopted_as_lost_once(
+    tmp_path: Path,
+) -> None:
+    """The next agent finds the kernels its journal shows started and never ended (with the
+    placement), adopts one as lost (its wait says so at once) and discards the other; both
+    ends are journaled, so a later agent finds nothing."""
+    path = tmp_path / "journal.jsonl"
+    journal = Journal(path)
+    dead = SimulatedRuntime(SimulationProfile(run=Latency.fixed(60.0)), journal=journal)
+    other = KernelId(uuid.UUID(int=9))
+    await dead.start(replace(launch(), attempt=2))
+    await dead.start(replace(launch(), kernel_id=other))
+    ended = await dead.start(replace(launch(), kernel_id=KernelId(uuid.UUID(int=5))))
+    await ended.terminate(grace_s=1.0)
+    journal.close()  # the agent dies: its kernels with it
+
+    journal = Journal(path)
+    adoption = SimulatedRuntime(journal=journal).adoption
+    assert adoption is not None
+    left = {k.kernel_id: k for k in await adoption.find_left(tmp_path / "kernels")}
+    assert set(left) == {KERNEL_ID, other}
+    assert left[KERNEL_ID].attempt == 2  # type: ignore[attr-defined]
+    adopted = await adoption.adopt(left[KERNEL_ID], launch())
+    assert await adopted.wait() == KernelExit(
+        None, KERNEL_LOST_CAUSE, "simulated: the kernel died with its agent"
+    )
+    await adoption.discard(left[other])
+    assert await adoption.find_left(tmp_path / "kernels") == []
+    journal.close()
+
+
+def test_without_a_journal_the_simulated_runtime_cannot_adopt() -> None:
+    """Nothing records what an in-process simulated agent started: no adoption."""
+    assert SimulatedRuntime().adoption is None

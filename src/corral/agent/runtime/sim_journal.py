@@ -4,6 +4,10 @@
 dir, so a harness (`corral chaos`) can check from the agents' side what the database claims: no
 kernel started twice for one placement, no agent running more than its capacity. Each line is
 one `write` to a file opened for appending, so a SIGKILLed agent leaves whole lines behind.
+
+It is also the simulated runtime's record for adoption: a kernel started and never ended was
+running when its agent died, and died with it; the next agent finds it here (`left_kernels`)
+and reports it lost instead of starting that placement again.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class EndHow(enum.StrEnum):
 
     EXITED = "exited"  # its run time elapsed: it ran to its end
     TERMINATED = "terminated"  # the agent stopped it
+    LOST = "lost"  # it died with its agent: the next agent found it started and never ended
 
 
 class Journal:
@@ -62,3 +67,15 @@ def read_journal(path: Path) -> Iterator[Mapping[str, Any]]:
                 yield json.loads(line)
             except ValueError:
                 continue
+
+
+def left_kernels(path: Path) -> dict[str, int]:
+    """The kernels started and never ended (kernel id -> the attempt it started under)."""
+    started: dict[str, int] = {}
+    for line in read_journal(path):
+        event, kernel = line.get("event"), line.get("kernel")
+        if event == JournalEvent.START and kernel is not None:
+            started[str(kernel)] = int(line.get("attempt", 0))
+        elif event == JournalEvent.END and kernel is not None:
+            started.pop(str(kernel), None)
+    return started

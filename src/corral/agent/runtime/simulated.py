@@ -12,22 +12,28 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
 from corral.agent.runtime import (
+    KERNEL_LOST_CAUSE,
     LOG_STREAMS,
+    Adoption,
     KernelExit,
     KernelLaunch,
+    LeftKernel,
     LogMark,
     OutputFile,
     RuntimeNotes,
     StageFailure,
 )
-from corral.agent.runtime.sim_journal import EndHow, Journal, JournalEvent
+from corral.agent.runtime.sim_journal import EndHow, Journal, JournalEvent, left_kernels
 from corral.domain.record import record
 from corral.domain.spec import SessionType
+from corral.domain.types import KernelId
 
 LatencyKind = Literal["fixed", "uniform", "exponential", "lognormal"]
 # An exponential or lognormal latency without an explicit cap stops at this many times its
@@ -59,6 +65,7 @@ EXITED_OK = KernelExit(0)
 NONZERO_EXIT = KernelExit(1, None, "simulated: the kernel exited with code 1")
 OOM_KILLED = KernelExit(-9, "oom_killed", "simulated: the kernel ran out of memory")
 TERMINATED = KernelExit(-15, None, "simulated: terminated")
+LOST = KernelExit(None, KERNEL_LOST_CAUSE, "simulated: the kernel died with its agent")
 KILLED_AFTER_GRACE = KernelExit(-9, None, "simulated: killed after the grace period")
 _NO_MARKS: Mapping[str, LogMark] = MappingProxyType({})
 
@@ -268,6 +275,13 @@ class SimulatedKernel:
         elif run_s is not None:
             self._timer = asyncio.get_running_loop().create_task(self._run_out(run_s, outcome))
 
+    @classmethod
+    def lost(cls, runtime: SimulatedRuntime, launch: KernelLaunch) -> SimulatedKernel:
+        """A kernel an earlier agent started, which died with that agent: ended, lost."""
+        kernel = cls(runtime, launch, None, LOST)
+        kernel._exit = LOST
+        return kernel
+
     @property
     def info(self) -> Mapping[str, Any]:
         """The simulated host."""
@@ -383,9 +397,10 @@ class SimulatedRuntime:
         return False
 
     @property
-    def adoption(self) -> None:
-        """None: nothing of a simulated kernel outlives its agent (a restarted one reports lost)."""
-        return None
+    def adoption(self) -> Adoption | None:
+        """With a journal, the kernels an earlier agent started and never ended: each died with
+        that agent, and is adopted as lost (never started again). Without one, None."""
+        return None if self._journal is None else JournalAdoption(self, self._journal)
 
     def notes(self) -> RuntimeNotes:
         """One line describing the profile."""
@@ -424,8 +439,11 @@ class SimulatedRuntime:
         return SimulatedKernel(self, launch, run_s, outcome)
 
     def _journal_end(self, launch: KernelLaunch, how: EndHow) -> None:
+        self._journal_end_of(launch.kernel_id, how)
+
+    def _journal_end_of(self, kernel_id: KernelId, how: EndHow) -> None:
         if self._journal is not None:
-            self._journal.write(JournalEvent.END, kernel=str(launch.kernel_id), how=how.value)
+            self._journal.write(JournalEvent.END, kernel=str(kernel_id), how=how.value)
 
     async def _stage_fails(self, latency: Latency, failure_p: float) -> bool:
         delay_s = latency.sample(self._rng)
@@ -433,3 +451,38 @@ class SimulatedRuntime:
             await self._sleep(delay_s)
         # A zero probability draws nothing: the common fault-free case stays cheap.
         return bool(failure_p) and self._rng.random() < failure_p
+
+
+@record
+class LeftSimulatedKernel:
+    """A kernel the journal shows started by an earlier agent and never ended."""
+
+    kernel_id: KernelId
+    attempt: int  # the placement it started under
+    devices: tuple[int, ...] = ()  # a simulated kernel holds no real device
+
+
+class JournalAdoption:
+    """Adoption for the simulated runtime, from its journal: nothing of a simulated kernel
+    outlives its agent, so every kernel found is adopted as lost (the manager hears it failed
+    with `kernel_lost`) or discarded; either way its end is journaled, so it is found once."""
+
+    def __init__(self, runtime: SimulatedRuntime, journal: Journal) -> None:
+        self._runtime = runtime
+        self._journal = journal
+
+    async def find_left(self, kernels_dir: Path) -> list[LeftKernel]:
+        """The journal's kernels started and never ended (`kernels_dir` is not used)."""
+        return [
+            LeftSimulatedKernel(KernelId(uuid.UUID(kernel)), attempt)
+            for kernel, attempt in left_kernels(self._journal.path).items()
+        ]
+
+    async def adopt(self, left: LeftKernel, launch: KernelLaunch) -> SimulatedKernel:
+        """The kernel died with its agent: journaled as lost, and ended so."""
+        self._runtime._journal_end_of(left.kernel_id, EndHow.LOST)
+        return SimulatedKernel.lost(self._runtime, launch)
+
+    async def discard(self, left: LeftKernel) -> None:
+        """Not this agent's any more: journaled as lost, so no later agent finds it."""
+        self._runtime._journal_end_of(left.kernel_id, EndHow.LOST)
