@@ -94,9 +94,11 @@ class Submitted:
 
 @record
 class SubmittedArray:
-    """The elements of a job array, in index order; `array_id` is its first element's id."""
+    """The elements of a job array, in index order; `array_id` is its first element's id and
+    `number` its first element's number, what users type (`domain.refs`)."""
 
     array_id: SessionId
+    number: int
     indexes: tuple[int, ...]
     elements: tuple[Submitted, ...]
     throttle: int | None
@@ -200,7 +202,17 @@ class SessionController:
             owner,
             array=ArrayRequest(indexes, parsed.throttle),
         )
-        return SubmittedArray(elements[0].session_id, indexes, tuple(elements), parsed.throttle)
+        first = elements[0]
+        if first.written is not None:
+            number = int(first.written["array_number"])
+        else:  # created before (the same creation_id)
+            async with self.db.read() as conn:
+                number = await conn.scalar(
+                    sa.select(sessions.c.array_number).where(sessions.c.id == first.session_id)
+                )
+        return SubmittedArray(
+            first.session_id, int(number), indexes, tuple(elements), parsed.throttle
+        )
 
     async def enqueue_many(
         self,

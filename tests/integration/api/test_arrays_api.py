@@ -153,6 +153,7 @@ async def test_terminating_an_array_ends_every_element_and_only_its_owner_may(
     assert done.status_code == 200, done.text
     assert done.json() == {
         "id": array_id,
+        "number": 1,
         "outcome": "cancelled",
         "cancelled": 5,
         "terminating": 0,
