@@ -19,6 +19,7 @@ from corral.infra.locks import DEFAULT_LOCK_TTL_S
 from corral.store.database import async_url
 from corral.store.kernel_logs import DEFAULT_LOG_CAP_BYTES
 from corral.store.retention import DEFAULT_RETENTION_DAYS
+from corral.store.uploads import DEFAULT_UNUSED_UPLOAD_HOURS
 
 
 def default_data_dir() -> Path:
@@ -69,9 +70,15 @@ class Settings(BaseSettings):
     max_array_size: int = Field(
         default=DEFAULT_MAX_ARRAY_SIZE, ge=1, le=1_000_000, description="elements of one job array"
     )
-    # `corral run --upload`: the largest archive of a directory the manager stores.
+    # `corral run --upload`: the largest archive of a directory the manager stores, and how
+    # long one that no kept session names is kept after it was stored or last asked for.
     upload_max_bytes: int = Field(
         default=100 * 1024 * 1024, gt=0, description="the cap of one upload, bytes"
+    )
+    unused_upload_hours: float = Field(
+        default=DEFAULT_UNUSED_UPLOAD_HOURS,
+        ge=0,
+        description="hours an upload no session names is kept (0: for ever)",
     )
 
     @field_validator("database_url")

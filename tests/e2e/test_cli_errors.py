@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.metadata import version
 from pathlib import Path
 
@@ -98,6 +102,74 @@ def test_an_unreachable_server_exits_1_saying_so(env: dict[str, str]) -> None:
     assert message.endswith("is the manager running (`corral up`), and is the URL right?")
 
 
+class _NotCorral(BaseHTTPRequestHandler):
+    """A server that answers every request 200 with JSON that is not what corral sends."""
+
+    def do_GET(self) -> None:
+        body = b'{"surprise": true}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet."""
+
+
+@pytest.fixture
+def not_corral() -> Iterator[str]:
+    """The URL of a server answering 200 with JSON corral does not expect."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NotCorral)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("args", [("session", "ls"), ("session", "info", "1"), ("events",)])
+def test_an_unexpected_error_is_one_line_with_a_hint_and_exits_1(
+    env: dict[str, str], not_corral: str, args: tuple[str, ...]
+) -> None:
+    """An answer corral cannot read is no traceback: `corral: error: <type>: <message>` and a
+    hint to set CORRAL_DEBUG=1, exit 1; with CORRAL_DEBUG=1 the traceback is shown."""
+    user = {**env, "CORRAL_URL": not_corral, "CORRAL_TOKEN": "crl_x"}
+    done = corral(*args, env=user)
+    assert done.returncode == FAILURE_EXIT, done.stderr
+    first, hint = done.stderr.splitlines()
+    assert first.startswith("corral: error: ValidationError: "), done.stderr
+    assert hint == "corral: run it again with CORRAL_DEBUG=1 to see where"
+    assert "Traceback" not in done.stderr and "╭" not in done.stderr
+    debug = corral(*args, env={**user, "CORRAL_DEBUG": "1"})
+    assert debug.returncode == FAILURE_EXIT
+    assert "Traceback (most recent call last)" in debug.stderr
+
+
+@pytest.mark.parametrize("args", [("run", "--", "true"), ("events",), ("submit", "job.yaml")])
+def test_every_user_verb_names_the_unreachable_url(
+    env: dict[str, str], tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """`run`, `events` and `submit` with no manager at the URL: exit 1 naming it, `corral up`."""
+    (tmp_path / "job.yaml").write_text("command: [python, -c, pass]\n")
+    url = f"http://127.0.0.1:{free_port()}"
+    done = subprocess.run(
+        [sys.executable, "-m", "corral", *args],
+        env={**env, "CORRAL_URL": url, "CORRAL_TOKEN": "crl_x"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == FAILURE_EXIT, done.stderr
+    message = one_error_line(done.stderr)
+    assert message.startswith(f"cannot reach corral at {url}")
+    assert "(`corral up`)" in message
+
+
 def test_server_errors_and_quantities_through_a_real_manager(up: Up) -> None:
     """A server-side 422 is a usage error in our words; `--mem 512m` is 512 MiB, `--cpu 500m`
     half a core; `--json` shows slots as numbers in base units, for sessions and agents."""
@@ -122,6 +194,15 @@ def test_server_errors_and_quantities_through_a_real_manager(up: Up) -> None:
     decimal = up.corral("run", "-d", "--mem", "1G", "--", "true")
     decimal_info = json.loads(up.corral("session", "info", decimal.stdout.strip(), "--json").stdout)
     assert decimal_info["resources"] == {"cpu": 1, "mem": 10**9}
+    # Two sessions made a moment apart share their ids' first digits (UUIDv7): a prefix of
+    # both is a reference to retype, a usage error naming both numbers.
+    prefix = info["id"][:4]  # 16 bits of a millisecond time: the same for 50 days
+    assert decimal_info["id"].startswith(prefix)
+    ambiguous = up.corral("session", "info", prefix)
+    assert ambiguous.returncode == USAGE_EXIT, ambiguous.stderr
+    said = one_error_line(ambiguous.stderr)
+    assert said.startswith(f"id prefix '{prefix}' fits several sessions (")
+    assert f"{info['number']}, {decimal_info['number']}" in said
 
     (agent,) = json.loads(up.corral("agent", "ls", "--json").stdout)
     assert set(agent["capacity"]) >= {"cpu", "mem"}

@@ -72,3 +72,18 @@ def test_with_redis_buses_every_session_ends(tmp_path: Path, redis_url: str) -> 
     assert output["terminal"] == 600
     assert output["by_status"] == {"TERMINATED": 600}
     assert output["invariant_violations"] == 0
+
+
+def test_sessions_with_an_upload_fetch_and_unpack_it_over_the_agents_link(tmp_path: Path) -> None:
+    """`--upload DIR`: every kernel fetches the directory through simulate's in-process link
+    to the manager and unpacks it before it starts: all sessions succeed, none fails with
+    upload_failure."""
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "train.py").write_text("print('hi')\n")
+    (project / "data" / "input.csv").write_text("a,b\n")
+    output = _simulate(
+        tmp_path, "--agents", "2", "--sessions", "20", "--upload", str(project)
+    )  # fmt: skip
+    assert output["by_status"] == {"TERMINATED": 20}, output.get("failure_causes")
+    assert output["invariant_violations"] == 0

@@ -449,7 +449,7 @@ class AgentDaemon:
             slots=kernel.slots,
             work_dir=self.config.data_dir / KERNELS_DIR / str(kernel.id),
             devices=devices,
-            array_id=kernel.array_id,
+            array_number=kernel.array_number,
             array_index=kernel.array_index,
             workdir=Path(spec["workdir"]) if spec.get("workdir") else None,
             upload=spec.get("upload") or None,

@@ -84,8 +84,9 @@ class AssignedKernelMessage(_Message):
         description="what the kernel occupies, in milli-units (1 cpu = 1000, 1 byte = 1000)"
     )
     spec: dict[str, Any]
-    # A job array's element: the array's id and this element's index (CORRAL_ARRAY_*).
-    array_id: str | None = None
+    # A job array's element: the array's number (`12`, what users type) and this element's
+    # index (CORRAL_ARRAY_ID, CORRAL_ARRAY_INDEX).
+    array_number: int | None = None
     array_index: int | None = None
 
 

@@ -22,6 +22,7 @@ from corral.controller.sessions import SessionController, SubmissionError
 from corral.domain.field_errors import FieldError
 from corral.domain.moments import parse_moment
 from corral.domain.outcome import SessionResult
+from corral.domain.refs import REF_AMBIGUOUS, REF_NAMES_ARRAY
 from corral.domain.slots import ResourceSlots
 from corral.domain.spec import SessionSpec
 from corral.domain.status import SessionStatus
@@ -29,6 +30,7 @@ from corral.domain.types import SessionId, UserId, utcnow
 from corral.scheduler.explain import SessionNotFoundError, explain, explain_many
 from corral.store.session_refs import (
     AmbiguousSessionRefError,
+    RefNamesArrayError,
     SessionRefNotFoundError,
     full_session_id,
     not_found_message,
@@ -89,9 +91,15 @@ class SessionOut(BaseModel):
     command: list[str]
     resources: ResourceSlots  # per kernel
     creation_id: str | None
-    # A job array's element: the array's id (its first element's) and this element's index.
+    # A job array's element: the array's id (its first element's), its number (what users
+    # type: `12`, the element being `12_7`), this element's index and the array's throttle.
     array_id: uuid.UUID | None = None
+    array_number: int | None = None
     array_index: int | None = None
+    array_throttle: int | None = None
+    # Where its kernels start: the submitting directory, or its upload (a sha256 digest).
+    workdir: str | None = None
+    upload: str | None = None
     # Wall-time limit in seconds (None: none); while RUNNING, when it will be stopped.
     time_limit_s: int | None = None
     deadline_at: datetime | None = None
@@ -156,7 +164,8 @@ def _controller(request: Request) -> SessionController:
     return sessions
 
 
-_FROM_SPEC = {"image", "command", "resources", "kernels"}  # SessionOut's fields `_out` derives
+# SessionOut's fields `_out` derives
+_FROM_SPEC = {"image", "command", "resources", "kernels", "workdir"}
 
 
 def _out(row: dict[str, Any], *, with_kernels: bool = False) -> SessionOut:
@@ -166,6 +175,7 @@ def _out(row: dict[str, Any], *, with_kernels: bool = False) -> SessionOut:
         **{k: row[k] for k in SessionOut.model_fields.keys() - _FROM_SPEC if k in row},
         image=str(spec.get("image", "")),
         command=list(spec.get("command") or []),
+        workdir=spec.get("workdir"),
         resources=resources,
         kernels=[KernelOut(**k) for k in row["kernels"]] if with_kernels else None,
     )
@@ -183,7 +193,7 @@ SessionRef = Annotated[
 
 async def _visible(db: Any, user: Principal, ref: str | uuid.UUID) -> dict[str, Any]:
     """The session `ref` names, if the caller may see it: 404 otherwise (another's session
-    included), 409 when a name or id prefix fits several."""
+    included), 409 when a name or id prefix fits several or it names a whole job array."""
     owner_id = None if user.is_admin else user.user_id
     try:
         # A full id (what the SDK and `corral run` use) is read with the session at once.
@@ -193,12 +203,21 @@ async def _visible(db: Any, user: Principal, ref: str | uuid.UUID) -> dict[str, 
     except AmbiguousSessionRefError as exc:
         raise Problem(
             409,
-            "session-ambiguous",
+            REF_AMBIGUOUS,
             "The session reference is ambiguous",
             str(exc),
             candidates=[
-                {"number": c.number, "id": str(c.id), "owner": c.owner} for c in exc.candidates
+                {"number": c.number, "ref": c.ref, "id": str(c.id), "owner": c.owner}
+                for c in exc.candidates
             ],
+        ) from exc
+    except RefNamesArrayError as exc:
+        raise Problem(
+            409,
+            REF_NAMES_ARRAY,
+            "The reference names a job array, not one session",
+            str(exc),
+            array={"id": str(exc.array.id), "number": exc.array.number},
         ) from exc
     found = await get_session(db, session_id)
     if found is None or (owner_id is not None and found["owner_id"] != owner_id):

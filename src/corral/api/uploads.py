@@ -20,7 +20,7 @@ from corral.api.auth import CurrentUser, Db
 from corral.api.problems import Problem
 from corral.domain.spec import UPLOAD_DIGEST_RE
 from corral.domain.types import utcnow
-from corral.store.uploads import UploadInfo, store_upload, upload_info
+from corral.store.uploads import UploadInfo, store_upload, touch_upload
 
 router = APIRouter(prefix="/v1/uploads", tags=["uploads"])
 
@@ -50,8 +50,9 @@ def _out(info: UploadInfo) -> UploadOut:
 
 @router.get("/{digest}", response_model=UploadOut)
 async def get_upload(digest: Digest, user: CurrentUser, db: Db) -> UploadOut:
-    """Whether the caller uploaded this archive already (404: not yet, send it)."""
-    found = await upload_info(db, user.user_id, digest)
+    """Whether the caller uploaded this archive already (404: not yet, send it); asking
+    keeps an upload no session names for the manager's `unused_upload_hours` from now."""
+    found = await touch_upload(db, user.user_id, digest, utcnow())
     if found is None:
         raise Problem(404, "upload-not-found", "No such upload", f"you have no upload {digest}")
     return _out(found)

@@ -163,10 +163,13 @@ class AgentPipeServer:
                 }
             ).encode()
         else:
-            reply = message.model_dump_json().encode() if message is not None else b""
+            if isinstance(message, bytes):
+                reply = message
+            else:
+                reply = message.model_dump_json().encode() if message is not None else b""
         self.connection.send(answer, reply)
 
-    async def _call(self, header: Header, body: bytes) -> BaseModel | None:
+    async def _call(self, header: Header, body: bytes) -> BaseModel | bytes | None:
         client, agent_id = self._client, header.get("agent", "")
         match header.get("call"):
             case "register":
@@ -182,6 +185,8 @@ class AgentPipeServer:
                 await client.upload_logs(agent_id, LogBatch.model_validate_json(body).chunks)
             case "upload_outputs":
                 await client.upload_outputs(agent_id, OutputBatch.model_validate_json(body).outputs)
+            case "fetch_upload":  # the archive's bytes, as the HTTP route answers them
+                return await client.fetch_upload(agent_id, uuid.UUID(header["kernel"]))
             case other:
                 raise ManagerRejectedError(404, {"detail": f"no such call: {other!r}"})
         return None
@@ -240,8 +245,10 @@ class PipeManagerClient:
         await self._request({"call": "upload_outputs", "agent": agent_id}, body)
 
     async def fetch_upload(self, agent_id: str, kernel_id: uuid.UUID) -> bytes:
-        """Refused: simulated sessions name no uploads, and the pipe does not carry them."""
-        raise ManagerRejectedError(404, {"detail": "uploads do not travel over the agent pipe"})
+        """The kernel's upload (the raw tar.gz), as the HTTP route answers it."""
+        return await self._request(
+            {"call": "fetch_upload", "agent": agent_id, "kernel": str(kernel_id)}
+        )
 
     async def close(self) -> None:
         """Nothing per agent: the pipe is shared, and its owner closes it."""

@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -30,6 +31,7 @@ from corral.bench._scratch import scratch_database
 from corral.bench.agent_host import JOIN_TOKEN, SAMPLE_EVERY_S, HostConfig, Violations
 from corral.bench.agent_pipe import AgentPipeServer
 from corral.bench.latency import backend_label, percentile
+from corral.client.uploads import pack_directory
 from corral.controller.agents import AgentController, AgentTimings
 from corral.controller.sessions import SessionController
 from corral.coordination.coordinator import SessionCoordinator
@@ -49,6 +51,7 @@ from corral.manager.backends import open_buses
 from corral.store.agents import read_ledger
 from corral.store.database import Database
 from corral.store.tables import kernel_history, session_history, sessions, users
+from corral.store.uploads import store_upload
 
 KERNEL_RESOURCES = {"cpu": "1", "mem": "1g"}
 SUBMIT_BATCH = 1_000
@@ -77,6 +80,9 @@ class SimulationConfig:
     fail_rate: float = 0.0
     seed: int = 0
     timeout_s: float = 600.0
+    # A directory every session names as its upload: each kernel fetches it over the agents'
+    # pipe and unpacks it, as `corral run --upload` has agents do.
+    upload: Path | None = None
 
 
 async def run_simulation(
@@ -111,8 +117,9 @@ async def run_simulation(
             await agents.start(config)
             say(f"{config.agents} agents registered; submitting {config.sessions} sessions")
             owner = await _add_user(db)
+            digest = await _store_upload(db, owner, config.upload)
             started = time.perf_counter()
-            await _submit(sessions_ctl, owner, config)
+            await _submit(sessions_ctl, owner, config, digest)
             sampler = asyncio.create_task(_sample(db, violations))
             try:
                 terminal = await _until_terminal(db, config, started, say, [*side, agents.watcher])
@@ -251,7 +258,26 @@ async def _add_user(db: Database) -> UserId:
     return owner
 
 
-async def _submit(controller: SessionController, owner: UserId, config: SimulationConfig) -> None:
+async def _store_upload(db: Database, owner: UserId, directory: Path | None) -> str | None:
+    """Pack `directory` and store it as the owner's upload (as `PUT /v1/uploads` does); its
+    digest (None: no directory)."""
+    if directory is None:
+        return None
+    packed = await asyncio.to_thread(pack_directory, directory)
+    try:
+        data = packed.archive.read()
+    finally:
+        packed.close()
+    await store_upload(db, owner, packed.digest, data, datetime.now(UTC))
+    return packed.digest
+
+
+async def _submit(
+    controller: SessionController,
+    owner: UserId,
+    config: SimulationConfig,
+    upload: str | None = None,
+) -> None:
     spec = SessionSpec.model_validate(
         {
             "image": "python",
@@ -259,6 +285,7 @@ async def _submit(controller: SessionController, owner: UserId, config: Simulati
             "resources": KERNEL_RESOURCES,
             "cluster_size": config.cluster_size,
             "cluster_mode": "multi-node" if config.cluster_size > 1 else "single-node",
+            "upload": upload,
         }
     )
     for start in range(0, config.sessions, SUBMIT_BATCH):

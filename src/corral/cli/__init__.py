@@ -7,6 +7,7 @@ of the time.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Annotated
 
@@ -15,7 +16,7 @@ import typer
 from corral import package_version
 from corral._gc import tune_gc
 from corral.cli import _lazy, events, run, session
-from corral.cli._common import FAILURE_EXIT
+from corral.cli._common import DEBUG_VARIABLE, FAILURE_EXIT, INTERRUPTED_EXIT
 from corral.cli._usage import is_help_shown, usage_message
 
 
@@ -90,6 +91,8 @@ def main() -> None:
     """Entry point of the `corral` console script: errors end as one `corral: error:` line.
 
     Exit codes: 2 for usage errors (a bad flag or value), 1 for other failures, 130 on Ctrl-C.
+    An error nothing expected (a bug, or a server answering what corral does not) is one line
+    too, with a hint: `CORRAL_DEBUG=1` shows its traceback.
     """
     tune_gc()
     try:
@@ -102,4 +105,21 @@ def main() -> None:
     except typer.Abort:
         typer.echo("corral: error: aborted", err=True)
         sys.exit(FAILURE_EXIT)
+    except KeyboardInterrupt:
+        typer.echo("corral: error: interrupted", err=True)
+        sys.exit(INTERRUPTED_EXIT)
+    except Exception as exc:
+        if os.environ.get(DEBUG_VARIABLE, "") not in ("", "0"):
+            # typer's hook would print the traceback boxed: the plain one, as Python prints it.
+            sys.excepthook = sys.__excepthook__
+            raise
+        typer.echo(f"corral: error: {unexpected_message(exc)}", err=True)
+        typer.echo(f"corral: run it again with {DEBUG_VARIABLE}=1 to see where", err=True)
+        sys.exit(FAILURE_EXIT)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def unexpected_message(exc: BaseException) -> str:
+    """An unexpected error in a line: its type and message (the type alone if it has none)."""
+    said = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {said}" if said else type(exc).__name__

@@ -14,6 +14,9 @@ if TYPE_CHECKING:
 # Exit codes of every command: a usage error (a bad flag or value), any other failure.
 USAGE_EXIT = 2
 FAILURE_EXIT = 1
+INTERRUPTED_EXIT = 130  # Ctrl-C: the shell's convention, 128 + SIGINT
+# Set (to anything but 0) to see the traceback of an error the CLI did not expect.
+DEBUG_VARIABLE = "CORRAL_DEBUG"
 
 
 def fail(message: str, code: int = USAGE_EXIT) -> NoReturn:

@@ -1,15 +1,17 @@
 """`corral run --after` and `--dependency`: Slurm's dependency syntax, resolved through the API.
 
 `--after 12,afterany:13` and `--dependency afterok:12:14,afternotok:13` both name sessions by
-any reference the API resolves (a full id, a unique id prefix, a name, a number), each with a
-kind: `--after` defaults to afterok, `--dependency` always says it, as Slurm's does.
+any reference the API resolves (a full id, a unique id prefix, a name, a number, `12_7`), each
+with a kind: `--after` defaults to afterok, `--dependency` always says it, as Slurm's does. A
+job array's number waits for every element of the array (afterok and afterany).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from corral.client import Client
+from corral.cli._remote import names_array
+from corral.client import Client, ConflictError
 from corral.domain.outcome import DEFAULT_DEPENDENCY_KIND, DependencyKind
 
 _KINDS = ", ".join(kind.value for kind in DependencyKind)
@@ -41,12 +43,22 @@ def parse_dependency(values: Iterable[str]) -> list[tuple[str, DependencyKind]]:
 
 async def resolve(
     client: Client, wanted: Iterable[tuple[str, DependencyKind]]
-) -> list[dict[str, str]]:
-    """The spec's `dependencies` for `wanted`: each reference resolved to its session's id."""
-    return [
-        {"session": str(await client.resolve_session_id(ref)), "kind": kind.value}
-        for ref, kind in wanted
-    ]
+) -> list[dict[str, str | bool]]:
+    """The spec's `dependencies` for `wanted`: each reference resolved to its session's id,
+    or to its job array's (`12`: every element of array 12, as Slurm's `afterok:12` waits for
+    every task of array job 12)."""
+    found: list[dict[str, str | bool]] = []
+    for ref, kind in wanted:
+        try:
+            session_id = await client.resolve_session_id(ref)
+        except ConflictError as exc:
+            if not names_array(exc):
+                raise
+            array = await client.get_array(ref)
+            found.append({"session": str(array.id), "kind": kind.value, "array": True})
+        else:
+            found.append({"session": str(session_id), "kind": kind.value})
+    return found
 
 
 def _items(value: str, flag: str) -> list[str]:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from contextlib import aclosing
 from typing import BinaryIO
 
-from corral.cli._remote import INTERRUPTED_EXIT
+from corral.cli._common import INTERRUPTED_EXIT
 from corral.cli.session import describe_place
 from corral.client import TERMINAL_STATUSES, Client, CorralError, LogStream, Session
 from corral.domain.outcome import SessionResult

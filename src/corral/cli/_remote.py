@@ -16,21 +16,28 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from corral.cli._common import FAILURE_EXIT, USAGE_EXIT, fail
+from corral.cli._common import FAILURE_EXIT, INTERRUPTED_EXIT, USAGE_EXIT, fail
 from corral.client import Client, ClientConfigError, CorralError, ValidationError
+from corral.domain.refs import REF_AMBIGUOUS, REF_NAMES_ARRAY
 
 T = TypeVar("T")
-
-# Ctrl-C: the shell's convention, 128 + SIGINT.
-INTERRUPTED_EXIT = 130
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 SessionArgument = Annotated[
     str,
     typer.Argument(
-        metavar="SESSION", help="A session id, a unique prefix of one, or a unique name."
+        metavar="SESSION",
+        help="A session's number, its id, a unique prefix of one, or a unique name; 12_7 for "
+        "element 7 of job array 12.",
     ),
 ]
+# Problems that say the reference itself must be retyped: usage errors (exit 2).
+_REF_PROBLEMS = frozenset({REF_AMBIGUOUS, REF_NAMES_ARRAY})
+
+
+def names_array(exc: CorralError) -> bool:
+    """Whether the API refused a reference because it names a whole job array."""
+    return exc.kind == REF_NAMES_ARRAY
 
 
 def connect() -> Client:
@@ -41,8 +48,9 @@ def connect() -> Client:
 def call(work: Callable[[Client], Coroutine[Any, Any, T]]) -> T:
     """Run `work` with a client; errors exit with `corral: error: ...` (2: usage, 1: others).
 
-    Invalid input (a bad flag value the server refused, no configured server) exits 2, like
-    any usage error; anything else the API or the network says exits 1; Ctrl-C exits 130.
+    Invalid input (a bad flag value the server refused, no configured server, a session
+    reference that fits several sessions or names a whole job array) exits 2, like any usage
+    error; anything else the API or the network says exits 1; Ctrl-C exits 130.
     """
 
     async def main() -> T:
@@ -77,7 +85,7 @@ def call(work: Callable[[Client], Coroutine[Any, Any, T]]) -> T:
     except (ClientConfigError, ValidationError) as exc:
         fail(str(exc), code=USAGE_EXIT)
     except CorralError as exc:
-        fail(str(exc), code=FAILURE_EXIT)
+        fail(str(exc), code=USAGE_EXIT if exc.kind in _REF_PROBLEMS else FAILURE_EXIT)
 
 
 def print_json(value: object) -> None:

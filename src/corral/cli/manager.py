@@ -66,6 +66,7 @@ def manager_command(
         lock_ttl_s=settings.lock_ttl_s,
         max_array_size=settings.max_array_size,
         upload_max_bytes=settings.upload_max_bytes,
+        unused_upload_hours=settings.unused_upload_hours,
     )
 
     token_file = settings.data_dir.expanduser() / "join-token"

@@ -136,7 +136,7 @@ def run_command(
         str | None,
         typer.Option(
             help="A job array: one session per index, Slurm's syntax (0-99, 1,3,5, 0-15:4; "
-            "%N: at most N at once, 0-999%50). Prints the array id and returns.",
+            "%N: at most N at once, 0-999%50). Prints the array's number and returns.",
             show_default=False,
         ),
     ] = None,
@@ -168,12 +168,14 @@ def run_command(
     Without one, `--upload DIR` sends DIR (a tar.gz, up to the manager's upload_max_bytes),
     and CMD starts in its copy on the agent.
 
-    With `--array`, one session per index, each with CORRAL_ARRAY_ID and CORRAL_ARRAY_INDEX
-    in its environment, submitted in one request; the array id goes to stdout and the command
-    returns (`--wait`: once every element has ended).
+    With `--array`, one session per index, submitted in one request; the array's number (12)
+    goes to stdout and the command returns (`--wait`: once every element has ended). Each
+    element is 12_INDEX to every command, with CORRAL_ARRAY_ID (12) and CORRAL_ARRAY_INDEX in
+    its environment; 12 names the whole array (`session info`, `terminate`, `rm`, `--after`).
 
-    Dependencies (`--after`, `--dependency`) name sessions by id, unique id prefix or name: a
-    session that can never start after them (afterok after a failure) is cancelled, saying why.
+    Dependencies (`--after`, `--dependency`) name sessions by number, id, unique id prefix or
+    name, 12_7 for an array's element, or 12 for every element of job array 12: a session
+    that can never start after them (afterok after a failure) is cancelled, saying why.
     """
     try:
         wanted = parse_after(after or []) + parse_dependency(dependency or [])

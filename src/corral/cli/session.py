@@ -18,12 +18,22 @@ from corral.cli._remote import (
     age,
     call,
     local_time,
+    names_array,
     print_json,
     print_table,
     text,
 )
 from corral.cli.session_outputs import outputs_command
-from corral.client import Client, Explanation, HistoryEntry, LogStream, Session
+from corral.client import (
+    ArrayView,
+    Client,
+    ConflictError,
+    Explanation,
+    HistoryEntry,
+    LogStream,
+    Session,
+)
+from corral.domain.refs import collapse_indexes
 from corral.domain.status import SESSION_TERMINAL, SessionStatus
 from corral.domain.time_limit import format_duration
 
@@ -63,7 +73,10 @@ def ls_command(
     ] = None,
     array: Annotated[
         str | None,
-        typer.Option(help="The elements of this job array (its id), in every state by default."),
+        typer.Option(
+            help="The elements of this job array (its number), one a line, in every state by "
+            "default."
+        ),
     ] = None,
     limit: Annotated[
         int | None, typer.Option(min=1, help="At most this many, newest first (default: all).")
@@ -72,7 +85,10 @@ def ls_command(
 ) -> None:
     """List sessions, newest first: active ones (not yet ended) unless told otherwise.
 
-    A PENDING session's REASON says why it waits (`corral session explain` says more).
+    A PENDING session's REASON says why it waits (`corral session explain` says more). A job
+    array's element is shown as 12_7, and its pending elements waiting for the same reason as
+    one line, like squeue: 12_[3-9%2] (elements 3 to 9, at most 2 at once); `--array 12`
+    lists them one a line.
     """
     if state and all_states:
         fail("--state and --all-states: give one or the other")
@@ -87,13 +103,14 @@ def ls_command(
             what = "--all" if every_owner else "--user"
             fail(f"{what} lists other users' sessions, which needs an admin; you are {me.name}")
         chosen = user if user is not None or every_owner else me.name
+        array_id = None if array is None else (await client.get_array(array)).id
         found: list[Session] = []
         sessions = client.iter_sessions(
             status=statuses or None,
             owner=chosen,
             resource_group=resource_group,
             type=session_type,
-            array_id=array,
+            array_id=array_id,
             since=since,
             reasons=True,
             page_size=min(limit or 1000, 1000),
@@ -128,7 +145,7 @@ def ls_command(
         ],
         [
             [
-                str(s.number),
+                ref,
                 text(s.name),
                 *([s.owner] if show_user else []),
                 s.status.value,
@@ -138,9 +155,41 @@ def ls_command(
                 _run_time(s, now),
                 text(s.exit_code),
             ]
-            for s in sessions
+            for ref, s in (_one_a_line(sessions) if array else _collapsed(sessions))
         ],
     )
+
+
+def _one_a_line(sessions: list[Session]) -> list[tuple[str, Session]]:
+    return [(s.ref, s) for s in sessions]
+
+
+def _collapsed(sessions: list[Session]) -> list[tuple[str, Session]]:
+    """squeue's view: a job array's PENDING elements waiting for the same reason as one row,
+    `12_[3-9%2]`, where the newest of them is listed."""
+    waiting: dict[tuple[int, str | None], list[int]] = {}
+    for s in sessions:
+        if (
+            s.array_number is not None
+            and s.array_index is not None
+            and s.status is SessionStatus.PENDING
+        ):
+            waiting.setdefault((s.array_number, s.reason), []).append(s.array_index)
+    rows: list[tuple[str, Session]] = []
+    shown: set[tuple[int, str | None]] = set()
+    for s in sessions:
+        key = (s.array_number or 0, s.reason)
+        indexes = (
+            waiting.get(key, [])
+            if s.array_number is not None and s.status is SessionStatus.PENDING
+            else []
+        )
+        if len(indexes) < 2:
+            rows.append((s.ref, s))
+        elif key not in shown:
+            shown.add(key)
+            rows.append((f"{key[0]}_{collapse_indexes(indexes, s.array_throttle)}", s))
+    return rows
 
 
 def _run_time(session: Session, now: datetime) -> str:
@@ -152,14 +201,23 @@ def _run_time(session: Session, now: datetime) -> str:
 
 @app.command("info")
 def info_command(session: SessionArgument, as_json: JsonOption = False) -> None:
-    """Show a session in detail, with its kernels."""
+    """Show a session in detail, with its kernels; or a job array (its number) as a whole:
+    its elements per state, and each one."""
 
-    async def fetch(client: Client) -> Session:
-        return await client.get_session(session)
+    async def fetch(client: Client) -> Session | ArrayView:
+        try:
+            return await client.get_session(session)
+        except ConflictError as exc:
+            if not names_array(exc):
+                raise
+            return await client.get_array(session)
 
     found = call(fetch)
     if as_json:
         print_json(found)
+        return
+    if isinstance(found, ArrayView):
+        _show_array(found)
         return
     print_table(None, _facts(found))
     if found.kernels:
@@ -181,11 +239,52 @@ def info_command(session: SessionArgument, as_json: JsonOption = False) -> None:
         )
 
 
+def _show_array(array: ArrayView) -> None:
+    """A job array as `scontrol show job` shows one: the whole, then its elements, runs of
+    consecutive ones that stand alike on one line."""
+    throttle = f", at most {array.throttle} at once" if array.throttle else ""
+    states = ", ".join(f"{n} {status}" for status, n in sorted(array.statuses.items()))
+    results = ", ".join(f"{n} {result}" for result, n in sorted(array.results.items()))
+    facts = [
+        ("array", str(array.number)),
+        ("id", str(array.id)),
+        ("name", text(array.name)),
+        ("owner", array.owner),
+        ("elements", f"{array.count}{throttle}"),
+        ("states", states or "-"),
+        ("results", results or "-"),
+        ("image", array.image),
+        ("command", shlex.join(array.command) or "-"),
+        ("resources", f"{array.resources.format_human()} per kernel"),
+        ("group", array.resource_group),
+        ("created", f"{local_time(array.created_at)} ({age(array.created_at)} ago)"),
+    ]
+    print_table(None, [[f"{key}:", value] for key, value in facts])
+    runs: list[tuple[tuple[str, str, str], list[int]]] = []
+    for e in array.elements:
+        shape = (e.status.value, text(e.result), text(e.exit_code))
+        if runs and runs[-1][0] == shape:
+            runs[-1][1].append(e.index)
+        else:
+            runs.append((shape, [e.index]))
+    typer.echo("")
+    print_table(
+        ["ELEMENTS", "STATUS", "RESULT", "EXIT"],
+        [[f"{array.number}_{collapse_indexes(indexes)}", *shape] for shape, indexes in runs],
+    )
+
+
 def _facts(session: Session) -> list[list[str]]:
     status = session.status.value + (f" ({session.status_info})" if session.status_info else "")
     placement = f"{session.cluster_size} kernel(s), {session.cluster_mode}"
+    in_array = (
+        f"element {session.array_index} of job array {session.array_number}"
+        if session.array_number is not None
+        else None
+    )
     facts = [
-        ("number", str(session.number)),
+        ("number", session.ref if in_array is None else f"{session.number} ({session.ref})"),
+        ("array", text(in_array)),
         ("id", str(session.id)),
         ("name", text(session.name)),
         ("owner", session.owner),
@@ -196,6 +295,8 @@ def _facts(session: Session) -> list[list[str]]:
         ("failure", text(session.failure_cause)),
         ("image", session.image),
         ("command", shlex.join(session.command) or "-"),
+        ("workdir", _start_dir(session)),
+        ("upload", text(session.upload)),  # the sha256 of the directory sent
         ("resources", f"{session.resources.format_human()} per kernel; {placement}"),
         ("group", f"{session.resource_group}, priority {session.priority}"),
         ("created", f"{local_time(session.created_at)} ({age(session.created_at)} ago)"),
@@ -204,6 +305,14 @@ def _facts(session: Session) -> list[list[str]]:
         ("ended", local_time(session.terminated_at)),
     ]
     return [[f"{key}:", value] for key, value in facts]
+
+
+def _start_dir(session: Session) -> str:
+    """Where the kernels start: the upload unpacked in each kernel's own directory, or the
+    submitting directory."""
+    if session.upload is not None:
+        return "the upload, unpacked in each kernel's own directory"
+    return text(session.workdir)
 
 
 def _time_limit(session: Session) -> str:
@@ -342,19 +451,20 @@ def describe_place(result: Explanation) -> str:
 def terminate_command(session: SessionArgument) -> None:
     """End a session: cancel it if it has not started, else stop its kernels.
 
-    A job array's id (its first element's) ends every element of the array.
+    A job array's number (12) ends every element of the array; 12_7 ends element 7 alone.
     """
 
     async def request(client: Client) -> str:
-        session_id = await client.resolve_session_id(session)
-        found = await client.get_session(session_id)
-        if found.array_id is not None and found.array_id == found.id:
-            ended = await client.terminate_array(found.array_id)
+        try:
+            result = await client.terminate_session(session)
+        except ConflictError as exc:
+            if not names_array(exc):
+                raise
+            ended = await client.terminate_array(session)
             return (
-                f"array {ended.id}: {ended.cancelled} cancelled, {ended.terminating} "
+                f"array {ended.number}: {ended.cancelled} cancelled, {ended.terminating} "
                 f"terminating, {ended.unchanged} had already ended"
             )
-        result = await client.terminate_session(session_id)
         if result.outcome == "unchanged":
             return f"session {result.number} had already ended ({result.status.value})"
         return f"session {result.number}: {result.outcome} ({result.status.value})"
@@ -368,7 +478,8 @@ def rm_command(
         list[str],
         typer.Argument(
             metavar="SESSION",
-            help="Ended sessions to remove (numbers, ids, unique id prefixes or names).",
+            help="Ended sessions to remove (numbers, ids, unique id prefixes or names; a job "
+            "array's number removes every element).",
         ),
     ],
 ) -> None:
@@ -376,9 +487,16 @@ def rm_command(
 
     async def remove(client: Client) -> None:
         for ref in sessions:
-            found = await client.get_session(ref)
+            try:
+                found = await client.get_session(ref)
+            except ConflictError as exc:
+                if not names_array(exc):
+                    raise
+                removed = await client.delete_array(ref)
+                typer.echo(f"removed job array {removed.number} ({removed.removed} sessions)")
+                continue
             await client.delete_session(found.id)
-            typer.echo(f"removed session {found.number} ({found.id})")
+            typer.echo(f"removed session {found.ref} ({found.id})")
 
     call(remove)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -36,6 +37,15 @@ def simulate_command(
         str | None, typer.Option(help="redis:// URL for hints, locks, events.")
     ] = None,
     seed: Annotated[int, typer.Option(help="Seeds the simulated faults.")] = 0,
+    upload: Annotated[
+        Path | None,
+        typer.Option(
+            help="A directory every session names as its upload: each kernel fetches it over "
+            "the agents' link and unpacks it, as with `corral run --upload`.",
+            exists=True,
+            file_okay=False,
+        ),
+    ] = None,
     timeout: Annotated[float, typer.Option(min=1, help="Give up after this many seconds.")] = 600,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
@@ -49,6 +59,7 @@ def simulate_command(
         fail_rate=fail_rate,
         seed=seed,
         timeout_s=timeout,
+        upload=upload,
     )
     progress = None if as_json else (lambda message: _err.print(f"[dim]simulate: {message}[/]"))
     # The manager's warnings go to stderr as the daemons print them; the simulated agents' are

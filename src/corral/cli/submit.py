@@ -38,7 +38,8 @@ def submit_command(
         bool, typer.Option("--schema", help="Print the job file's JSON schema and exit.")
     ] = False,
 ) -> None:
-    """Submit the session (or job array) a job file describes; print its id and return.
+    """Submit the session (or job array) a job file describes; print its id (an array's
+    number) and return.
 
     A job file holds the fields of a session spec (`corral submit --schema` lists them:
     command, image, resources, cluster_size, resource_group, priority, env, dependencies, ...)

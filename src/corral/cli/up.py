@@ -38,6 +38,7 @@ def up_command(
         retention_days=settings.retention_days,
         python=python,
         upload_max_bytes=settings.upload_max_bytes,
+        unused_upload_hours=settings.unused_upload_hours,
     )
 
     def ready(up: UpReady) -> None:

@@ -35,7 +35,9 @@ from corral.client.errors import (
 )
 from corral.client.models import (
     Agent,
+    ArrayRemoveResult,
     ArrayTerminateResult,
+    ArrayView,
     Event,
     Explanation,
     HistoryEntry,
@@ -140,10 +142,19 @@ class Client:
         body = spec.model_dump(mode="json", exclude_unset=True)
         return SessionArray.model_validate(await self._json("POST", "/v1/arrays", json=body))
 
-    async def terminate_array(self, array_id: uuid.UUID | str) -> ArrayTerminateResult:
+    async def get_array(self, array: uuid.UUID | str) -> ArrayView:
+        """A job array as a whole (by its number, name or id): its elements per state and each
+        element."""
+        return ArrayView.model_validate(await self._json("GET", _array_path(array)))
+
+    async def terminate_array(self, array: uuid.UUID | str) -> ArrayTerminateResult:
         """End every element of a job array: the pending ones cancelled, the others stopped."""
-        path = f"/v1/arrays/{quote(str(array_id), safe='')}/terminate"
+        path = f"{_array_path(array)}/terminate"
         return ArrayTerminateResult.model_validate(await self._json("POST", path))
+
+    async def delete_array(self, array: uuid.UUID | str) -> ArrayRemoveResult:
+        """Remove every element of an ended job array (ConflictError while one has not ended)."""
+        return ArrayRemoveResult.model_validate(await self._json("DELETE", _array_path(array)))
 
     async def list_sessions(
         self,
@@ -519,6 +530,10 @@ def validated(model: type[SpecT], fields: Mapping[str, Any]) -> SpecT:
             title="The session spec is not valid",
             errors=errors,
         ) from None
+
+
+def _array_path(array: uuid.UUID | str) -> str:
+    return f"/v1/arrays/{quote(str(array).strip(), safe='')}"
 
 
 def _session_path(session_id: SessionRef) -> str:

@@ -9,6 +9,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from corral.domain.outcome import SessionResult
+from corral.domain.refs import element_ref
 from corral.domain.slots import ResourceSlots
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import ADMIN_ROLE
@@ -73,8 +74,14 @@ class Session(ApiModel):
     command: tuple[str, ...] = ()
     resources: ResourceSlots  # per kernel
     creation_id: str | None = None
-    array_id: uuid.UUID | None = None  # a job array's element: the array's id
-    array_index: int | None = None  # ... and this element's index
+    # A job array's element: the array's id and number (`12`), this element's index (the
+    # element is `12_7`), and how many of the array may run at once.
+    array_id: uuid.UUID | None = None
+    array_number: int | None = None
+    array_index: int | None = None
+    array_throttle: int | None = None
+    workdir: str | None = None  # where its kernels start (the submitting directory)
+    upload: str | None = None  # ... or the sha256 of its upload, unpacked where they start
     time_limit_s: int | None = None  # wall-time limit in seconds
     deadline_at: datetime | None = None  # while RUNNING with a limit: when it is stopped
     kernels: tuple[Kernel, ...] | None = None
@@ -84,6 +91,13 @@ class Session(ApiModel):
     def is_terminal(self) -> bool:
         """Whether the session has ended (TERMINATED, CANCELLED or ERROR)."""
         return self.status in TERMINAL_STATUSES
+
+    @property
+    def ref(self) -> str:
+        """What to type for this session: `12_7` for a job array's element, else its number."""
+        if self.array_number is not None and self.array_index is not None:
+            return element_ref(self.array_number, self.array_index)
+        return str(self.number)
 
 
 class TerminateResult(ApiModel):
@@ -103,22 +117,65 @@ class ArrayElement(ApiModel):
 
 
 class SessionArray(ApiModel):
-    """A submitted job array: its id (its first element's session id) and its elements."""
+    """A submitted job array: its number (what users type: `12`, elements `12_7`), its id
+    (its first element's session id) and its elements."""
 
     id: uuid.UUID
+    number: int
     count: int
     throttle: int | None = None
     elements: tuple[ArrayElement, ...] = ()
+
+
+class ArrayElementState(ApiModel):
+    """Where one element of a job array stands."""
+
+    index: int
+    session_id: uuid.UUID
+    number: int
+    status: SessionStatus
+    result: SessionResult | None = None
+    exit_code: int | None = None
+    started_at: datetime | None = None
+    terminated_at: datetime | None = None
+
+
+class ArrayView(ApiModel):
+    """A job array as a whole: what it runs, its elements per state, and every element."""
+
+    id: uuid.UUID
+    number: int
+    name: str | None = None
+    owner: str
+    count: int
+    throttle: int | None = None
+    resource_group: str
+    image: str
+    command: tuple[str, ...] = ()
+    resources: ResourceSlots
+    created_at: datetime
+    statuses: dict[str, int]
+    results: dict[str, int]
+    elements: tuple[ArrayElementState, ...] = ()
 
 
 class ArrayTerminateResult(ApiModel):
     """What terminating a job array did, in numbers of elements."""
 
     id: uuid.UUID
+    number: int
     outcome: str
     cancelled: int
     terminating: int
     unchanged: int
+
+
+class ArrayRemoveResult(ApiModel):
+    """What removing a job array did."""
+
+    id: uuid.UUID
+    number: int
+    removed: int
 
 
 class HistoryEntry(ApiModel):

@@ -9,6 +9,7 @@ the rows anyway.
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -70,6 +71,14 @@ _OWN_SESSIONS = DirectStatement(
 )
 
 
+# The elements of the owner's job arrays (by the arrays' ids) that a spec depends on whole.
+_OWN_ARRAY_ELEMENTS = DirectStatement(
+    lambda dialect: sa.select(sessions.c.array_id, sessions.c.id).where(
+        in_param(dialect, sessions.c.array_id, "ids"), sessions.c.owner_id == _OWNER
+    )
+)
+
+
 class SubmissionError(ValueError):
     """A request the controller refuses; `field` names what was wrong (for problem details)."""
 
@@ -94,9 +103,11 @@ class Submitted:
 
 @record
 class SubmittedArray:
-    """The elements of a job array, in index order; `array_id` is its first element's id."""
+    """The elements of a job array, in index order; `array_id` is its first element's id and
+    `number` its first element's number, what users type (`domain.refs`)."""
 
     array_id: SessionId
+    number: int
     indexes: tuple[int, ...]
     elements: tuple[Submitted, ...]
     throttle: int | None
@@ -200,7 +211,22 @@ class SessionController:
             owner,
             array=ArrayRequest(indexes, parsed.throttle),
         )
-        return SubmittedArray(elements[0].session_id, indexes, tuple(elements), parsed.throttle)
+        first = elements[0]
+        written = first.written
+        if written is None:  # created before (the same creation_id)
+            async with self.db.read() as conn:
+                written = {
+                    "array_number": await conn.scalar(
+                        sa.select(sessions.c.array_number).where(sessions.c.id == first.session_id)
+                    )
+                }
+        return SubmittedArray(
+            first.session_id,
+            int(written["array_number"]),
+            indexes,
+            tuple(elements),
+            parsed.throttle,
+        )
 
     async def enqueue_many(
         self,
@@ -241,8 +267,11 @@ class SessionController:
             now = self.clock()
             try:
                 async with self.db.transaction() as conn:
-                    options = await self._check_references(conn, specs, owner)
-                    new = [_time_limited(n, options[n.resource_group]) for n in new]
+                    options, members = await self._check_references(conn, specs, owner)
+                    new = [
+                        _with_elements(_time_limited(n, options[n.resource_group]), members)
+                        for n in new
+                    ]
                     rows = await insert_sessions(conn, new, now)
                     created_events = [
                         _created_event(n, row["number"], now)
@@ -338,8 +367,9 @@ class SessionController:
 
     async def _check_references(
         self, conn: AsyncConnection, specs: Sequence[SessionSpec], owner: UserId
-    ) -> dict[str, ResourceGroupOptions]:
-        """Refuse unknown groups and dependencies and limits over a group's; the groups' options."""
+    ) -> tuple[dict[str, ResourceGroupOptions], dict[uuid.UUID, list[uuid.UUID]]]:
+        """Refuse unknown groups and dependencies and limits over a group's; the groups'
+        options, and the elements of each job array a spec depends on as a whole."""
         dialect = self.db.dialect
         groups = {spec.resource_group for spec in specs}
         stored = await group_options_naming(self.db, conn, groups)
@@ -359,9 +389,22 @@ class SessionController:
                 f"you have no upload {digest}; send the directory first (`corral run --upload "
                 "DIR` does, or PUT /v1/uploads/{digest})",
             )
-        wanted = {dep.session for spec in specs for dep in spec.dependencies}
+        wanted = {dep.session for spec in specs for dep in spec.dependencies if not dep.array}
+        arrays = {dep.session for spec in specs for dep in spec.dependencies if dep.array}
+        members: dict[uuid.UUID, list[uuid.UUID]] = {}
+        if arrays:
+            rows = await _OWN_ARRAY_ELEMENTS.rows(
+                conn, {"ids": payload(dialect, arrays), "owner": owner}
+            )
+            for array_id, element in rows:
+                members.setdefault(array_id, []).append(element)
+            unknown = sorted(str(a) for a in arrays - members.keys())
+            if unknown:
+                raise SubmissionError(
+                    "dependencies", f"no job array of yours has the id {', '.join(unknown)}"
+                )
         if not wanted:
-            return options
+            return options, members
         found = set(
             await _OWN_SESSIONS.scalars(conn, {"ids": payload(dialect, wanted), "owner": owner})
         )
@@ -370,7 +413,18 @@ class SessionController:
             raise SubmissionError(
                 "dependencies", f"no session of yours has the id {', '.join(missing)}"
             )
-        return options
+        return options, members
+
+
+def _with_elements(new: NewSession, members: Mapping[uuid.UUID, list[uuid.UUID]]) -> NewSession:
+    """`new` waiting for each element of the arrays it depends on as a whole."""
+    if not new.array_dependencies:
+        return new
+    kinds = dict(new.dependencies)  # a session named alone keeps the kind given to it
+    for array_id, kind in new.array_dependencies:
+        for element in members[array_id]:
+            kinds.setdefault(element, kind)
+    return dataclasses.replace(new, dependencies=tuple(kinds.items()), array_dependencies=())
 
 
 def _time_limited(new: NewSession, options: ResourceGroupOptions) -> NewSession:
@@ -398,7 +452,8 @@ def _new_session(
         priority=spec.priority,
         creation_id=spec.creation_id,
         starts_at=spec.starts_at,
-        dependencies=tuple((dep.session, dep.kind) for dep in spec.dependencies),
+        dependencies=tuple((d.session, d.kind) for d in spec.dependencies if not d.array),
+        array_dependencies=tuple((d.session, d.kind) for d in spec.dependencies if d.array),
         time_limit_s=spec.time_limit_s,
         array=array,
     )

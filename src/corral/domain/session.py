@@ -195,6 +195,8 @@ class NewSession:
     starts_at: datetime | None = None
     # (session, kind): the sessions it waits for, and when it may start after each.
     dependencies: tuple[tuple[uuid.UUID, DependencyKind], ...] = ()
+    # Whole job arrays (by id) it waits for: made dependencies on each element on submission.
+    array_dependencies: tuple[tuple[uuid.UUID, DependencyKind], ...] = ()
     time_limit_s: int | None = None
     array: ArrayPlace | None = None
 

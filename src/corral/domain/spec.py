@@ -15,6 +15,7 @@ from pydantic import (
     Field,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from corral.domain.outcome import DEFAULT_DEPENDENCY_KIND, DependencyKind
@@ -56,12 +57,23 @@ _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class Dependency(BaseModel):
-    """A session this one waits for, and when it may start after it (Slurm's kinds)."""
+    """A session this one waits for, and when it may start after it (Slurm's kinds); with
+    `array`, `session` is a job array's id and this one waits for every element of it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     session: uuid.UUID
     kind: DependencyKind = DEFAULT_DEPENDENCY_KIND
+    array: bool = False
+
+    @model_validator(mode="after")
+    def _whole_arrays_wait_for_every_element(self) -> Dependency:
+        if self.array and self.kind is DependencyKind.AFTERNOTOK:
+            raise ValueError(
+                "afternotok on a whole job array is not supported (it would wait for every "
+                "element to fail); name the elements it should follow, like 12_3"
+            )
+        return self
 
 
 def _dependency_from_id(value: Any) -> Any:

@@ -48,6 +48,7 @@ from corral.store.kernel_logs import DEFAULT_LOG_CAP_BYTES
 from corral.store.migrate import upgrade
 from corral.store.resource_group_store import GROUP_CHANGES
 from corral.store.retention import DEFAULT_RETENTION_DAYS
+from corral.store.uploads import DEFAULT_UNUSED_UPLOAD_HOURS
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class ManagerConfig:
     grace_period_s: float = 10.0
     log_cap_bytes: int = DEFAULT_LOG_CAP_BYTES  # per kernel and stream; 0: no cap
     retention_days: float = DEFAULT_RETENTION_DAYS  # ended sessions kept; 0: for ever
+    unused_upload_hours: float = DEFAULT_UNUSED_UPLOAD_HOURS  # uploads no session names; 0: ever
     lock_ttl_s: float = DEFAULT_LOCK_TTL_S
     max_array_size: int = DEFAULT_MAX_ARRAY_SIZE  # elements of one job array
     upload_max_bytes: int = DEFAULT_UPLOAD_MAX_BYTES
@@ -173,6 +175,7 @@ class ManagerDaemon:
             buses.hints,
             buses.locks,
             retention_days=config.retention_days,
+            unused_upload_hours=config.unused_upload_hours,
             clock=self.clock,
             prefix=config.prefix,
             every_s=config.intervals.long_interval_s,

@@ -30,6 +30,7 @@ from corral.manager.daemon import ManagerConfig, ManagerDaemon
 from corral.store.database import Database
 from corral.store.kernel_logs import DEFAULT_LOG_CAP_BYTES
 from corral.store.retention import DEFAULT_RETENTION_DAYS
+from corral.store.uploads import DEFAULT_UNUSED_UPLOAD_HOURS
 from corral.store.user_directory import get_user_record
 from corral.store.users import create_user, issue_token
 
@@ -51,6 +52,7 @@ class UpConfig:
     retention_days: float = DEFAULT_RETENTION_DAYS
     python: Path | None = None  # what `python` means in jobs (None: the host's python3)
     upload_max_bytes: int = DEFAULT_UPLOAD_MAX_BYTES
+    unused_upload_hours: float = DEFAULT_UNUSED_UPLOAD_HOURS
 
 
 @record
@@ -91,6 +93,7 @@ async def run_up(
             log_cap_bytes=config.log_cap_bytes,
             retention_days=config.retention_days,
             upload_max_bytes=config.upload_max_bytes,
+            unused_upload_hours=config.unused_upload_hours,
         )
     )
     managing = await manager.start()

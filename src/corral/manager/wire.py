@@ -45,7 +45,7 @@ def assignment_message(assignment: Assignment) -> AssignmentMessage:
                 asked=k.asked,
                 slots=dict(k.occupied_slots),
                 spec=k.spec,
-                array_id=None if k.array_id is None else str(k.array_id),
+                array_number=k.array_number,
                 array_index=k.array_index,
             )
             for k in assignment.kernels

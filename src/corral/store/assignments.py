@@ -167,8 +167,8 @@ class AssignedKernel:
     # The address of the agent of every kernel of the session, in cluster-index order ("" for
     # a kernel not placed now), so the ranks of a multi-node session can find each other.
     cluster_hosts: tuple[str, ...] = ()
-    # A job array's element: the array's id and this element's index (CORRAL_ARRAY_*).
-    array_id: SessionId | None = None
+    # A job array's element: the array's number and this element's index (CORRAL_ARRAY_*).
+    array_number: int | None = None
     array_index: int | None = None
 
 
@@ -232,7 +232,7 @@ async def read_assignments(
                 attempt=row[12],
                 asked=row[13] is not None,
                 cluster_hosts=addresses[agent_id] if row[4] == 1 else hosts.get(row[1], ()),
-                array_id=None if row[14] is None else SessionId(row[14]),
+                array_number=row[14],
                 array_index=row[15],
             )
         )
@@ -268,7 +268,7 @@ def _assigned_kernels_query(dialect: Dialect) -> sa.Select[Any]:
             kernels.c.agent_id,
             kernels.c.attempt,
             kernels.c.asked_at,
-            sessions.c.array_id,
+            sessions.c.array_number,
             sessions.c.array_index,
         )
         .select_from(kernels.join(sessions, sessions.c.id == kernels.c.session_id))

@@ -11,23 +11,11 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
-from corral.domain.events import SESSION_ENTITY
 from corral.domain.status import SESSION_TERMINAL
 from corral.domain.types import SessionId
-from corral.store._sql import in_values
-from corral.store.agent_kernels import forget_agents
 from corral.store.database import Database
-from corral.store.tables import (
-    events,
-    kernel_history,
-    kernel_logs,
-    kernel_outputs,
-    kernels,
-    routes,
-    session_dependencies,
-    session_history,
-    sessions,
-)
+from corral.store.session_removal import remove_sessions
+from corral.store.tables import routes, session_dependencies, sessions
 
 DEFAULT_RETENTION_DAYS = 30.0  # a manager setting; 0 keeps ended sessions for ever
 PURGE_BATCH = 500  # sessions deleted per transaction
@@ -66,39 +54,5 @@ async def purge_expired_sessions(
         ids = [SessionId(sid) for (sid,) in rows]
         if not ids:
             return []
-        chosen = in_values(db.dialect, sessions.c.id, ids)
-        of_sessions = in_values(db.dialect, kernels.c.session_id, ids)
-        kernel_ids = sa.select(kernels.c.id).where(of_sessions)
-        await conn.execute(kernel_logs.delete().where(kernel_logs.c.kernel_id.in_(kernel_ids)))
-        await conn.execute(
-            kernel_outputs.delete().where(kernel_outputs.c.kernel_id.in_(kernel_ids))
-        )
-        await conn.execute(
-            kernel_history.delete().where(in_values(db.dialect, kernel_history.c.session_id, ids))
-        )
-        await conn.execute(
-            session_history.delete().where(in_values(db.dialect, session_history.c.session_id, ids))
-        )
-        await conn.execute(
-            session_dependencies.delete().where(
-                sa.or_(
-                    in_values(db.dialect, session_dependencies.c.session_id, ids),
-                    in_values(db.dialect, session_dependencies.c.depends_on, ids),
-                )
-            )
-        )
-        await conn.execute(
-            events.delete().where(
-                events.c.entity_type == SESSION_ENTITY,
-                in_values(db.dialect, events.c.entity_id, [str(sid) for sid in ids]),
-            )
-        )
-        await forget_agents(conn, of_sessions)
-        await conn.execute(kernels.delete().where(of_sessions))
-        await conn.execute(
-            sessions.update()
-            .where(in_values(db.dialect, sessions.c.parent_session_id, ids))
-            .values(parent_session_id=None)
-        )
-        await conn.execute(sessions.delete().where(chosen))
+        await remove_sessions(conn, db.dialect, ids, with_events=True)
     return ids

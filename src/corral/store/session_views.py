@@ -5,27 +5,18 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 
 from corral.domain.record import record
-from corral.domain.status import SESSION_TERMINAL
 from corral.domain.types import SessionId, UserId
-from corral.store.agent_kernels import forget_agents
+from corral.store._sql import in_values
 from corral.store.database import Database
-from corral.store.tables import (
-    kernel_history,
-    kernel_logs,
-    kernel_outputs,
-    kernels,
-    session_dependencies,
-    session_history,
-    sessions,
-    users,
-)
+from corral.store.session_removal import ENDED, remove_sessions, waiting_dependants
+from corral.store.tables import kernels, session_history, sessions, users
 
 MAX_PAGE = 1_000
 
@@ -73,7 +64,10 @@ _COLUMNS = (
     sessions.c.spec,
     sessions.c.creation_id,
     sessions.c.array_id,
+    sessions.c.array_number,
     sessions.c.array_index,
+    sessions.c.array_throttle,
+    sessions.c.upload,
     sessions.c.time_limit_s,
     sessions.c.deadline_at,
 )
@@ -115,15 +109,25 @@ async def list_sessions(
     return rows, next_cursor
 
 
-async def array_elements(
-    db: Database, array_id: uuid.UUID, *, owner_id: UserId | None = None
-) -> list[uuid.UUID]:
-    """The session ids of a job array's elements, by index (only `owner_id`'s, if given)."""
-    query = sa.select(sessions.c.id).where(sessions.c.array_id == array_id)
-    if owner_id is not None:
-        query = query.where(sessions.c.owner_id == owner_id)
+async def array_elements(db: Database, array_id: uuid.UUID) -> list[dict[str, Any]]:
+    """A job array's elements by index: each one's id, number, index, status, result, exit
+    code, and when it started and ended."""
     async with db.read() as conn:
-        return list((await conn.execute(query.order_by(sessions.c.array_index))).scalars())
+        rows = await conn.execute(
+            sa.select(
+                sessions.c.id,
+                sessions.c.number,
+                sessions.c.array_index.label("index"),
+                sessions.c.status,
+                sessions.c.result,
+                sessions.c.exit_code,
+                sessions.c.started_at,
+                sessions.c.terminated_at,
+            )
+            .where(sessions.c.array_id == array_id)
+            .order_by(sessions.c.array_index)
+        )
+        return [dict(row._mapping) for row in rows]
 
 
 async def get_session(db: Database, session_id: uuid.UUID) -> dict[str, Any] | None:
@@ -193,48 +197,36 @@ async def session_history_rows(db: Database, session_id: uuid.UUID) -> list[dict
 
 async def delete_session(db: Database, session_id: SessionId) -> None:
     """Remove an ended session and everything recorded about it (events stay: the audit log)."""
-    ended = [s.value for s in SESSION_TERMINAL]
+    await delete_sessions(db, [session_id], what=f"session {session_id}")
+
+
+async def delete_sessions(db: Database, session_ids: Collection[SessionId], *, what: str) -> int:
+    """Remove ended sessions (all or none: SessionNotEndedError naming `what` when one has not
+    ended or one that has not ended depends on one of them); how many were removed."""
     async with db.transaction() as conn:
-        status = await conn.scalar(sa.select(sessions.c.status).where(sessions.c.id == session_id))
-        if status is None:
-            return
-        if status not in ended:
-            raise SessionNotEndedError(
-                f"session {session_id} is {status}; terminate it first, then remove it"
+        rows = await conn.execute(
+            sa.select(sessions.c.id, sessions.c.status).where(
+                in_values(db.dialect, sessions.c.id, list(session_ids))
             )
-        waiting = await conn.scalar(
-            sa.select(sa.func.count())
-            .select_from(
-                session_dependencies.join(
-                    sessions, sessions.c.id == session_dependencies.c.session_id
+        )
+        found = {SessionId(sid): status for sid, status in rows}
+        active = sorted({status for status in found.values() if status not in ENDED})
+        if active:
+            running = sum(status not in ENDED for status in found.values())
+            said = (
+                f"{what} is {active[0]}"
+                if len(found) == 1
+                else (
+                    f"{running} of the {len(found)} sessions of {what} have not ended "
+                    f"({', '.join(active)})"
                 )
             )
-            .where(session_dependencies.c.depends_on == session_id, sessions.c.status.not_in(ended))
-        )
+            raise SessionNotEndedError(f"{said}; terminate it first, then remove it")
+        waiting = await waiting_dependants(conn, db.dialect, found)
         if waiting:
-            raise SessionNotEndedError(
-                f"{waiting} session(s) that have not ended depend on session {session_id}"
-            )
-        kernel_ids = sa.select(kernels.c.id).where(kernels.c.session_id == session_id)
-        await conn.execute(kernel_logs.delete().where(kernel_logs.c.kernel_id.in_(kernel_ids)))
-        await conn.execute(
-            kernel_outputs.delete().where(kernel_outputs.c.kernel_id.in_(kernel_ids))
-        )
-        await conn.execute(kernel_history.delete().where(kernel_history.c.session_id == session_id))
-        await conn.execute(
-            session_history.delete().where(session_history.c.session_id == session_id)
-        )
-        await conn.execute(
-            session_dependencies.delete().where(
-                sa.or_(
-                    session_dependencies.c.session_id == session_id,
-                    session_dependencies.c.depends_on == session_id,
-                )
-            )
-        )
-        await forget_agents(conn, kernels.c.session_id == session_id)
-        await conn.execute(kernels.delete().where(kernels.c.session_id == session_id))
-        await conn.execute(sessions.delete().where(sessions.c.id == session_id))
+            raise SessionNotEndedError(f"{waiting} session(s) that have not ended depend on {what}")
+        await remove_sessions(conn, db.dialect, found, with_events=False)
+    return len(found)
 
 
 def _encode(created_at: datetime, session_id: uuid.UUID) -> str:

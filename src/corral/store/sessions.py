@@ -197,7 +197,9 @@ class SessionRepository:
         return await apply_changes(self.db, changes, now)
 
 
-def _session_row(s: NewSession, number: int, now: datetime) -> dict[str, Any]:
+def _session_row(
+    s: NewSession, number: int, now: datetime, array_number: int | None
+) -> dict[str, Any]:
     return {
         "id": s.id,
         "number": number,
@@ -226,6 +228,8 @@ def _session_row(s: NewSession, number: int, now: datetime) -> dict[str, Any]:
         "array_id": s.array.array_id if s.array else None,
         "array_index": s.array.index if s.array else None,
         "array_throttle": s.array.throttle if s.array else None,
+        "array_number": array_number,
+        "upload": s.spec.get("upload"),
     }
 
 
@@ -258,8 +262,10 @@ async def insert_sessions(
     if not new_sessions:
         return []
     numbers = await take_session_numbers(conn, len(new_sessions))
+    array_numbers = await _array_numbers(conn, new_sessions, numbers)
     session_rows = [
-        _session_row(s, number, now) for s, number in zip(new_sessions, numbers, strict=True)
+        _session_row(s, number, now, array_numbers.get(s.array.array_id) if s.array else None)
+        for s, number in zip(new_sessions, numbers, strict=True)
     ]
     kernel_rows = [_kernel_rows(s, now) for s in new_sessions]
     await _INSERT_SESSION.run_many(conn, session_rows)
@@ -271,6 +277,23 @@ async def insert_sessions(
     ]
     await _INSERT_DEPENDENCY.run_many(conn, deps)  # nothing sent when there are none
     return [row | {"kernels": rows} for row, rows in zip(session_rows, kernel_rows, strict=True)]
+
+
+async def _array_numbers(
+    conn: AsyncConnection, new_sessions: Sequence[NewSession], numbers: Sequence[int]
+) -> dict[SessionId, int]:
+    """The number of each array the new sessions are elements of: its first element's."""
+    heads = {s.array.array_id for s in new_sessions if s.array is not None}
+    if not heads:
+        return {}
+    found = {s.id: n for s, n in zip(new_sessions, numbers, strict=True) if s.id in heads}
+    # An array's first element is written with the rest (one transaction), unless a repeated
+    # creation_id found it written before.
+    for head in heads - found.keys():
+        number = await conn.scalar(sa.select(sessions.c.number).where(sessions.c.id == head))
+        if number is not None:
+            found[head] = number
+    return found
 
 
 # Run once per row (executemany), with the rows of `_session_row` and `_kernel_rows`: their
@@ -305,6 +328,8 @@ _INSERT_SESSION = insert_columns(
         "array_id",
         "array_index",
         "array_throttle",
+        "array_number",
+        "upload",
     ),
 )
 _INSERT_KERNEL = insert_columns(

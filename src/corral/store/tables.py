@@ -243,6 +243,11 @@ sessions = sa.Table(
     sa.Column("array_id", sa.Uuid(), nullable=True),
     sa.Column("array_index", sa.Integer(), nullable=True),
     sa.Column("array_throttle", sa.Integer(), nullable=True),
+    # What users type for the array: its first element's number (`domain.refs`: `12_7`).
+    sa.Column("array_number", BigID, nullable=True),
+    # The digest of the upload the spec names (also in `spec`): retention finds the uploads
+    # no kept session uses through its index.
+    sa.Column("upload", sa.String(64), nullable=True),
     sa.CheckConstraint("cluster_size >= 1", name="cluster_size_positive"),
     sa.Index(None, "status", "resource_group"),
     sa.Index(None, "owner_id", "created_at"),
@@ -275,6 +280,20 @@ sessions = sa.Table(
         "array_id",
         postgresql_where=sa.text("array_id IS NOT NULL"),
         sqlite_where=sa.text("array_id IS NOT NULL"),
+    ),
+    sa.Index(
+        "uq_sessions_array_number_array_index",
+        "array_number",
+        "array_index",
+        unique=True,
+        postgresql_where=sa.text("array_number IS NOT NULL"),
+        sqlite_where=sa.text("array_number IS NOT NULL"),
+    ),
+    sa.Index(
+        None,
+        "upload",
+        postgresql_where=sa.text("upload IS NOT NULL"),
+        sqlite_where=sa.text("upload IS NOT NULL"),
     ),
 )
 
@@ -551,4 +570,6 @@ uploads = sa.Table(
     sa.Column("size_bytes", sa.BigInteger(), nullable=False),
     sa.Column("data", sa.LargeBinary(), nullable=False),
     _created(),
+    # Stored or last asked for by its owner: an upload no session uses is kept this long.
+    sa.Column("used_at", UTCDateTime(), nullable=False),
 )

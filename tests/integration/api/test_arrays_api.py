@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
 from corral.controller import sessions as controller_module
+from corral.store.tables import session_dependencies
 from tests.integration.api.conftest import ApiWorld, Caller
 from tests.integration.api.test_sessions_api import BODY, create, problem
 
@@ -153,6 +156,7 @@ async def test_terminating_an_array_ends_every_element_and_only_its_owner_may(
     assert done.status_code == 200, done.text
     assert done.json() == {
         "id": array_id,
+        "number": 1,
         "outcome": "cancelled",
         "cancelled": 5,
         "terminating": 0,
@@ -170,3 +174,93 @@ async def test_array_routes_need_a_valid_token(world: ApiWorld) -> None:
     for url in ("/v1/arrays", f"/v1/arrays/{array_id}/terminate"):
         anonymous = await world.http.post(url, json={**BODY, "array": "0-1"})
         problem(anonymous, 401, "unauthenticated")
+
+
+async def test_an_array_is_named_by_its_number_and_an_element_as_number_underscore_index(
+    world: ApiWorld,
+) -> None:
+    """The array's number is its first element's: `GET /v1/arrays/N` shows it whole (also by
+    name); `/v1/sessions/N_I` is element I; `/v1/sessions/N` is a 409 naming the array, and
+    another user finds neither; an unnamed index is 404."""
+    body = (await submit(world, world.alice, "2-4%1", name="grid")).json()
+    number = body["number"]
+    first = await world.http.get(f"/v1/sessions/{body['id']}", headers=world.alice.headers)
+    assert first.json()["number"] == number and first.json()["array_number"] == number
+    whole = await world.http.get(f"/v1/arrays/{number}", headers=world.alice.headers)
+    assert whole.status_code == 200, whole.text
+    view = whole.json()
+    assert (view["id"], view["count"], view["throttle"]) == (body["id"], 3, 1)
+    assert view["statuses"] == {"PENDING": 3} and view["results"] == {}
+    assert [e["index"] for e in view["elements"]] == [2, 3, 4]
+    by_name = await world.http.get("/v1/arrays/grid", headers=world.alice.headers)
+    assert by_name.json()["number"] == number
+
+    element = await world.http.get(f"/v1/sessions/{number}_3", headers=world.alice.headers)
+    assert element.status_code == 200, element.text
+    assert (element.json()["array_index"], element.json()["id"]) == (
+        3,
+        body["elements"][1]["session_id"],
+    )
+    refused = problem(
+        await world.http.get(f"/v1/sessions/{number}", headers=world.alice.headers),
+        409,
+        "session-ref-is-array",
+    )
+    assert f"like {number}_2" in refused["detail"]
+    assert refused["array"] == {"id": body["id"], "number": number}
+    problem(
+        await world.http.get(f"/v1/sessions/{number}_9", headers=world.alice.headers),
+        404,
+        "session-not-found",
+    )
+    for url in (f"/v1/sessions/{number}_3", f"/v1/arrays/{number}"):
+        hidden = await world.http.get(url, headers=world.bob.headers)
+        assert hidden.status_code == 404, url
+
+
+async def test_removing_an_array_is_all_or_nothing(world: ApiWorld) -> None:
+    """`DELETE /v1/arrays/N` refuses while an element has not ended (nothing removed), then
+    removes every element once all ended."""
+    body = (await submit(world, world.alice, "0-2")).json()
+    number = body["number"]
+    cancelled = await world.http.post(
+        f"/v1/sessions/{number}_0/terminate", headers=world.alice.headers
+    )
+    assert cancelled.json()["outcome"] == "cancelled"
+    refused = await world.http.delete(f"/v1/arrays/{number}", headers=world.alice.headers)
+    body_refused = problem(refused, 409, "session-not-ended")
+    assert "2 of the 3 sessions of job array" in body_refused["detail"]
+    assert len(await elements(world, world.alice, body["id"])) == 3
+    await world.http.post(f"/v1/arrays/{number}/terminate", headers=world.alice.headers)
+    removed = await world.http.delete(f"/v1/arrays/{number}", headers=world.alice.headers)
+    assert removed.json() == {"id": body["id"], "number": number, "removed": 3}
+    assert await elements(world, world.alice, body["id"]) == []
+
+
+async def test_a_dependency_on_a_whole_array_waits_for_every_element(world: ApiWorld) -> None:
+    """`{"session": ARRAY_ID, "array": true}` becomes one afterok dependency per element; an
+    unknown array and afternotok on an array are 422 naming `dependencies`."""
+    body = (await submit(world, world.alice, "0-2")).json()
+    after = await create(
+        world,
+        world.alice,
+        dependencies=[{"session": body["id"], "kind": "afterany", "array": True}],
+    )
+    assert after.status_code == 201, after.text
+    async with world.cluster.db.read() as conn:
+        rows = await conn.execute(
+            sa.select(session_dependencies.c.depends_on, session_dependencies.c.kind).where(
+                session_dependencies.c.session_id == uuid.UUID(after.json()["id"])
+            )
+        )
+        assert sorted((str(d), k) for d, k in rows) == sorted(
+            (e["session_id"], "afterany") for e in body["elements"]
+        )
+    bob = await create(world, world.bob, dependencies=[{"session": body["id"], "array": True}])
+    assert "dependencies" in str(problem(bob, 422, "validation-error")["errors"])
+    notok = await create(
+        world,
+        world.alice,
+        dependencies=[{"session": body["id"], "kind": "afternotok", "array": True}],
+    )
+    assert "afternotok" in problem(notok, 422, "validation-error")["detail"]

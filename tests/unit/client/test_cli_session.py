@@ -234,12 +234,14 @@ def test_an_unknown_session_exits_1_with_the_apis_message(cli: Cli) -> None:
     assert result.stderr == f"corral: error: no session {FIRST}\n"
 
 
-def test_an_ambiguous_prefix_exits_1_naming_the_numbers(cli: Cli, api: FakeApi) -> None:
-    """A prefix of two sessions is the API's 409, which names both numbers."""
+def test_an_ambiguous_prefix_is_a_usage_error_naming_the_numbers(cli: Cli, api: FakeApi) -> None:
+    """A prefix of two sessions is the API's 409, which names both numbers: exit 2, a reference
+    to retype."""
     api.add_session(id="abcd1111-0000-4000-8000-000000000000")
     api.add_session(id="abcd2222-0000-4000-8000-000000000000")
     result = cli("session", "info", "abcd")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
+    assert result.stderr.startswith("corral: error: ")
     assert "fits several sessions (1, 2)" in result.stderr
 
 

@@ -70,8 +70,8 @@ class KernelLaunch:
     slots: MilliSlots  # what the kernel occupies, milli-units
     work_dir: Path  # the kernel's own directory on the agent (outputs in work_dir/outputs)
     devices: tuple[int, ...] = ()  # cuda device indices assigned to this kernel
-    # A job array's element: the array's id and this element's index (None: not in an array).
-    array_id: str | None = None
+    # A job array's element: the array's number and this element's index (None: not in one).
+    array_number: int | None = None
     array_index: int | None = None
     # The session's workdir: where the kernel starts when it exists on this host.
     workdir: Path | None = None
@@ -119,8 +119,8 @@ class KernelLaunch:
             "WORLD_SIZE": str(self.cluster_size),
             "RANK": str(self.cluster_rank),
         }
-        if self.array_id is not None and self.array_index is not None:
-            env[ARRAY_ID_VARIABLE] = self.array_id
+        if self.array_number is not None and self.array_index is not None:
+            env[ARRAY_ID_VARIABLE] = str(self.array_number)
             env[ARRAY_INDEX_VARIABLE] = str(self.array_index)
         # Always set, so a kernel that asked for no GPU cannot see the host's GPUs.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in self.devices)
