@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from corral.agent.client import HttpManagerClient, ManagerRejectedError, ManagerUnavailableError
@@ -223,36 +224,52 @@ def _daemon(data_dir: Path, client: Any, runtime: SimulatedRuntime) -> AgentDaem
     )
 
 
+@pytest.mark.parametrize(
+    ("run_s", "recorded", "status", "cause"),
+    [
+        # Killed while the kernel ran: it died with the agent.
+        (3600.0, JournalEvent.START, S.ERROR, KERNEL_LOST_CAUSE),
+        # Killed after the kernel exited, before the manager heard it run or end.
+        (0.0, JournalEvent.END, S.TERMINATED, None),
+    ],
+    ids=["running", "ended"],
+)
 async def test_an_agent_killed_after_it_started_a_kernel_does_not_start_it_again(
-    database_url: str, tmp_path: Path
+    database_url: str,
+    tmp_path: Path,
+    run_s: float,
+    recorded: JournalEvent,
+    status: SessionStatus,
+    cause: str | None,
 ) -> None:
     """The agent starts a kernel and dies before the manager hears RUNNING (the manager still
-    says CREATING). Back with the same data directory, it finds the kernel in its record,
-    started and never ended, and reports it lost: the job is not run a second time."""
+    says CREATING). Back with the same data directory, it finds the kernel in its record and
+    reports it as it stands: lost if it was running, its exit if it had ended. The job is not
+    run a second time."""
     data_dir = tmp_path / "node-a"
     journal_path = data_dir / JOURNAL_NAME
-    forever = SimulationProfile(run=Latency.fixed(3600.0))
+    profile = SimulationProfile(run=Latency.fixed(run_s))
     # The agent is back long before the manager would count it lost (then the kernel, not
     # started as far as the manager knows, would be placed again: a new placement).
     async with live_cluster(database_url, tmp_path, heartbeat_timeout_s=60.0) as cluster:
         journal = DyingJournal(journal_path)
         journal.write(JournalEvent.BOOT)
         fault = NoRunningReport(HttpManagerClient(cluster.manager.url))
-        first = _daemon(data_dir, fault, SimulatedRuntime(forever, journal=journal))
+        first = _daemon(data_dir, fault, SimulatedRuntime(profile, journal=journal))
         running = asyncio.create_task(first.run())
         await cluster.wait_agents_alive({"node-a"})
         sid = await cluster.submit(
             image="python", command=["true"], resources={"cpu": 1, "mem": "256m"}
         )
 
-        def started() -> list[Any]:
-            return [e for e in read_journal(journal_path) if e["event"] == JournalEvent.START]
+        def journaled(event: JournalEvent) -> list[Any]:
+            return [e for e in read_journal(journal_path) if e["event"] == event]
 
-        async def kernel_started() -> bool:
-            return bool(started())
+        async def kernel_recorded() -> bool:
+            return bool(journaled(recorded))
 
-        await poll(kernel_started, what="the kernel to start on the first agent")
-        # SIGKILL: nothing more is recorded or sent; the kernel died with the agent.
+        await poll(kernel_recorded, what=f"the first agent to journal the kernel's {recorded}")
+        # SIGKILL: nothing more is recorded or sent.
         journal.dead = fault.dead = True
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -264,7 +281,7 @@ async def test_an_agent_killed_after_it_started_a_kernel_does_not_start_it_again
         journal = Journal(journal_path)
         journal.write(JournalEvent.BOOT)
         client = HttpManagerClient(cluster.manager.url)
-        again = _daemon(data_dir, client, SimulatedRuntime(forever, journal=journal))
+        again = _daemon(data_dir, client, SimulatedRuntime(profile, journal=journal))
         running = asyncio.create_task(again.run())
         try:
             row = await cluster.wait_status(sid)
@@ -272,7 +289,7 @@ async def test_an_agent_killed_after_it_started_a_kernel_does_not_start_it_again
             await again.stop()
             await running
             journal.close()
-        assert row["status"] == S.ERROR, row
+        assert row["status"] == status, row
         (kernel,) = await cluster.kernels(sid)
-        assert (kernel["status"], kernel["failure_cause"]) == (K.ERROR, KERNEL_LOST_CAUSE)
-        assert len(started()) == 1  # one start, never a second for the placement
+        assert kernel["failure_cause"] == cause
+        assert len(journaled(JournalEvent.START)) == 1  # never a second start for the placement

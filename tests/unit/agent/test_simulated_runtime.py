@@ -17,6 +17,7 @@ from corral.agent.runtime import KERNEL_LOST_CAUSE, KernelExit, KernelLaunch, Ru
 from corral.agent.runtime.sim_journal import Journal, read_journal
 from corral.agent.runtime.simulated import (
     FAIL_RATE_SHARES,
+    OOM_KILLED,
     Latency,
     SimulatedRuntime,
     SimulationProfile,
@@ -431,32 +432,38 @@ def test_a_torn_journal_line_is_skipped(tmp_path: Path) -> None:
     assert [e["event"] for e in read_journal(path)] == ["boot"]
 
 
-async def test_a_journaled_kernel_never_ended_is_left_and_adopted_as_lost_once(
+async def test_the_next_agent_adopts_each_journaled_kernel_as_it_ended_once(
     tmp_path: Path,
 ) -> None:
-    """The next agent finds the kernels its journal shows started and never ended (with the
-    placement), adopts one as lost (its wait says so at once) and discards the other; both
-    ends are journaled, so a later agent finds nothing."""
+    """The next agent finds every kernel its journal shows started and not yet settled, with
+    its placement: one never ended died with its agent (adopted as lost), one that ended is
+    adopted with its exit (the manager may not have heard it), another is discarded. Each is
+    journaled forgotten, so a later agent finds nothing."""
     path = tmp_path / "journal.jsonl"
     journal = Journal(path)
     dead = SimulatedRuntime(SimulationProfile(run=Latency.fixed(60.0)), journal=journal)
-    other = KernelId(uuid.UUID(int=9))
+    exited, other = KernelId(uuid.UUID(int=5)), KernelId(uuid.UUID(int=9))
     await dead.start(replace(launch(), attempt=2))
     await dead.start(replace(launch(), kernel_id=other))
-    ended = await dead.start(replace(launch(), kernel_id=KernelId(uuid.UUID(int=5))))
-    await ended.terminate(grace_s=1.0)
-    journal.close()  # the agent dies: its kernels with it
+    oom = SimulatedRuntime(
+        SimulationProfile(oom_killed=1.0, run=Latency.fixed(0.0)), journal=journal
+    )
+    assert (await (await oom.start(replace(launch(), kernel_id=exited))).wait()) == OOM_KILLED
+    journal.close()  # the agent dies: its running kernels with it
 
     journal = Journal(path)
     adoption = SimulatedRuntime(journal=journal).adoption
     assert adoption is not None
     left = {k.kernel_id: k for k in await adoption.find_left(tmp_path / "kernels")}
-    assert set(left) == {KERNEL_ID, other}
+    assert set(left) == {KERNEL_ID, other, exited}
     assert left[KERNEL_ID].attempt == 2  # type: ignore[attr-defined]
-    adopted = await adoption.adopt(left[KERNEL_ID], launch())
-    assert await adopted.wait() == KernelExit(
+    lost = await adoption.adopt(left[KERNEL_ID], launch())
+    assert await lost.wait() == KernelExit(
         None, KERNEL_LOST_CAUSE, "simulated: the kernel died with its agent"
     )
+    ended = await adoption.adopt(left[exited], replace(launch(), kernel_id=exited))
+    assert (await ended.wait()).exit_code == OOM_KILLED.exit_code
+    assert (await ended.wait()).failure_cause == OOM_KILLED.failure_cause
     await adoption.discard(left[other])
     assert await adoption.find_left(tmp_path / "kernels") == []
     journal.close()

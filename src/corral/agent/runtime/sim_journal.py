@@ -5,9 +5,12 @@ dir, so a harness (`corral chaos`) can check from the agents' side what the data
 kernel started twice for one placement, no agent running more than its capacity. Each line is
 one `write` to a file opened for appending, so a SIGKILLed agent leaves whole lines behind.
 
-It is also the simulated runtime's record for adoption: a kernel started and never ended was
-running when its agent died, and died with it; the next agent finds it here (`left_kernels`)
-and reports it lost instead of starting that placement again.
+It is also the simulated runtime's record for adoption, as the process runtime's records in
+the kernels' work directories are: the next agent finds here (`left_kernels`) every kernel an
+earlier one started and no agent has settled yet. One never ended was running when its agent
+died, and died with it: it is reported lost. One that ended is reported with its exit (the
+earlier agent may have died before the manager heard it). Either way it is never started again
+for the same placement, and once settled (adopted or discarded) it is marked forgotten.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import json
 import os
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +33,7 @@ class JournalEvent(enum.StrEnum):
     BOOT = "boot"  # the agent process started: every kernel of an earlier boot is gone
     START = "start"  # a kernel started (the runtime's start succeeded)
     END = "end"  # a kernel ended: `how` says by itself (exited) or stopped (terminated)
+    FORGOTTEN = "forgotten"  # a later agent settled the kernel: no agent looks at it again
 
 
 class EndHow(enum.StrEnum):
@@ -69,13 +74,25 @@ def read_journal(path: Path) -> Iterator[Mapping[str, Any]]:
                 continue
 
 
-def left_kernels(path: Path) -> dict[str, int]:
-    """The kernels started and never ended (kernel id -> the attempt it started under)."""
-    started: dict[str, int] = {}
+@dataclass
+class LeftEntry:
+    """What the journal says of a kernel an earlier agent started and no agent settled."""
+
+    attempt: int  # the placement it started under
+    ended: Mapping[str, Any] | None = None  # its END line, if it ended
+
+
+def left_kernels(path: Path) -> dict[str, LeftEntry]:
+    """The kernels started and not forgotten (kernel id -> what the journal says of it)."""
+    left: dict[str, LeftEntry] = {}
     for line in read_journal(path):
         event, kernel = line.get("event"), line.get("kernel")
-        if event == JournalEvent.START and kernel is not None:
-            started[str(kernel)] = int(line.get("attempt", 0))
-        elif event == JournalEvent.END and kernel is not None:
-            started.pop(str(kernel), None)
-    return started
+        if kernel is None:
+            continue
+        if event == JournalEvent.START:
+            left[str(kernel)] = LeftEntry(int(line.get("attempt", 0)))
+        elif event == JournalEvent.END and str(kernel) in left:
+            left[str(kernel)].ended = line
+        elif event == JournalEvent.FORGOTTEN:
+            left.pop(str(kernel), None)
+    return left

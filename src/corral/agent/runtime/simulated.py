@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from corral.agent.runtime import (
     KERNEL_LOST_CAUSE,
@@ -271,15 +271,15 @@ class SimulatedKernel:
         self._timer: asyncio.Task[None] | None = None
         if run_s == 0.0:
             self._exit = outcome
-            runtime._journal_end(launch, EndHow.EXITED)
+            runtime._journal_end(launch.kernel_id, EndHow.EXITED, outcome)
         elif run_s is not None:
             self._timer = asyncio.get_running_loop().create_task(self._run_out(run_s, outcome))
 
     @classmethod
-    def lost(cls, runtime: SimulatedRuntime, launch: KernelLaunch) -> SimulatedKernel:
-        """A kernel an earlier agent started, which died with that agent: ended, lost."""
-        kernel = cls(runtime, launch, None, LOST)
-        kernel._exit = LOST
+    def ended(cls, runtime: SimulatedRuntime, launch: KernelLaunch, how: KernelExit) -> Self:
+        """A kernel an earlier agent started, already ended `how` (lost: it died with it)."""
+        kernel = cls(runtime, launch, None, how)
+        kernel._exit = how
         return kernel
 
     @property
@@ -359,7 +359,7 @@ class SimulatedKernel:
         if self._exit is not None:
             return
         self._exit = outcome
-        self._runtime._journal_end(self._launch, how)
+        self._runtime._journal_end(self._launch.kernel_id, how, outcome)
         timer, self._timer = self._timer, None
         if timer is not None:
             timer.cancel()
@@ -438,12 +438,19 @@ class SimulatedRuntime:
                 outcome = OOM_KILLED
         return SimulatedKernel(self, launch, run_s, outcome)
 
-    def _journal_end(self, launch: KernelLaunch, how: EndHow) -> None:
-        self._journal_end_of(launch.kernel_id, how)
-
-    def _journal_end_of(self, kernel_id: KernelId, how: EndHow) -> None:
+    def _journal_end(self, kernel_id: KernelId, how: EndHow, outcome: KernelExit) -> None:
         if self._journal is not None:
-            self._journal.write(JournalEvent.END, kernel=str(kernel_id), how=how.value)
+            self._journal.write(
+                JournalEvent.END,
+                kernel=str(kernel_id),
+                how=how.value,
+                exit_code=outcome.exit_code,
+                failure_cause=outcome.failure_cause,
+            )
+
+    def _journal_forgotten(self, kernel_id: KernelId) -> None:
+        if self._journal is not None:
+            self._journal.write(JournalEvent.FORGOTTEN, kernel=str(kernel_id))
 
     async def _stage_fails(self, latency: Latency, failure_p: float) -> bool:
         delay_s = latency.sample(self._rng)
@@ -455,34 +462,65 @@ class SimulatedRuntime:
 
 @record
 class LeftSimulatedKernel:
-    """A kernel the journal shows started by an earlier agent and never ended."""
+    """A kernel the journal shows an earlier agent started, and no agent has settled."""
 
     kernel_id: KernelId
     attempt: int  # the placement it started under
+    ended: KernelExit | None  # how it ended, if it did before its agent died
     devices: tuple[int, ...] = ()  # a simulated kernel holds no real device
 
 
 class JournalAdoption:
-    """Adoption for the simulated runtime, from its journal: nothing of a simulated kernel
-    outlives its agent, so every kernel found is adopted as lost (the manager hears it failed
-    with `kernel_lost`) or discarded; either way its end is journaled, so it is found once."""
+    """Adoption for the simulated runtime, from its journal. Nothing of a simulated kernel
+    outlives its agent: a kernel found running died with it and is adopted as lost (the
+    manager hears `kernel_lost`); one found ended is adopted with its exit. Settled (adopted
+    or discarded), it is journaled forgotten, so it is found once."""
 
     def __init__(self, runtime: SimulatedRuntime, journal: Journal) -> None:
         self._runtime = runtime
         self._journal = journal
 
     async def find_left(self, kernels_dir: Path) -> list[LeftKernel]:
-        """The journal's kernels started and never ended (`kernels_dir` is not used)."""
+        """The journal's kernels started and not yet settled (`kernels_dir` is not used)."""
         return [
-            LeftSimulatedKernel(KernelId(uuid.UUID(kernel)), attempt)
-            for kernel, attempt in left_kernels(self._journal.path).items()
+            LeftSimulatedKernel(
+                KernelId(uuid.UUID(kernel)),
+                entry.attempt,
+                None if entry.ended is None else _exit_of(entry.ended),
+            )
+            for kernel, entry in left_kernels(self._journal.path).items()
         ]
 
     async def adopt(self, left: LeftKernel, launch: KernelLaunch) -> SimulatedKernel:
-        """The kernel died with its agent: journaled as lost, and ended so."""
-        self._runtime._journal_end_of(left.kernel_id, EndHow.LOST)
-        return SimulatedKernel.lost(self._runtime, launch)
+        """The kernel as it ended: with its exit, or lost with its agent."""
+        found = _as_left(left)
+        how = self._settle(found)
+        return SimulatedKernel.ended(self._runtime, launch, how)
 
     async def discard(self, left: LeftKernel) -> None:
-        """Not this agent's any more: journaled as lost, so no later agent finds it."""
-        self._runtime._journal_end_of(left.kernel_id, EndHow.LOST)
+        """Not this agent's any more: settled, so no later agent finds it."""
+        self._settle(_as_left(left))
+
+    def _settle(self, left: LeftSimulatedKernel) -> KernelExit:
+        if left.ended is not None:
+            how = left.ended
+        else:
+            how = LOST
+            self._runtime._journal_end(left.kernel_id, EndHow.LOST, LOST)
+        self._runtime._journal_forgotten(left.kernel_id)
+        return how
+
+
+def _exit_of(end: Mapping[str, Any]) -> KernelExit:
+    code, cause = end.get("exit_code"), end.get("failure_cause")
+    return KernelExit(
+        None if code is None else int(code),
+        None if cause is None else str(cause),
+        "simulated: ended before its agent died",
+    )
+
+
+def _as_left(left: LeftKernel) -> LeftSimulatedKernel:
+    if not isinstance(left, LeftSimulatedKernel):
+        raise TypeError(f"{left!r} was not found by the simulated runtime; adopt its own finds")
+    return left
