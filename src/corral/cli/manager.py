@@ -66,6 +66,8 @@ def manager_command(
         lock_ttl_s=settings.lock_ttl_s,
         max_array_size=settings.max_array_size,
         upload_max_bytes=settings.upload_max_bytes,
+        max_request_bytes=settings.max_request_bytes,
+        max_kernel_slots=settings.max_kernel_slots,
     )
 
     token_file = settings.data_dir.expanduser() / "join-token"

@@ -38,6 +38,8 @@ def up_command(
         retention_days=settings.retention_days,
         python=python,
         upload_max_bytes=settings.upload_max_bytes,
+        max_request_bytes=settings.max_request_bytes,
+        max_kernel_slots=settings.max_kernel_slots,
     )
 
     def ready(up: UpReady) -> None:

@@ -26,6 +26,7 @@ from corral.domain.record import record
 from corral.domain.resource_group import ResourceGroupOptions
 from corral.domain.results import ResultNote, SchedulingResult, TransitionStatus
 from corral.domain.session import ArrayPlace, NewSession
+from corral.domain.slots import ResourceSlots
 from corral.domain.spec import SessionSpec
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import Clock, SessionId, UserId, new_session_id, utcnow
@@ -135,9 +136,12 @@ class SessionController:
         *,
         clock: Clock = utcnow,
         max_array_size: int = DEFAULT_MAX_ARRAY_SIZE,
+        max_kernel_slots: ResourceSlots | None = None,
     ) -> None:
         self.db = db
         self.max_array_size = max_array_size
+        # The most of each slot one kernel may ask for (the `max_kernel_slots` setting).
+        self.max_kernel_slots = max_kernel_slots
         self.hints = hints
         self.events = events
         self.clock = clock
@@ -214,6 +218,8 @@ class SessionController:
         A `creation_id` the owner used before (or earlier in the same batch) returns that
         session instead of creating one. With `array`, the specs are its elements in order.
         """
+        for spec in specs:
+            self._check_kernel_slots(spec)
         for attempt in range(2):  # a second pass only after a unique or foreign key refused
             created = await self._by_creation_ids(
                 owner, {s.creation_id for s in specs if s.creation_id is not None}
@@ -325,6 +331,21 @@ class SessionController:
         if self.events is not None and appended and self._notify is None:
             await self.events.publish_after_commit(appended)
         return outcome
+
+    def _check_kernel_slots(self, spec: SessionSpec) -> None:
+        """Refuse a kernel asking more of a slot than the manager's `max_kernel_slots`."""
+        most = self.max_kernel_slots
+        if most is None:
+            return
+        for name, amount in spec.resources.items():
+            if name in most and amount > most[name]:
+                limit = ResourceSlots({name: most[name]}).format_human()
+                raise SubmissionError(
+                    f"resources.{name}",
+                    f"{ResourceSlots({name: amount}).format_human()} is more than one kernel may "
+                    f"ask for here ({limit}, the manager's max_kernel_slots); ask for less, or "
+                    "spread the work over more kernels",
+                )
 
     async def _by_creation_ids(
         self, owner: UserId, creation_ids: Collection[str]

@@ -23,6 +23,7 @@ from corral.agent.daemon import AgentConfig, AgentDaemon
 from corral.agent.devices import DeviceAllocator
 from corral.agent.runtime.process import ProcessRuntime
 from corral.api.uploads import DEFAULT_UPLOAD_MAX_BYTES
+from corral.domain.bounds import DEFAULT_MAX_REQUEST_BYTES
 from corral.domain.record import record
 from corral.domain.slots import ResourceSlots
 from corral.domain.types import utcnow
@@ -51,6 +52,8 @@ class UpConfig:
     retention_days: float = DEFAULT_RETENTION_DAYS
     python: Path | None = None  # what `python` means in jobs (None: the host's python3)
     upload_max_bytes: int = DEFAULT_UPLOAD_MAX_BYTES
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_kernel_slots: ResourceSlots | None = None
 
 
 @record
@@ -91,6 +94,8 @@ async def run_up(
             log_cap_bytes=config.log_cap_bytes,
             retention_days=config.retention_days,
             upload_max_bytes=config.upload_max_bytes,
+            max_request_bytes=config.max_request_bytes,
+            max_kernel_slots=config.max_kernel_slots,
         )
     )
     managing = await manager.start()
