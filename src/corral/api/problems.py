@@ -101,6 +101,18 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, on_http)
 
 
+def creation_id_conflict(detail: str, fields: Sequence[str], session_id: str) -> Problem:
+    """409 `creation-id-conflict`: the key was used for another request; `fields` differ."""
+    return Problem(
+        409,
+        "creation-id-conflict",
+        "The creation_id was used for a different request",
+        detail,
+        fields=list(fields),
+        session_id=session_id,
+    )
+
+
 def invalid_request(errors: Sequence[FieldError]) -> Problem:
     """422 `validation-error`: each invalid field in `errors`, all of them in `detail`."""
     return Problem(

@@ -17,8 +17,12 @@ from pydantic import BaseModel
 
 from corral.api._pages import invalid_cursor
 from corral.api.auth import CurrentUser, Db
-from corral.api.problems import Problem, invalid_request
-from corral.controller.sessions import SessionController, SubmissionError
+from corral.api.problems import Problem, creation_id_conflict, invalid_request
+from corral.controller.sessions import (
+    CreationIdConflictError,
+    SessionController,
+    SubmissionError,
+)
 from corral.domain.field_errors import FieldError
 from corral.domain.moments import parse_moment
 from corral.domain.outcome import SessionResult
@@ -220,9 +224,12 @@ async def _visible(db: Any, user: Principal, ref: str | uuid.UUID) -> dict[str, 
 async def create_session(
     spec: SessionSpec, user: CurrentUser, db: Db, request: Request, response: Response
 ) -> SessionOut:
-    """Submit a session (201); the same `creation_id` again returns the first one (200)."""
+    """Submit a session (201); the same `creation_id` with the same request again returns the
+    first one (200), with a different request is refused (409, naming the fields that differ)."""
     try:
         submitted = await _controller(request).enqueue(spec, user.user_id)
+    except CreationIdConflictError as exc:
+        raise creation_id_conflict(exc.message, exc.fields, str(exc.session_id)) from exc
     except SubmissionError as exc:
         raise invalid_request([FieldError(exc.field, exc.message)]) from exc
     if submitted.written is None:

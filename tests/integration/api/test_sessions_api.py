@@ -66,6 +66,35 @@ async def test_create_returns_the_session_and_is_idempotent_on_creation_id(
     assert other_owner.json()["id"] != body["id"]
 
 
+async def test_the_same_creation_id_with_another_request_is_409_naming_what_differs(
+    world: ApiWorld,
+) -> None:
+    """Stripe's rule: a key names one request. Another body under it is 409 naming the fields
+    that differ, writes nothing, and the same request (however spelled) is still 200."""
+    first = await create(world, world.alice, creation_id="job-9", env={"A": "1"})
+    assert first.status_code == 201, first.text
+    changed = await create(
+        world, world.alice, creation_id="job-9", env={"A": "2"}, priority=5, command=["false"]
+    )
+    body = problem(changed, 409, "creation-id-conflict")
+    assert body["fields"] == ["command", "env", "priority"]
+    assert body["session_id"] == first.json()["id"]
+    assert "job-9" in body["detail"] and "command, env, priority differ" in body["detail"]
+    # The same request spelled otherwise: a quantity string, a default given explicitly.
+    same = await create(
+        world,
+        world.alice,
+        creation_id="job-9",
+        env={"A": "1"},
+        resources={"cpu": "1000m"},
+        priority=0,
+        type="BATCH",
+    )
+    assert (same.status_code, same.json()["id"]) == (200, first.json()["id"])
+    listed = await world.http.get("/v1/sessions", headers=world.alice.headers)
+    assert [s["id"] for s in listed.json()["items"]] == [first.json()["id"]]
+
+
 async def test_the_created_session_is_answered_as_a_read_shows_it(world: ApiWorld) -> None:
     """The create answer (built from what was written) is what a GET then reads back."""
     created = await create(
