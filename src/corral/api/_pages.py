@@ -15,6 +15,7 @@ from typing import Annotated, Generic, TypeVar
 
 from fastapi import Query
 from pydantic import BaseModel
+from pydantic_core import PydanticSerializationError
 
 from corral.api.problems import Problem
 
@@ -86,3 +87,31 @@ def invalid_cursor(cursor: str) -> Problem:
         "previous page of the same list unchanged, or omit it to start over",
         errors=[{"field": "cursor", "message": "not a cursor of this list"}],
     )
+
+
+Item = TypeVar("Item")
+
+
+def json_without_unencodable(
+    items: Sequence[Item], build: Callable[[list[Item]], BaseModel]
+) -> tuple[str, list[Item]]:
+    """`build(items)` as JSON text, leaving out the items that cannot be encoded (text with a
+    lone surrogate, from a row written before input was checked); those are returned.
+
+    The page is encoded once; only when that fails is each item tried alone, so one poisoned
+    row costs its reader that row, not the whole answer (`coordination.quarantine`).
+    """
+    try:
+        return build(list(items)).model_dump_json(), []
+    except PydanticSerializationError:
+        pass
+    good: list[Item] = []
+    bad: list[Item] = []
+    for item in items:
+        try:
+            build([item]).model_dump_json()
+        except PydanticSerializationError:
+            bad.append(item)
+        else:
+            good.append(item)
+    return build(good).model_dump_json(), bad

@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.controller._group_commit import GroupCommit
 from corral.coordination.hints import Hint
+from corral.coordination.quarantine import Quarantine
 from corral.domain.arrays import DEFAULT_MAX_ARRAY_SIZE, ArraySpec, parse_array
 from corral.domain.events import SESSION_ENTITY, Event
 from corral.domain.idempotency import KEY_FIELD, differing_fields, request_fingerprint
@@ -174,6 +175,8 @@ class SessionController:
         self.hints = hints
         self.events = events
         self.clock = clock
+        # Sessions a reader of the API cannot handle are failed through it (issue 33).
+        self.quarantine = Quarantine(db, hints, events, clock=clock)
         # Where the bus can, events go out with the commit that appends them (not published).
         self._notify = events.commit_channel if events is not None else None
         # Submissions arriving together (API requests) share one transaction.
