@@ -101,17 +101,39 @@ def json_without_unencodable(
     The page is encoded once; only when that fails is each item tried alone, so one poisoned
     row costs its reader that row, not the whole answer (`coordination.quarantine`).
     """
+    body, bad = encoded_or_unencodable(items, build)
+    if body is not None:
+        return body, bad
+    return build([item for item in items if item not in bad]).model_dump_json(), bad
+
+
+def encoded_or_unencodable(
+    items: Sequence[Item], build: Callable[[list[Item]], BaseModel]
+) -> tuple[str | None, list[Item]]:
+    """`build(items)` as JSON text and no item; or, when that cannot be encoded, None and the
+    items that cannot (each tried alone)."""
     try:
         return build(list(items)).model_dump_json(), []
     except PydanticSerializationError:
         pass
-    good: list[Item] = []
     bad: list[Item] = []
     for item in items:
         try:
             build([item]).model_dump_json()
         except PydanticSerializationError:
             bad.append(item)
-        else:
-            good.append(item)
-    return build(good).model_dump_json(), bad
+    return None, bad
+
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def unencodable(items: Sequence[Model]) -> list[Model]:
+    """The items that cannot be encoded as JSON (see `json_without_unencodable`)."""
+    bad: list[Model] = []
+    for item in items:
+        try:
+            item.model_dump_json()
+        except PydanticSerializationError:
+            bad.append(item)
+    return bad

@@ -270,9 +270,16 @@ def _page_response(request: Request, rows: Sequence[Event], next_cursor: str | N
     def page(items: list[EventOut]) -> Page[EventOut]:
         return Page[EventOut](items=items, next_cursor=next_cursor)
 
-    body, unencodable = json_without_unencodable([_out(e) for e in rows], page)
+    quarantine = _quarantine(request)
+    items: list[EventOut] = []
+    for event in rows:
+        try:
+            items.append(_out(event))
+        except (TypeError, ValueError) as exc:  # a payload that is no JSON object
+            quarantine.skipped(LISTING, event.id, exc)
+    body, unencodable = json_without_unencodable(items, page)
     for item in unencodable:
-        _quarantine(request).skipped(LISTING, item.id, "an event that cannot be encoded")
+        quarantine.skipped(LISTING, item.id, "an event that cannot be encoded")
     return Response(body, media_type="application/json")
 
 

@@ -15,7 +15,12 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import BaseModel
 
-from corral.api._pages import invalid_cursor, json_without_unencodable
+from corral.api._pages import (
+    encoded_or_unencodable,
+    invalid_cursor,
+    json_without_unencodable,
+    unencodable,
+)
 from corral.api.auth import CurrentUser, Db
 from corral.api.problems import Problem, creation_id_conflict, invalid_request
 from corral.controller.sessions import (
@@ -188,11 +193,14 @@ async def _shown(
             items.append(_out(row, with_kernels=with_kernels))
         except _UNSHOWABLE as exc:
             poisoned[SessionId(row["id"])] = f"the stored session cannot be shown: {exc}"
-    body, unencodable = json_without_unencodable(items, build)
-    for item in unencodable:
-        poisoned[SessionId(item.id)] = "the stored session holds text that cannot be encoded"
     if not poisoned:
-        return body
+        body, bad = encoded_or_unencodable(items, build)
+        if body is not None:
+            return body
+    else:
+        bad = unencodable(items)
+    for item in bad:
+        poisoned[SessionId(item.id)] = "the stored session holds text that cannot be encoded"
     await quarantine.isolate(poisoned, where=_LISTING)
     shown = [i for i in items if i.id not in poisoned]
     for sid in poisoned:

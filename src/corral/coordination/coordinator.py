@@ -223,7 +223,9 @@ class SessionCoordinator:
                 await self._record_moves(conn, applied.moved(), {}, name, applied.owners)
             )
 
-        applied = await run_promotion(self.db, handler, self.clock(), on_applied=record)
+        applied = await run_promotion(
+            self.db, handler, self.clock(), on_applied=record, quarantine=self.quarantine
+        )
         moved = applied.moved()
         if self.metrics is not None:
             self.metrics.observe_result(name, SchedulingResult.SUCCESS, len(moved))
@@ -308,7 +310,9 @@ class SessionCoordinator:
             )
             ended_in.update((sid, after) for sid, (_, after) in moved.items())
 
-        await promote_sessions(self.db, self.promotions, due, self.clock(), on_step=record)
+        await promote_sessions(
+            self.db, self.promotions, due, self.clock(), on_step=record, quarantine=self.quarantine
+        )
         await self._post_process(hints_after_moves(ended_in.values()), appended)
         return due
 
