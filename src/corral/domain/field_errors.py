@@ -106,11 +106,11 @@ def plain_message(detail: ErrorDetails) -> str:
 
 def _field_error(detail: ErrorDetails, under: Sequence[str]) -> FieldError:
     parts = [str(part) for part in detail["loc"]]
-    if len(parts) > 1 and parts[0] in _REQUEST_PARTS:
-        parts = parts[1:]
     raised = (detail.get("ctx") or {}).get("error")
     if isinstance(raised, SlotError) and raised.slot is not None:
         parts.append(raised.slot)
     elif isinstance(raised, FieldValueError):
         parts.extend(raised.field.split("."))  # a model's check names its field itself
+    if len(parts) > 1 and parts[0] in _REQUEST_PARTS:
+        parts = parts[1:]
     return FieldError(".".join([*under, *parts]), plain_message(detail))
