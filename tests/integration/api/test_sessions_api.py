@@ -7,6 +7,7 @@ from typing import Any
 
 import httpx
 
+from corral.domain.slots import ResourceSlots
 from corral.domain.types import KernelId, SessionId
 from corral.store.kernel_logs import LogChunk, append_log_chunks
 from tests.integration.api.conftest import ApiWorld, Caller
@@ -93,6 +94,18 @@ async def test_the_same_creation_id_with_another_request_is_409_naming_what_diff
     assert (same.status_code, same.json()["id"]) == (200, first.json()["id"])
     listed = await world.http.get("/v1/sessions", headers=world.alice.headers)
     assert [s["id"] for s in listed.json()["items"]] == [first.json()["id"]]
+
+
+async def test_a_kernel_asking_more_than_max_kernel_slots_is_422(world: ApiWorld) -> None:
+    """The manager's per-slot maximum refuses a kernel asking more (naming the slot); slots it
+    does not name, and requests within it, pass."""
+    world.cluster.controller.max_kernel_slots = ResourceSlots({"cpu": 4, "mem": "8Gi"})
+    over = await create(world, world.alice, resources={"cpu": 2, "mem": "9Gi"})
+    body = problem(over, 422, "validation-error")
+    assert [e["field"] for e in body["errors"]] == ["resources.mem"]
+    assert "max_kernel_slots" in body["detail"]
+    within = await create(world, world.alice, resources={"cpu": 4, "mem": "8Gi", "gpu": 8})
+    assert within.status_code == 201, within.text
 
 
 async def test_the_created_session_is_answered_as_a_read_shows_it(world: ApiWorld) -> None:
