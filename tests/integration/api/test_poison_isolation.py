@@ -35,6 +35,10 @@ async def submitted(world: ApiWorld, caller: Any, **fields: Any) -> SessionId:
     return SessionId(uuid.UUID(response.json()["id"]))
 
 
+def admin(world: ApiWorld) -> dict[str, str]:
+    return world.admin.headers
+
+
 async def write_row(db: Database, sid: SessionId, **values: Any) -> None:
     """Overwrite columns of a session's row, as no API would."""
     async with db.transaction() as conn:
@@ -86,6 +90,12 @@ async def test_a_scheduling_pass_isolates_a_request_no_array_holds(
     poisoned = await submitted(world, world.alice)
     await write_request(world.cluster.db, poisoned, kernel_slots)
     normal = await submitted(world, world.bob)
+    for sid, caller in ((poisoned, world.alice), (normal, world.bob)):
+        explained = await world.http.get(f"/v1/sessions/{sid}/explain", headers=caller.headers)
+        assert explained.status_code == 200, explained.text
+    assert explained.json()["outcome"] == "placed"
+    listed = await world.http.get("/v1/sessions", params={"reasons": "true"}, headers=admin(world))
+    assert listed.status_code == 200, listed.text
     await world.cluster.run("ScheduleNewSessions")
     assert await world.cluster.status(normal) is S.SCHEDULED
     await isolated(world, poisoned)
