@@ -17,7 +17,7 @@ from corral.domain.status import SessionStatus
 from corral.domain.types import SessionId, utcnow
 from corral.store.database import Database
 from corral.store.events import read_events
-from corral.store.tables import events, kernels, sessions
+from corral.store.tables import agents, events, kernels, sessions
 from tests.integration.api.conftest import JOIN, ApiWorld
 from tests.integration.api.test_sessions_api import create
 
@@ -244,3 +244,22 @@ async def test_the_event_listing_leaves_out_an_event_it_cannot_send(world: ApiWo
         assert page.status_code == 200, page.text
         kinds = [item["kind"] for item in page.json()["items"]]
         assert kinds == ["session.created", "session.created"], kinds
+
+
+async def test_the_agent_listing_leaves_out_an_agent_it_cannot_show(world: ApiWorld) -> None:
+    """An agent whose stored labels cannot be shown is left out of the listing (logged once);
+    the other agents are listed."""
+    for agent_id in ("good", "bad"):
+        joined = await world.http.post(
+            "/v1/agents/register",
+            json={"agent_id": agent_id, "address": "10.0.0.8", "slots": {"cpu": 1}},
+            headers={"Authorization": f"Bearer {JOIN}"},
+        )
+        assert joined.status_code == 201, joined.text
+    labels: Any = {"zone": "\udc80"} if world.cluster.db.dialect == "sqlite" else {"zone": 5}
+    async with world.cluster.db.transaction() as conn:
+        await conn.execute(agents.update().where(agents.c.id == "bad").values(labels=labels))
+    listed = await world.http.get("/v1/agents", headers=world.admin.headers)
+    assert listed.status_code == 200, listed.text
+    shown = {item["id"] for item in listed.json()["items"]}
+    assert "good" in shown and "bad" not in shown
