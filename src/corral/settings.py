@@ -15,6 +15,8 @@ from pydantic_settings import (
 )
 
 from corral.domain.arrays import DEFAULT_MAX_ARRAY_SIZE
+from corral.domain.bounds import DEFAULT_MAX_REQUEST_BYTES, MIN_MAX_REQUEST_BYTES
+from corral.domain.slots import ResourceSlots
 from corral.infra.locks import DEFAULT_LOCK_TTL_S
 from corral.store.database import async_url
 from corral.store.kernel_logs import DEFAULT_LOG_CAP_BYTES
@@ -69,6 +71,19 @@ class Settings(BaseSettings):
     # A job array is created in one transaction: this bounds how much one request may write.
     max_array_size: int = Field(
         default=DEFAULT_MAX_ARRAY_SIZE, ge=1, le=1_000_000, description="elements of one job array"
+    )
+    # The largest request body the API reads (413 past it); uploads and agents' outputs have
+    # caps of their own. At least what a session at every limit of its spec takes.
+    max_request_bytes: int = Field(
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        ge=MIN_MAX_REQUEST_BYTES,
+        description="the cap of one request body, bytes",
+    )
+    # The most of each slot one kernel may ask for, e.g. "cpu=64,mem=512Gi,cuda.device=8"
+    # (a submission asking more is refused, 422 on resources.<slot>); slots not named are
+    # bounded only by corral's own limit (1P, 10¹⁵, of a slot in a session).
+    max_kernel_slots: ResourceSlots | None = Field(
+        default=None, description="per-slot maximum of one kernel's request"
     )
     # `corral run --upload`: the largest archive of a directory the manager stores, and how
     # long one that no kept session names is kept after it was stored or last asked for.

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from corral.domain.slots import ResourceSlots
 from corral.settings import load_settings
 
 
@@ -55,3 +56,19 @@ def test_loop_intervals_default_and_are_checked(monkeypatch: pytest.MonkeyPatch)
         load_settings(short_interval_s=30)
     with pytest.raises(ValueError, match="greater than 0"):
         load_settings(short_interval_s=0)
+
+
+def test_request_limits_are_settings(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """max_kernel_slots reads slots as `corral run` writes them (environment or corral.toml);
+    max_request_bytes defaults to 8 MiB and may not go below what a valid session takes."""
+    settings = load_settings()
+    assert (settings.max_kernel_slots, settings.max_request_bytes) == (None, 8 * 2**20)
+    monkeypatch.setenv("CORRAL_MAX_KERNEL_SLOTS", "cpu=64,mem=512Gi")
+    assert load_settings().max_kernel_slots == ResourceSlots({"cpu": 64, "mem": "512Gi"})
+    monkeypatch.delenv("CORRAL_MAX_KERNEL_SLOTS")
+    (isolated / "corral.toml").write_text('max_kernel_slots = {cpu = 8, "cuda.device" = 2}\n')
+    assert load_settings().max_kernel_slots == ResourceSlots({"cpu": 8, "cuda.device": 2})
+    with pytest.raises(ValidationError, match="max_kernel_slots"):
+        load_settings(max_kernel_slots="cpu=lots")
+    with pytest.raises(ValidationError, match="max_request_bytes"):
+        load_settings(max_request_bytes=1024)

@@ -7,11 +7,29 @@ and outputs; the manager never calls an agent. Bytes (logs, outputs) travel base
 from __future__ import annotations
 
 import base64
+import json
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    field_validator,
+)
 
+from corral.domain.bounds import (
+    MAX_LABEL_KEY_LENGTH,
+    MAX_LABEL_VALUE_LENGTH,
+    MAX_LABELS,
+    MAX_RUNTIME_INFO_BYTES,
+    NAME_PATTERN,
+    Text,
+    check_json_text,
+)
 from corral.domain.session import KernelIntent
 from corral.domain.slots import ResourceSlots
 from corral.domain.status import KernelStatus
@@ -24,6 +42,18 @@ MAX_OFFSET = 2**63 - 1  # BIGINT
 EXIT_CODE_MIN, EXIT_CODE_MAX = -(2**31), 2**31 - 1  # INTEGER
 
 
+def _check_runtime_info(value: dict[str, Any]) -> dict[str, Any]:
+    check_json_text(value)
+    size = len(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    if size > MAX_RUNTIME_INFO_BYTES:
+        raise ValueError(f"runtime_info may be at most {MAX_RUNTIME_INFO_BYTES} bytes as JSON")
+    return value
+
+
+# What a runtime says about a kernel it runs (host, pid, cgroups): free-form, bounded.
+RuntimeInfo = Annotated[dict[str, Any], AfterValidator(_check_runtime_info)]
+
+
 class _Message(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -32,11 +62,14 @@ class RegisterRequest(_Message):
     """An agent joining (with the join token) or coming back (with its own token)."""
 
     agent_id: str = Field(pattern=AGENT_ID_PATTERN)
-    address: str = Field(min_length=1, max_length=256)  # where the agent's kernels are reached
-    resource_group: str = "default"
+    address: Text = Field(min_length=1, max_length=256)  # where the agent's kernels are reached
+    resource_group: str = Field(default="default", pattern=NAME_PATTERN)
     slots: ResourceSlots  # capacity, e.g. {"cpu": 8, "mem": "32g"}
-    labels: dict[str, str] = Field(default_factory=dict)
-    runtime: str = Field(default="process", max_length=32)
+    labels: dict[
+        Annotated[Text, Field(min_length=1, max_length=MAX_LABEL_KEY_LENGTH)],
+        Annotated[Text, Field(max_length=MAX_LABEL_VALUE_LENGTH)],
+    ] = Field(default_factory=dict, max_length=MAX_LABELS)
+    runtime: Text = Field(default="process", max_length=32)
 
     @field_validator("slots")
     @classmethod
@@ -106,9 +139,9 @@ class KernelReportMessage(_Message):
     # Strict: a report is answered per kernel (200 even when each is refused), so a mistyped
     # field must fail the request itself rather than be coerced (`false` is not exit code 0).
     exit_code: StrictInt | None = Field(default=None, ge=EXIT_CODE_MIN, le=EXIT_CODE_MAX)
-    failure_cause: str | None = Field(default=None, max_length=64)
-    message: str | None = Field(default=None, max_length=4096)
-    runtime_info: dict[str, Any] | None = None
+    failure_cause: Text | None = Field(default=None, max_length=64)
+    message: Text | None = Field(default=None, max_length=4096)
+    runtime_info: RuntimeInfo | None = None
     stage_failed: StrictBool = False
     # The placement the report is about, as the assignment named it (None: the current one).
     attempt: StrictInt | None = Field(default=None, ge=0)
@@ -161,7 +194,7 @@ class OutputMessage(_Message):
     """One output file of a kernel."""
 
     kernel_id: uuid.UUID
-    name: str = Field(min_length=1, max_length=512)
+    name: Text = Field(min_length=1, max_length=512)
     data: str  # base64
 
     @field_validator("data")

@@ -15,6 +15,7 @@ from typing import Annotated, Generic, TypeVar
 
 from fastapi import Query
 from pydantic import BaseModel
+from pydantic_core import PydanticSerializationError
 
 from corral.api.problems import Problem
 
@@ -86,3 +87,53 @@ def invalid_cursor(cursor: str) -> Problem:
         "previous page of the same list unchanged, or omit it to start over",
         errors=[{"field": "cursor", "message": "not a cursor of this list"}],
     )
+
+
+Item = TypeVar("Item")
+
+
+def json_without_unencodable(
+    items: Sequence[Item], build: Callable[[list[Item]], BaseModel]
+) -> tuple[str, list[Item]]:
+    """`build(items)` as JSON text, leaving out the items that cannot be encoded (text with a
+    lone surrogate, from a row written before input was checked); those are returned.
+
+    The page is encoded once; only when that fails is each item tried alone, so one poisoned
+    row costs its reader that row, not the whole answer (`coordination.quarantine`).
+    """
+    body, bad = encoded_or_unencodable(items, build)
+    if body is not None:
+        return body, bad
+    return build([item for item in items if item not in bad]).model_dump_json(), bad
+
+
+def encoded_or_unencodable(
+    items: Sequence[Item], build: Callable[[list[Item]], BaseModel]
+) -> tuple[str | None, list[Item]]:
+    """`build(items)` as JSON text and no item; or, when that cannot be encoded, None and the
+    items that cannot (each tried alone)."""
+    try:
+        return build(list(items)).model_dump_json(), []
+    except PydanticSerializationError:
+        pass
+    bad: list[Item] = []
+    for item in items:
+        try:
+            build([item]).model_dump_json()
+        except PydanticSerializationError:
+            bad.append(item)
+    return None, bad
+
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def unencodable(items: Sequence[Model]) -> list[Model]:
+    """The items that cannot be encoded as JSON (see `json_without_unencodable`)."""
+    bad: list[Model] = []
+    for item in items:
+        try:
+            item.model_dump_json()
+        except PydanticSerializationError:
+            bad.append(item)
+    return bad

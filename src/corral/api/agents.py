@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request, Response
 
 from corral.agent.protocol import (
+    AssignedKernelMessage,
     AssignmentMessage,
     HeartbeatResponse,
     LogBatch,
@@ -17,6 +18,7 @@ from corral.agent.protocol import (
     ReportAccepted,
     ReportBatch,
 )
+from corral.api._pages import json_without_unencodable
 from corral.api.auth import bearer
 from corral.api.problems import Problem
 from corral.controller._assignment_polls import AssignmentsUnavailableError, PollsClosedError
@@ -26,7 +28,8 @@ from corral.controller.agents import (
     AgentIdTakenError,
     UnknownAgentError,
 )
-from corral.domain.types import AgentId, KernelId
+from corral.controller.sessions import SessionController
+from corral.domain.types import AgentId, KernelId, SessionId
 from corral.manager.wire import (
     assignment_message,
     kernel_reports,
@@ -105,19 +108,37 @@ async def heartbeat(agent_id: Agent, agents: Controller) -> HeartbeatResponse:
 
 @router.get("/{agent_id}/assignments", response_model=AssignmentMessage)
 async def assignments(
+    request: Request,
     agent_id: Agent,
     agents: Controller,
     since: Annotated[int | None, Query(ge=0)] = None,
     wait: Annotated[float | None, Query(ge=0, le=MAX_WAIT_S)] = None,
-) -> AssignmentMessage:
+) -> Response:
     """The agent's full desired state; with `since`, waits until it differs from that revision."""
     wait_s = agents.timings.assignment_wait_s if wait is None else wait
     try:
-        return assignment_message(await agents.assignment(agent_id, since, wait_s))
+        assignment = await agents.assignment(agent_id, since, wait_s)
     except PollsClosedError as exc:
         raise Problem(503, "manager-stopping", "The manager is stopping", str(exc)) from exc
     except AssignmentsUnavailableError as exc:
         raise Problem(503, "database-unavailable", "The database is unavailable", str(exc)) from exc
+    message = assignment_message(assignment)
+
+    def answer(kernels: list[AssignedKernelMessage]) -> AssignmentMessage:
+        return message.model_copy(update={"kernels": kernels})
+
+    body, unencodable = json_without_unencodable(message.kernels, answer)
+    poisoned = dict(assignment.unreadable)
+    poisoned.update(
+        (SessionId(k.session_id), "the stored session holds text that cannot be encoded")
+        for k in unencodable
+    )
+    if poisoned:
+        # The agent gets the rest of its work now; those sessions end, and its next poll no
+        # longer meets them (its revision moved with their kernels).
+        sessions: SessionController = request.app.state.sessions
+        await sessions.quarantine.isolate(poisoned, where=f"assignments of agent {agent_id}")
+    return Response(body, media_type="application/json")
 
 
 @router.post("/{agent_id}/reports", response_model=ReportAccepted)

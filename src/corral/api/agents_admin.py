@@ -9,14 +9,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal, cast
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, Field
 
-from corral.api._pages import Cursor, Limit, Page, decode_cursor, page_of
+from corral.api._pages import (
+    Cursor,
+    Limit,
+    Page,
+    decode_cursor,
+    json_without_unencodable,
+    page_of,
+)
 from corral.api.auth import AdminUser, CurrentUser, Db
 from corral.api.problems import Problem
+from corral.controller.sessions import SessionController
 from corral.coordination.hints import Hint
 from corral.domain.events import Event
 from corral.domain.slots import ResourceSlots
@@ -53,13 +61,14 @@ class AgentOut(BaseModel):
 
 @router.get("", response_model=Page[AgentOut])
 async def agents_list(
+    request: Request,
     user: CurrentUser,
     db: Db,
     status: AgentStatus | None = None,
     resource_group: Annotated[str | None, Query(max_length=64)] = None,
     limit: Limit = 100,
     cursor: Cursor = None,
-) -> Page[AgentOut]:
+) -> Response:
     """Agents by id, optionally of one status or resource group."""
     rows = await list_agents(
         db,
@@ -69,7 +78,23 @@ async def agents_list(
         resource_group=resource_group,
     )
     page = page_of(LISTING, rows, limit, lambda a: a.id)
-    return Page[AgentOut](items=[agent_out(a) for a in page.items], next_cursor=page.next_cursor)
+    # An agent row no answer can carry (labels written before they were checked) is left out
+    # and logged once: the others are listed (`coordination.quarantine`).
+    quarantine = cast(SessionController, request.app.state.sessions).quarantine
+    items: list[AgentOut] = []
+    for agent in page.items:
+        try:
+            items.append(agent_out(agent))
+        except (ValueError, TypeError) as exc:
+            quarantine.skipped(LISTING, agent.id, exc)
+
+    def listed(shown: list[AgentOut]) -> Page[AgentOut]:
+        return Page[AgentOut](items=shown, next_cursor=page.next_cursor)
+
+    body, unencodable = json_without_unencodable(items, listed)
+    for item in unencodable:
+        quarantine.skipped(LISTING, item.id, "an agent that cannot be encoded")
+    return Response(body, media_type="application/json")
 
 
 @router.get("/{agent_id}", response_model=AgentOut)

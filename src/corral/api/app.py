@@ -23,13 +23,22 @@ from corral.api import (
 )
 from corral.api.metrics import metrics_router
 from corral.api.problems import PROBLEM_RESPONSES, install_problem_handlers
+from corral.api.request_guard import RequestGuard
 from corral.controller.agents import AgentController
 from corral.controller.sessions import SessionController
 from corral.coordination.loop import DualLoop
 from corral.coordination.metrics import CoordinatorMetrics
+from corral.domain.bounds import DEFAULT_MAX_REQUEST_BYTES
 from corral.domain.record import record
 from corral.infra.events import EventBus
 from corral.store.database import Database
+
+# Routes whose bodies have a cap of their own: an upload's archive (`upload_max_bytes`), an
+# agent's output files (the agent's `max_output_bytes`).
+UNCAPPED_BODIES = (
+    ("PUT", r"^/v1/uploads/[^/]+$"),
+    ("POST", r"^/v1/agents/[^/]+/outputs$"),
+)
 
 
 @record
@@ -43,6 +52,7 @@ class ApiContext:
     loops: Sequence[DualLoop] = field(default_factory=tuple)  # for metrics and readiness
     metrics: CoordinatorMetrics | None = None
     upload_max_bytes: int = uploads.DEFAULT_UPLOAD_MAX_BYTES  # the cap of one upload's archive
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # any other request body (413 past it)
 
 
 def create_app(context: ApiContext) -> FastAPI:
@@ -55,6 +65,9 @@ def create_app(context: ApiContext) -> FastAPI:
     app.state.token_cache = {}
     app.state.upload_max_bytes = context.upload_max_bytes
     install_problem_handlers(app)
+    app.add_middleware(
+        RequestGuard, max_body_bytes=context.max_request_bytes, uncapped=UNCAPPED_BODIES
+    )
     app.include_router(health.router)
     app.include_router(metrics_router(context, context.metrics))
     for router in (

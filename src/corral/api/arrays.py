@@ -20,8 +20,12 @@ from fastapi import APIRouter, Path, Request, Response
 from pydantic import BaseModel
 
 from corral.api.auth import CurrentUser, Db
-from corral.api.problems import Problem
-from corral.controller.sessions import SessionController, SubmissionError
+from corral.api.problems import Problem, creation_id_conflict
+from corral.controller.sessions import (
+    CreationIdConflictError,
+    SessionController,
+    SubmissionError,
+)
 from corral.domain.arrays import ArraySpec
 from corral.domain.outcome import SessionResult
 from corral.domain.refs import ARRAY_NOT_FOUND, REF_AMBIGUOUS
@@ -160,10 +164,12 @@ async def _visible_array(db: Any, user: Principal, ref: str) -> ArrayTarget:
 async def create_array(
     spec: ArraySpec, user: CurrentUser, request: Request, response: Response
 ) -> ArrayOut:
-    """Submit a job array: every element or none (201); the same `creation_id` again, the same
-    array (200)."""
+    """Submit a job array: every element or none (201); the same `creation_id` with the same
+    request again, the same array (200); with a different request, 409 naming what differs."""
     try:
         submitted = await _controller(request).enqueue_array(spec, user.user_id)
+    except CreationIdConflictError as exc:
+        raise creation_id_conflict(exc.message, exc.fields, str(exc.session_id)) from exc
     except SubmissionError as exc:
         raise Problem(
             422,

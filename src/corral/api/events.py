@@ -12,19 +12,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from corral.api._pages import MAX_BIGINT, Cursor, Limit, Page, decode_cursor, page_of
+from corral.api._pages import (
+    MAX_BIGINT,
+    Cursor,
+    Limit,
+    Page,
+    decode_cursor,
+    json_without_unencodable,
+    page_of,
+)
 from corral.api.auth import CurrentUser, Db
 from corral.api.problems import Problem
+from corral.controller.sessions import SessionController
+from corral.coordination.quarantine import Quarantine
 from corral.domain.events import DROPPED_KIND, Event
 from corral.infra.events import EventBus, EventBusError, Subscription
 from corral.store.database import Database
@@ -86,7 +96,7 @@ async def events(
         Query(ge=1, le=1000, description="follow=false: the last N events (oldest first)"),
     ] = None,
     last_event_id: Annotated[str | None, Header(include_in_schema=False)] = None,
-) -> StreamingResponse | Page[EventOut]:
+) -> Response:
     """The caller's events: live (and replayed after `since`), or a page (`follow=false`;
     with `tail`, the last events)."""
     owner = None if user.is_admin else user.user_id
@@ -104,7 +114,7 @@ async def events(
         rows = await read_events(
             db, after_id=since or 0, limit=tail, owner_id=owner, entity_id=entity_id, newest=True
         )
-        return Page[EventOut](items=[_out(e) for e in rows], next_cursor=None)
+        return _page_response(request, rows, None)
     if not follow:
         after = decode_cursor(LISTING, cursor, int)
         rows = await read_events(
@@ -115,7 +125,7 @@ async def events(
             entity_id=entity_id,
         )
         page = page_of(LISTING, rows, limit, lambda e: e.id or 0)
-        return Page[EventOut](items=[_out(e) for e in page.items], next_cursor=page.next_cursor)
+        return _page_response(request, page.items, page.next_cursor)
     context: ApiContext = request.app.state.context
     bus = context.events
     if bus is None:
@@ -126,7 +136,7 @@ async def events(
             pass
     except EventBusError as exc:
         raise _unavailable(str(exc)) from exc
-    stream = EventStream(db, bus, owner=owner, entity_id=entity_id)
+    stream = EventStream(db, bus, owner=owner, entity_id=entity_id, quarantine=_quarantine(request))
     return StreamingResponse(
         stream.frames(since),
         media_type=SSE_MEDIA_TYPE,
@@ -144,9 +154,11 @@ class EventStream:
         *,
         owner: uuid.UUID | None,
         entity_id: str | None,
+        quarantine: Quarantine | None = None,
     ) -> None:
         self.db = db
         self.bus = bus
+        self.quarantine = quarantine  # logs an event it cannot encode, once
         self.owner = owner  # None: an admin's stream, every event
         self.entity_id = entity_id
         self._seen: set[int] = set()
@@ -220,7 +232,15 @@ class EventStream:
         self._seen.add(event.id)
         if len(self._seen) > 2 * SEEN_WINDOW:
             self._seen = set(sorted(self._seen)[-SEEN_WINDOW:])
-        return f"id: {event.id}\nevent: {event.kind}\ndata: {event.to_json()}\n\n"
+        try:
+            data = event.to_json()
+        except (TypeError, ValueError) as exc:
+            # One event no client can be sent: left out (nothing goes out for it), the stream
+            # goes on.
+            if self.quarantine is not None:
+                self.quarantine.skipped(LISTING, event.id, exc)
+            return ""
+        return f"id: {event.id}\nevent: {event.kind}\ndata: {data}\n\n"
 
     async def _last_id(self) -> int:
         async with self.db.read() as conn:
@@ -237,6 +257,30 @@ async def _next(subscription: Subscription) -> Event | None:
     except EventBusError as exc:
         logger.warning("events.stream_bus_failed", extra={"error": str(exc)})
         return None
+
+
+def _quarantine(request: Request) -> Quarantine:
+    sessions: SessionController = request.app.state.sessions
+    return sessions.quarantine
+
+
+def _page_response(request: Request, rows: Sequence[Event], next_cursor: str | None) -> Response:
+    """A page of events as JSON; an event that cannot be encoded is left out, logged once."""
+
+    def page(items: list[EventOut]) -> Page[EventOut]:
+        return Page[EventOut](items=items, next_cursor=next_cursor)
+
+    quarantine = _quarantine(request)
+    items: list[EventOut] = []
+    for event in rows:
+        try:
+            items.append(_out(event))
+        except (TypeError, ValueError) as exc:  # a payload that is no JSON object
+            quarantine.skipped(LISTING, event.id, exc)
+    body, unencodable = json_without_unencodable(items, page)
+    for item in unencodable:
+        quarantine.skipped(LISTING, item.id, "an event that cannot be encoded")
+    return Response(body, media_type="application/json")
 
 
 def _out(event: Event) -> EventOut:

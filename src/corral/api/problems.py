@@ -15,6 +15,9 @@ from corral.domain.field_errors import FieldError, describe, field_errors
 
 PROBLEM_BASE = "https://corral.dev/problems/"
 PROBLEM_MEDIA_TYPE = "application/problem+json"
+REQUEST_TOO_LARGE = "request-too-large"  # 413: a body past the manager's cap
+# Problem types of Starlette's own HTTP errors, by status.
+_HTTP_SLUGS = {404: "not-found", 405: "method-not-allowed", 413: REQUEST_TOO_LARGE}
 
 
 class ProblemDetails(BaseModel):
@@ -89,13 +92,25 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
+        slug = _HTTP_SLUGS.get(exc.status_code, "http-error")
         problem = Problem(exc.status_code, slug, str(exc.detail), str(exc.detail))
         return problem_response(problem, request)
 
     app.add_exception_handler(Problem, on_problem)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
+
+
+def creation_id_conflict(detail: str, fields: Sequence[str], session_id: str) -> Problem:
+    """409 `creation-id-conflict`: the key was used for another request; `fields` differ."""
+    return Problem(
+        409,
+        "creation-id-conflict",
+        "The creation_id was used for a different request",
+        detail,
+        fields=list(fields),
+        session_id=session_id,
+    )
 
 
 def invalid_request(errors: Sequence[FieldError]) -> Problem:

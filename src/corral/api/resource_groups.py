@@ -13,6 +13,7 @@ from corral.api._pages import Cursor, Limit, Page, decode_cursor, page_of
 from corral.api.auth import AdminUser, CurrentUser, Db
 from corral.api.problems import Problem, invalid_request
 from corral.coordination.hints import Hint
+from corral.domain.bounds import NAME_PATTERN, Text
 from corral.domain.events import Event
 from corral.domain.field_errors import field_errors
 from corral.domain.resource_group import ResourceGroupOptions
@@ -35,7 +36,6 @@ router = APIRouter(prefix="/v1/resource-groups", tags=["resource groups"])
 logger = logging.getLogger(__name__)
 
 LISTING = "resource-groups"
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 GroupName = Annotated[str, Path(max_length=64)]
 
 
@@ -52,14 +52,14 @@ class ResourceGroupCreate(BaseModel):
     """A new resource group."""
 
     name: str = Field(pattern=NAME_PATTERN, description="1 to 64 letters, digits, '.', '_', '-'")
-    description: str = Field(default="", max_length=256)
+    description: Text = Field(default="", max_length=256)
     options: ResourceGroupOptions = Field(default_factory=ResourceGroupOptions)
 
 
 class ResourceGroupPatch(BaseModel):
     """Changes to a group: a new description, and options merged into the current ones."""
 
-    description: str | None = Field(default=None, max_length=256)
+    description: Text | None = Field(default=None, max_length=256)
     options: dict[str, Any] | None = Field(
         default=None,
         description="a JSON merge patch (RFC 7396) of the options: given keys replace the "

@@ -8,17 +8,26 @@ on `creation_id`, and only marks: the coordinator does the rest.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import BaseModel
 
-from corral.api._pages import invalid_cursor
+from corral.api._pages import (
+    encoded_or_unencodable,
+    invalid_cursor,
+    json_without_unencodable,
+    unencodable,
+)
 from corral.api.auth import CurrentUser, Db
-from corral.api.problems import Problem, invalid_request
-from corral.controller.sessions import SessionController, SubmissionError
+from corral.api.problems import Problem, creation_id_conflict, invalid_request
+from corral.controller.sessions import (
+    CreationIdConflictError,
+    SessionController,
+    SubmissionError,
+)
 from corral.domain.field_errors import FieldError
 from corral.domain.moments import parse_moment
 from corral.domain.outcome import SessionResult
@@ -168,6 +177,74 @@ def _controller(request: Request) -> SessionController:
 _FROM_SPEC = {"image", "command", "resources", "kernels", "workdir"}
 
 
+# What makes a stored row unshowable (a spec that does not parse, slots out of bounds); text
+# that cannot be encoded shows only when the answer is encoded (`json_without_unencodable`).
+_UNSHOWABLE = (ValueError, TypeError, KeyError, AttributeError)
+_LISTING = "listing sessions"
+
+
+async def _shown(
+    request: Request,
+    db: Any,
+    rows: list[dict[str, Any]],
+    build: Callable[[list[SessionOut]], BaseModel],
+    *,
+    with_kernels: bool = False,
+) -> str:
+    """`build` over the rows as sessions, as JSON text. A row that cannot be shown has its
+    session failed (`coordination.quarantine`) and is shown scrubbed: its spec left out and its
+    text made encodable; one that cannot be shown even so is left out, and logged once."""
+    quarantine = _controller(request).quarantine
+    items: list[SessionOut] = []
+    poisoned: dict[SessionId, str] = {}
+    for row in rows:
+        try:
+            items.append(_out(row, with_kernels=with_kernels))
+        except _UNSHOWABLE as exc:
+            poisoned[SessionId(row["id"])] = f"the stored session cannot be shown: {exc}"
+    if not poisoned:
+        body, bad = encoded_or_unencodable(items, build)
+        if body is not None:
+            return body
+    else:
+        bad = unencodable(items)
+    for item in bad:
+        poisoned[SessionId(item.id)] = "the stored session holds text that cannot be encoded"
+    await quarantine.isolate(poisoned, where=_LISTING)
+    shown = [i for i in items if i.id not in poisoned]
+    for sid in poisoned:
+        found = await get_session(db, sid)
+        try:
+            scrubbed = _out(_scrubbed(found), with_kernels=with_kernels) if found else None
+        except _UNSHOWABLE as exc:
+            quarantine.skipped(_LISTING, sid, exc)
+            continue
+        if scrubbed is not None:
+            shown.append(scrubbed)
+    order = {str(row["id"]): index for index, row in enumerate(rows)}
+    shown.sort(key=lambda item: order[str(item.id)])
+    body, still = json_without_unencodable(shown, build)
+    for item in still:
+        quarantine.skipped(_LISTING, item.id, "text that cannot be encoded")
+    return body
+
+
+def _scrubbed(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A session's row without its spec, every text in it made encodable (a lone surrogate
+    becomes '?'): what is shown of a session whose row cannot be shown as it is."""
+    return {key: _scrub(value) for key, value in row.items() if key != "spec"} | {"spec": {}}
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, Mapping):
+        return {_scrub(k): _scrub(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_scrub(v) for v in value]
+    return value
+
+
 def _out(row: dict[str, Any], *, with_kernels: bool = False) -> SessionOut:
     spec = row["spec"] or {}
     resources = ResourceSlots.from_json(spec.get("resources") or {})
@@ -239,9 +316,12 @@ async def _visible(db: Any, user: Principal, ref: str | uuid.UUID) -> dict[str, 
 async def create_session(
     spec: SessionSpec, user: CurrentUser, db: Db, request: Request, response: Response
 ) -> SessionOut:
-    """Submit a session (201); the same `creation_id` again returns the first one (200)."""
+    """Submit a session (201); the same `creation_id` with the same request again returns the
+    first one (200), with a different request is refused (409, naming the fields that differ)."""
     try:
         submitted = await _controller(request).enqueue(spec, user.user_id)
+    except CreationIdConflictError as exc:
+        raise creation_id_conflict(exc.message, exc.fields, str(exc.session_id)) from exc
     except SubmissionError as exc:
         raise invalid_request([FieldError(exc.field, exc.message)]) from exc
     if submitted.written is None:
@@ -261,6 +341,7 @@ def _as_shown(written: Mapping[str, Any], owner: str) -> dict[str, Any]:
 
 @router.get("", response_model=SessionPage)
 async def list_sessions_route(
+    request: Request,
     user: CurrentUser,
     db: Db,
     status: Annotated[list[SessionStatus] | None, Query()] = None,
@@ -280,7 +361,7 @@ async def list_sessions_route(
     ] = False,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: str | None = None,
-) -> SessionPage:
+) -> Response:
     """Sessions, newest first: your own, or (admins) everyone's or one owner's."""
     owner_id: UserId | None = user.user_id
     if user.is_admin:
@@ -288,7 +369,8 @@ async def list_sessions_route(
         if owner is not None:
             found = await get_user_record(db, owner)
             if found is None:
-                return SessionPage(items=[], next_cursor=None)
+                empty = SessionPage(items=[], next_cursor=None)
+                return Response(empty.model_dump_json(), media_type="application/json")
             owner_id = found.id
     elif owner is not None and owner != user.name:
         raise Problem(403, "forbidden", "Admins only", "only admins list other users' sessions")
@@ -304,14 +386,22 @@ async def list_sessions_route(
         rows, next_cursor = await list_sessions(db, where, limit=limit, cursor=cursor)
     except BadCursorError as exc:
         raise invalid_cursor(cursor or "") from exc
-    items = [_out(r) for r in rows]
+    why: dict[uuid.UUID, Any] = {}
     if reasons:
-        pending = [i.id for i in items if i.status == SessionStatus.PENDING.value]
-        why = await explain_many(db, pending, utcnow())
-        items = [
-            i.model_copy(update={"reason": why[i.id].reason}) if i.id in why else i for i in items
-        ]
-    return SessionPage(items=items, next_cursor=next_cursor)
+        pending = [SessionId(r["id"]) for r in rows if r["status"] == SessionStatus.PENDING.value]
+        why = dict(await explain_many(db, pending, utcnow()))
+
+    def page(items: list[SessionOut]) -> SessionPage:
+        return SessionPage(
+            items=[
+                i.model_copy(update={"reason": why[i.id].reason}) if i.id in why else i
+                for i in items
+            ],
+            next_cursor=next_cursor,
+        )
+
+    body = await _shown(request, db, rows, page)
+    return Response(body, media_type="application/json")
 
 
 def _moment(field: str, value: str) -> datetime:
@@ -329,9 +419,21 @@ def _moment(field: str, value: str) -> datetime:
 
 
 @router.get("/{session_id}", response_model=SessionOut)
-async def get_session_route(session_id: SessionRef, user: CurrentUser, db: Db) -> SessionOut:
+async def get_session_route(
+    request: Request, session_id: SessionRef, user: CurrentUser, db: Db
+) -> Response:
     """One session with its kernels."""
-    return _out(await _visible(db, user, session_id), with_kernels=True)
+    found = await _visible(db, user, session_id)
+
+    def one(items: list[SessionOut]) -> BaseModel:
+        if not items:  # not even its scrubbed form could be shown
+            raise Problem(
+                500, "session-unshowable", "The session cannot be shown", "see the manager's log"
+            )
+        return items[0]
+
+    body = await _shown(request, db, [found], one, with_kernels=True)
+    return Response(body, media_type="application/json")
 
 
 @router.post("/{session_id}/terminate", response_model=TerminateOut)

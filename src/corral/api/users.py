@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field
 from corral.api._pages import Cursor, Limit, Page, decode_cursor, invalid_cursor, page_of
 from corral.api.auth import AdminUser, CurrentUser, Db
 from corral.api.problems import Problem
+from corral.domain.bounds import NAME_PATTERN, Text
 from corral.domain.types import utcnow
 from corral.infra.events import EventBus, EventBusError
 from corral.store.user_directory import (
@@ -29,7 +30,6 @@ logger = logging.getLogger(__name__)
 
 USERS_LISTING = "users"
 TOKENS_LISTING = "tokens"
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 # Ten years: a bound that keeps `now + expires_in_s` far from datetime's limits.
 MAX_TOKEN_LIFETIME_S = 10 * 365 * 24 * 3600
 UserName = Annotated[str, Path(max_length=64)]
@@ -63,7 +63,7 @@ class UserCreate(BaseModel):
 class TokenCreate(BaseModel):
     """A new API token for a user."""
 
-    name: str = Field(min_length=1, max_length=64, description="what the token is for")
+    name: Text = Field(min_length=1, max_length=64, description="what the token is for")
     expires_in_s: int | None = Field(
         default=None, ge=1, le=MAX_TOKEN_LIFETIME_S, description="null: never expires"
     )

@@ -67,6 +67,8 @@ def manager_command(
         max_array_size=settings.max_array_size,
         upload_max_bytes=settings.upload_max_bytes,
         unused_upload_hours=settings.unused_upload_hours,
+        max_request_bytes=settings.max_request_bytes,
+        max_kernel_slots=settings.max_kernel_slots,
     )
 
     token_file = settings.data_dir.expanduser() / "join-token"

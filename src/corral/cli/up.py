@@ -39,6 +39,8 @@ def up_command(
         python=python,
         upload_max_bytes=settings.upload_max_bytes,
         unused_upload_hours=settings.unused_upload_hours,
+        max_request_bytes=settings.max_request_bytes,
+        max_kernel_slots=settings.max_kernel_slots,
     )
 
     def ready(up: UpReady) -> None:

@@ -9,6 +9,7 @@ the rows anyway.
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,13 +21,16 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.controller._group_commit import GroupCommit
 from corral.coordination.hints import Hint
+from corral.coordination.quarantine import Quarantine
 from corral.domain.arrays import DEFAULT_MAX_ARRAY_SIZE, ArraySpec, parse_array
 from corral.domain.events import SESSION_ENTITY, Event
+from corral.domain.idempotency import KEY_FIELD, differing_fields, request_fingerprint
 from corral.domain.outcome import USER_CANCELLED
 from corral.domain.record import record
 from corral.domain.resource_group import ResourceGroupOptions
 from corral.domain.results import ResultNote, SchedulingResult, TransitionStatus
 from corral.domain.session import ArrayPlace, NewSession
+from corral.domain.slots import ResourceSlots
 from corral.domain.spec import SessionSpec
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import Clock, SessionId, UserId, new_session_id, utcnow
@@ -59,7 +63,9 @@ _AGENT_SPEC_FIELDS = {"image", "command", "env", "resources", "type", "workdir",
 # Run for every submission: built once, run directly (`store._direct`).
 _OWNER = sa.bindparam("owner", type_=sessions.c.owner_id.type)
 _BY_CREATION_IDS = DirectStatement(
-    lambda dialect: sa.select(sessions.c.creation_id, sessions.c.id).where(
+    lambda dialect: sa.select(
+        sessions.c.creation_id, sessions.c.id, sa.cast(sessions.c.creation_fingerprint, sa.Text)
+    ).where(
         sessions.c.owner_id == _OWNER,
         in_param(dialect, sessions.c.creation_id, "creation_ids"),
     )
@@ -86,6 +92,21 @@ class SubmissionError(ValueError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+
+class CreationIdConflictError(SubmissionError):
+    """The owner used this `creation_id` for a different request: `fields` differ (HTTP 409)."""
+
+    def __init__(self, creation_id: str, session_id: SessionId, fields: Sequence[str]) -> None:
+        super().__init__(
+            KEY_FIELD,
+            f"creation_id {creation_id!r} was used for session {session_id} with a different "
+            f"request ({', '.join(fields)} differ); a retry must send the same request, and "
+            "a new request needs a new creation_id",
+        )
+        self.creation_id = creation_id
+        self.session_id = session_id
+        self.fields = tuple(fields)
 
 
 @record
@@ -120,10 +141,20 @@ class SubmittedArray:
 
 @record
 class ArrayRequest:
-    """The array `enqueue_many`'s specs form: element i has index `indexes[i]`."""
+    """The array `enqueue_many`'s specs form: element i has index `indexes[i]`; `fingerprint`
+    is the whole array request's, which each element keeps (`domain.idempotency`)."""
 
     indexes: tuple[int, ...]
     throttle: int | None
+    fingerprint: Mapping[str, str] = field(default_factory=dict)
+
+
+@record
+class _Keyed:
+    """A session already made under a creation_id, and the request it was made for."""
+
+    session_id: SessionId
+    fingerprint: Mapping[str, str] | None  # None: made before fingerprints were kept
 
 
 @dataclass(slots=True)
@@ -146,12 +177,17 @@ class SessionController:
         *,
         clock: Clock = utcnow,
         max_array_size: int = DEFAULT_MAX_ARRAY_SIZE,
+        max_kernel_slots: ResourceSlots | None = None,
     ) -> None:
         self.db = db
         self.max_array_size = max_array_size
+        # The most of each slot one kernel may ask for (the `max_kernel_slots` setting).
+        self.max_kernel_slots = max_kernel_slots
         self.hints = hints
         self.events = events
         self.clock = clock
+        # Sessions a reader of the API cannot handle are failed through it (issue 33).
+        self.quarantine = Quarantine(db, hints, events, clock=clock)
         # Where the bus can, events go out with the commit that appends them (not published).
         self._notify = events.commit_channel if events is not None else None
         # Submissions arriving together (API requests) share one transaction.
@@ -209,7 +245,7 @@ class SessionController:
         elements = await self.enqueue_many(
             [spec.element(i) for i in indexes],
             owner,
-            array=ArrayRequest(indexes, parsed.throttle),
+            array=ArrayRequest(indexes, parsed.throttle, request_fingerprint(spec)),
         )
         first = elements[0]
         written = first.written
@@ -237,9 +273,13 @@ class SessionController:
     ) -> list[Submitted]:
         """Submit several sessions in one transaction (all or none); one result per spec.
 
-        A `creation_id` the owner used before (or earlier in the same batch) returns that
-        session instead of creating one. With `array`, the specs are its elements in order.
+        A `creation_id` the owner used before (or earlier in the same batch) for the same
+        request returns that session instead of creating one; for a different request it is
+        refused (CreationIdConflictError naming the fields that differ). With `array`, the
+        specs are its elements in order.
         """
+        for spec in specs:
+            self._check_kernel_slots(spec)
         for attempt in range(2):  # a second pass only after a unique or foreign key refused
             created = await self._by_creation_ids(
                 owner, {s.creation_id for s in specs if s.creation_id is not None}
@@ -248,18 +288,21 @@ class SessionController:
             new: list[NewSession] = []
             array_id: SessionId | None = None  # the first element's, created now or before
             for position, spec in enumerate(specs):
-                if spec.creation_id is not None and spec.creation_id in created:
-                    results.append(Submitted(created[spec.creation_id], created=False))
-                    array_id = array_id or created[spec.creation_id]
+                fingerprint = _fingerprint(spec, array)
+                keyed = created.get(spec.creation_id) if spec.creation_id is not None else None
+                if keyed is not None:
+                    _check_same_request(spec, keyed, fingerprint)
+                    results.append(Submitted(keyed.session_id, created=False))
+                    array_id = array_id or keyed.session_id
                     continue
                 session_id = new_session_id()
                 place = None
                 if array is not None:
                     array_id = array_id or session_id
                     place = ArrayPlace(array_id, array.indexes[position], array.throttle)
-                session = _new_session(spec, owner, session_id, place)
+                session = _new_session(spec, owner, session_id, place, fingerprint)
                 if spec.creation_id is not None:
-                    created[spec.creation_id] = session.id
+                    created[spec.creation_id] = _Keyed(session.id, fingerprint)
                 new.append(session)
                 results.append(session)
             if not new:
@@ -355,15 +398,33 @@ class SessionController:
             await self.events.publish_after_commit(appended)
         return outcome
 
+    def _check_kernel_slots(self, spec: SessionSpec) -> None:
+        """Refuse a kernel asking more of a slot than the manager's `max_kernel_slots`."""
+        most = self.max_kernel_slots
+        if most is None:
+            return
+        for name, amount in spec.resources.items():
+            if name in most and amount > most[name]:
+                limit = ResourceSlots({name: most[name]}).format_human()
+                raise SubmissionError(
+                    f"resources.{name}",
+                    f"{ResourceSlots({name: amount}).format_human()} is more than one kernel may "
+                    f"ask for here ({limit}, the manager's max_kernel_slots); ask for less, or "
+                    "spread the work over more kernels",
+                )
+
     async def _by_creation_ids(
         self, owner: UserId, creation_ids: Collection[str]
-    ) -> dict[str, SessionId]:
+    ) -> dict[str | None, _Keyed]:
         if not creation_ids:
             return {}
         params = {"owner": owner, "creation_ids": payload(self.db.dialect, list(creation_ids))}
         async with self.db.read_statements() as conn:
             rows = await _BY_CREATION_IDS.rows(conn, params)
-            return {creation_id: SessionId(sid) for creation_id, sid in rows}
+        return {
+            creation_id: _Keyed(SessionId(sid), None if kept is None else json.loads(kept))
+            for creation_id, sid, kept in rows
+        }
 
     async def _check_references(
         self, conn: AsyncConnection, specs: Sequence[SessionSpec], owner: UserId
@@ -433,11 +494,31 @@ def _time_limited(new: NewSession, options: ResourceGroupOptions) -> NewSession:
     return new if limit == new.time_limit_s else dataclasses.replace(new, time_limit_s=limit)
 
 
+def _fingerprint(spec: SessionSpec, array: ArrayRequest | None) -> dict[str, str] | None:
+    """What a session made under `spec.creation_id` keeps of its request (None without one)."""
+    if spec.creation_id is None:
+        return None
+    return dict(array.fingerprint) if array is not None else request_fingerprint(spec)
+
+
+def _check_same_request(
+    spec: SessionSpec, keyed: _Keyed, fingerprint: Mapping[str, str] | None
+) -> None:
+    """Refuse `spec` if the session made under its creation_id was made for another request."""
+    if keyed.fingerprint is None or fingerprint is None:
+        return
+    differ = differing_fields(keyed.fingerprint, fingerprint)
+    if differ:
+        assert spec.creation_id is not None
+        raise CreationIdConflictError(spec.creation_id, keyed.session_id, differ)
+
+
 def _new_session(
     spec: SessionSpec,
     owner: UserId,
     session_id: SessionId | None = None,
     array: ArrayPlace | None = None,
+    fingerprint: Mapping[str, str] | None = None,
 ) -> NewSession:
     return NewSession(
         id=session_id or new_session_id(),
@@ -451,6 +532,7 @@ def _new_session(
         name=spec.name,
         priority=spec.priority,
         creation_id=spec.creation_id,
+        creation_fingerprint=fingerprint,
         starts_at=spec.starts_at,
         dependencies=tuple((d.session, d.kind) for d in spec.dependencies if not d.array),
         array_dependencies=tuple((d.session, d.kind) for d in spec.dependencies if d.array),

@@ -23,6 +23,7 @@ from corral.coordination.hints import Hint, hints_after_moves
 from corral.coordination.judge import PhaseLimits, judge
 from corral.coordination.metrics import CoordinatorMetrics
 from corral.coordination.promotion import PromotionStep, promote_sessions, run_promotion
+from corral.coordination.quarantine import Quarantine
 from corral.coordination.tasks import Task, TaskRun
 from corral.domain.events import Event
 from corral.domain.resource_group import ResourceGroupOptions
@@ -99,6 +100,7 @@ class SessionCoordinator:
         self.limits = {**DEFAULT_LIMITS, **limits}
         self.lock_prefix = lock_prefix
         self.repository = SessionRepository(db)
+        self.quarantine = Quarantine(db, hints, events, clock=clock)
         self.lifecycle: tuple[LifecycleHandler, ...] = (
             ScheduleNewSessions(
                 db,
@@ -106,6 +108,7 @@ class SessionCoordinator:
                 on_placed=self._record_placed,
                 on_pass=metrics.observe_placement if metrics is not None else None,
                 page_size=queue_page,
+                quarantine=self.quarantine,
             ),
             PrepareSessions(db),
             StartSessions(db),
@@ -220,7 +223,9 @@ class SessionCoordinator:
                 await self._record_moves(conn, applied.moved(), {}, name, applied.owners)
             )
 
-        applied = await run_promotion(self.db, handler, self.clock(), on_applied=record)
+        applied = await run_promotion(
+            self.db, handler, self.clock(), on_applied=record, quarantine=self.quarantine
+        )
         moved = applied.moved()
         if self.metrics is not None:
             self.metrics.observe_result(name, SchedulingResult.SUCCESS, len(moved))
@@ -305,7 +310,9 @@ class SessionCoordinator:
             )
             ended_in.update((sid, after) for sid, (_, after) in moved.items())
 
-        await promote_sessions(self.db, self.promotions, due, self.clock(), on_step=record)
+        await promote_sessions(
+            self.db, self.promotions, due, self.clock(), on_step=record, quarantine=self.quarantine
+        )
         await self._post_process(hints_after_moves(ended_in.values()), appended)
         return due
 

@@ -7,8 +7,10 @@ from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.coordination.quarantine import Quarantine
 from corral.domain.results import ResultNote, SchedulingResult, TransitionStatus
 from corral.domain.session import SessionProgress
 from corral.domain.status import SESSION_TERMINAL, SessionStatus
@@ -17,6 +19,7 @@ from corral.handlers.base import Ending, SessionPromotionHandler
 from corral.store.database import Database
 from corral.store.sessions import SessionRepository
 from corral.store.status_changes import AppliedChanges, ChainedMoves, StatusChange, apply_chains
+from corral.store.unavailable import database_unavailable
 
 OnApplied = Callable[[AsyncConnection, AppliedChanges], Awaitable[None]]
 
@@ -27,6 +30,7 @@ async def run_promotion(
     now: datetime,
     *,
     on_applied: OnApplied | None = None,
+    quarantine: Quarantine | None = None,
 ) -> AppliedChanges:
     """Promote every session of the handler's targets whose kernels meet its condition.
 
@@ -46,7 +50,9 @@ async def run_promotion(
         if on_applied is not None:
             await on_applied(conn, applied)
 
-    applied = await promote_sessions(db, [handler], promoted, now, on_step=finish)
+    applied = await promote_sessions(
+        db, [handler], promoted, now, on_step=finish, quarantine=quarantine
+    )
     return applied[0] if applied else AppliedChanges()
 
 
@@ -116,14 +122,17 @@ def plan_promotions(
     return steps
 
 
+OnStep = Callable[[AsyncConnection, AppliedChanges, "PromotionStep"], Awaitable[None]]
+
+
 async def promote_sessions(
     db: Database,
     handlers: Sequence[SessionPromotionHandler],
     session_ids: Collection[SessionId],
     now: datetime,
     *,
-    on_step: Callable[[AsyncConnection, AppliedChanges, PromotionStep], Awaitable[None]]
-    | None = None,
+    on_step: OnStep | None = None,
+    quarantine: Quarantine | None = None,
 ) -> list[AppliedChanges]:
     """Promote these sessions as far as their kernels allow now, in one transaction.
 
@@ -132,7 +141,64 @@ async def promote_sessions(
     expects (a session that moved meanwhile is left alone): every move gets its history, and
     a session's row is written once, where its chain ends, with the result and exit code of an
     ending. `on_step` runs inside the transaction for each round, in order.
+
+    With `quarantine`, a batch that fails on its data (not on an unavailable database) is
+    promoted in halves, down to the one session whose row cannot be handled, which is isolated
+    (`coordination.quarantine`): one poisoned session costs its batch a few more transactions,
+    never the promotion of the others.
     """
+    try:
+        return await _promote(db, handlers, session_ids, now, on_step)
+    except _DATA_ERRORS as exc:
+        if quarantine is None or database_unavailable(exc):
+            raise
+        failed = exc
+    ids = sorted(set(session_ids))
+    if len(ids) == 1:
+        try:
+            await quarantine.isolate({ids[0]: str(failed)[:300]}, where=_WHERE)
+        except _DATA_ERRORS as exc:
+            if database_unavailable(exc):
+                raise
+            quarantine.skipped(_WHERE, ids[0], exc)
+        return []
+    half = len(ids) // 2
+    halves = [ids[:half], ids[half:]]
+    first, second = [
+        await promote_sessions(db, handlers, part, now, on_step=on_step, quarantine=quarantine)
+        for part in halves
+    ]
+    return _merged(first, second)
+
+
+_WHERE = "promotion"
+# What a batch fails with when some row of it cannot be handled: the database refusing a write,
+# or the planning refusing a value.
+_DATA_ERRORS = (sa.exc.DBAPIError, ValueError, TypeError, KeyError)
+
+
+def _merged(first: list[AppliedChanges], second: list[AppliedChanges]) -> list[AppliedChanges]:
+    """Two promotions' rounds as one's: round i of both together."""
+    rounds: list[AppliedChanges] = []
+    for index in range(max(len(first), len(second))):
+        merged = AppliedChanges()
+        for part in (first, second):
+            if index < len(part):
+                merged.sessions.update(part[index].sessions)
+                merged.kernels_moved += part[index].kernels_moved
+                merged.stale.update(part[index].stale)
+                merged.owners.update(part[index].owners)
+        rounds.append(merged)
+    return rounds
+
+
+async def _promote(
+    db: Database,
+    handlers: Sequence[SessionPromotionHandler],
+    session_ids: Collection[SessionId],
+    now: datetime,
+    on_step: OnStep | None,
+) -> list[AppliedChanges]:
     targets = await SessionRepository(db).progress(session_ids)
     steps = plan_promotions(handlers, targets, now)
     if not steps:

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
+from corral.domain.bounds import FieldValueError
 from corral.domain.record import record
 from corral.domain.slots import SlotError
 
@@ -88,7 +89,7 @@ def plain_message(detail: ErrorDetails) -> str:
     """The message of one pydantic error in our words (without its field)."""
     context: dict[str, Any] = dict(detail.get("ctx") or {})
     raised = context.get("error")
-    if isinstance(raised, SlotError):
+    if isinstance(raised, SlotError | FieldValueError):
         return raised.problem
     template = _BY_TYPE.get(detail["type"])
     if template is not None:
@@ -105,9 +106,11 @@ def plain_message(detail: ErrorDetails) -> str:
 
 def _field_error(detail: ErrorDetails, under: Sequence[str]) -> FieldError:
     parts = [str(part) for part in detail["loc"]]
-    if len(parts) > 1 and parts[0] in _REQUEST_PARTS:
-        parts = parts[1:]
     raised = (detail.get("ctx") or {}).get("error")
     if isinstance(raised, SlotError) and raised.slot is not None:
         parts.append(raised.slot)
+    elif isinstance(raised, FieldValueError):
+        parts.extend(raised.field.split("."))  # a model's check names its field itself
+    if len(parts) > 1 and parts[0] in _REQUEST_PARTS:
+        parts = parts[1:]
     return FieldError(".".join([*under, *parts]), plain_message(detail))

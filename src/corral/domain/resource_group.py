@@ -8,8 +8,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PositiveFloat,
-    PositiveInt,
     field_validator,
     model_validator,
 )
@@ -41,6 +39,8 @@ class Ordering(StrEnum):
     BEST_EFFORT = "best_effort"  # smaller ones may pass it
 
 
+MAX_PHASE_ATTEMPTS = 1000
+MAX_SESSIONS_PER_OWNER = 2**31 - 1
 # The lifecycle handlers whose attempts and time a group may limit (their names are the phases).
 LIMITED_PHASES = ("ScheduleNewSessions", "PrepareSessions", "StartSessions", "TerminateSessions")
 
@@ -50,8 +50,9 @@ class PhaseLimitOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_attempts: PositiveInt | None = None
-    timeout_s: PositiveFloat | None = None
+    max_attempts: int | None = Field(default=None, ge=1, le=MAX_PHASE_ATTEMPTS)
+    # Bounded like a time limit: a phase's deadline is a time the loops compute and compare.
+    timeout_s: float | None = Field(default=None, gt=0, le=MAX_TIME_LIMIT_S, allow_inf_nan=False)
 
 
 class ResourceGroupOptions(BaseModel):
@@ -63,7 +64,7 @@ class ResourceGroupOptions(BaseModel):
     selector: Selector = Selector.CONCENTRATED
     ordering: Ordering = Ordering.STRICT
     # Sessions one owner may hold resources with at once in this group (None: no limit).
-    max_sessions_per_owner: PositiveInt | None = None
+    max_sessions_per_owner: int | None = Field(default=None, ge=1, le=MAX_SESSIONS_PER_OWNER)
     # Total slots one owner may occupy at once in this group (None: no limit).
     max_slots_per_owner: ResourceSlots | None = None
     # Wall-time limits (seconds): a session that gives none gets the default (else the

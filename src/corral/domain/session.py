@@ -192,6 +192,8 @@ class NewSession:
     priority: int = 0
     project: str = "default"
     creation_id: str | None = None
+    # What the request under `creation_id` was (`domain.idempotency`); None without a key.
+    creation_fingerprint: Mapping[str, str] | None = None
     starts_at: datetime | None = None
     # (session, kind): the sessions it waits for, and when it may start after each.
     dependencies: tuple[tuple[uuid.UUID, DependencyKind], ...] = ()

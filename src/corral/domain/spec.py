@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -18,8 +18,23 @@ from pydantic import (
     model_validator,
 )
 
+from corral.domain.bounds import (
+    MAX_ARGUMENT_BYTES,
+    MAX_COMMAND_ARGS,
+    MAX_COMMAND_BYTES,
+    MAX_ENV_BYTES,
+    MAX_ENV_NAME_LENGTH,
+    MAX_ENV_VALUE_BYTES,
+    MAX_ENV_VARS,
+    NAME_PATTERN,
+    NAME_RULE,
+    FieldValueError,
+    text_problem,
+    to_utc_moment,
+    utf8_size,
+)
 from corral.domain.outcome import DEFAULT_DEPENDENCY_KIND, DependencyKind
-from corral.domain.slots import ResourceSlots
+from corral.domain.slots import MAX_AMOUNT, ResourceSlots
 from corral.domain.time_limit import MAX_TIME_LIMIT_S
 
 
@@ -51,8 +66,7 @@ UPLOAD_DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 RESERVED_ENV_PREFIX = "CORRAL_"
 DEFAULT_RESOURCES = ResourceSlots({"cpu": 1, "mem": "1g"})
 
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-_NAME_RULE = "use 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+_NAME_RE = re.compile(NAME_PATTERN.strip("^$"))
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -128,7 +142,7 @@ class SessionSpec(BaseModel):
     @classmethod
     def _check_name(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is not None and _NAME_RE.fullmatch(value) is None:
-            raise ValueError(f"{info.field_name} {value!r} is invalid; {_NAME_RULE}")
+            raise ValueError(f"{info.field_name} {value!r} is invalid; {NAME_RULE}")
         return value
 
     @field_validator("image")
@@ -139,6 +153,9 @@ class SessionSpec(BaseModel):
                 f"image must be 1 to {MAX_IMAGE_LENGTH} characters without whitespace, "
                 f"like 'python' or 'registry.example.com/team/image:tag'"
             )
+        problem = text_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
     @field_validator("command")
@@ -152,24 +169,62 @@ class SessionSpec(BaseModel):
             )
         if value and not value[0]:
             raise ValueError("the first element of command names the program; it must not be empty")
+        if len(value) > MAX_COMMAND_ARGS:
+            raise ValueError(
+                f"a command may have at most {MAX_COMMAND_ARGS} arguments (got {len(value)}); "
+                "pass long lists in a file"
+            )
+        total = 0
+        for index, argument in enumerate(value):
+            problem = text_problem(argument)
+            if problem is not None:
+                raise FieldValueError(str(index), problem)
+            size = utf8_size(argument)
+            if size > MAX_ARGUMENT_BYTES:
+                raise FieldValueError(
+                    str(index),
+                    f"an argument may be at most {MAX_ARGUMENT_BYTES} bytes (got {size}); "
+                    "pass long input in a file or an upload",
+                )
+            total += size
+        if total > MAX_COMMAND_BYTES:
+            raise ValueError(
+                f"a command may be at most {MAX_COMMAND_BYTES} bytes in all (got {total}); "
+                "pass long input in a file or an upload"
+            )
         return value
 
     @field_validator("env")
     @classmethod
     def _check_env(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > MAX_ENV_VARS:
+            raise ValueError(
+                f"env may set at most {MAX_ENV_VARS} variables (got {len(value)}); "
+                "pass the rest in a file"
+            )
+        total = 0
         for key, text in value.items():
-            if _ENV_NAME_RE.fullmatch(key) is None:
+            if len(key) > MAX_ENV_NAME_LENGTH or _ENV_NAME_RE.fullmatch(key) is None:
                 raise ValueError(
-                    f"env name {key!r} is invalid; use letters, digits and '_', "
-                    f"not starting with a digit"
+                    f"env name {key[:64]!r} is invalid; use up to {MAX_ENV_NAME_LENGTH} letters, "
+                    f"digits and '_', not starting with a digit"
                 )
             if key.upper().startswith(RESERVED_ENV_PREFIX):
                 raise ValueError(
                     f"env name {key!r} is reserved: corral sets {RESERVED_ENV_PREFIX}* variables "
                     f"itself; choose another name"
                 )
-            if "\0" in text:
-                raise ValueError(f"env value of {key!r} contains a NUL character; remove it")
+            problem = text_problem(text)
+            if problem is not None:
+                raise FieldValueError(key, problem)
+            size = utf8_size(text)
+            if size > MAX_ENV_VALUE_BYTES:
+                raise FieldValueError(
+                    key, f"a value may be at most {MAX_ENV_VALUE_BYTES} bytes (got {size})"
+                )
+            total += len(key) + size
+        if total > MAX_ENV_BYTES:
+            raise ValueError(f"env may hold at most {MAX_ENV_BYTES} bytes in all (got {total})")
         return value
 
     @field_validator("resources")
@@ -204,18 +259,21 @@ class SessionSpec(BaseModel):
             raise ValueError(
                 "starts_at must include a timezone, like 2030-01-01T09:00:00Z or +02:00"
             )
-        return value.astimezone(UTC)
+        return to_utc_moment(value)
 
     @field_validator("workdir")
     @classmethod
     def _check_workdir(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        if not value.startswith("/") or len(value) > MAX_WORKDIR_LENGTH or "\0" in value:
+        if not value.startswith("/") or len(value) > MAX_WORKDIR_LENGTH:
             raise ValueError(
-                f"workdir must be an absolute path of at most {MAX_WORKDIR_LENGTH} characters "
-                f"without NUL, like /home/me/project"
+                f"workdir must be an absolute path of at most {MAX_WORKDIR_LENGTH} characters, "
+                "like /home/me/project"
             )
+        problem = text_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
     @field_validator("upload")
@@ -244,3 +302,15 @@ class SessionSpec(BaseModel):
                 f"like a UUID the client generated"
             )
         return value
+
+    @model_validator(mode="after")
+    def _check_total(self) -> SessionSpec:
+        # Placement adds a session's kernels up in 64-bit integers of milli-units.
+        for name, amount in self.resources.items():
+            if amount * self.cluster_size > MAX_AMOUNT:
+                raise FieldValueError(
+                    f"resources.{name}",
+                    f"{self.cluster_size} kernels of {amount} make more than corral handles "
+                    f"in one session; at most 1P (10¹⁵) of a slot in all",
+                )
+        return self

@@ -101,6 +101,12 @@ SESSION_TRANSITIONS: TransitionTable[SessionStatus] = TransitionTable(
             DESIGN,
         ),
         (_S.TERMINATING, _S.ERROR, "PromoteToTerminated (a kernel failed)", DESIGN),
+        (
+            (_S.PENDING, _S.SCHEDULED, _S.PREPARING, _S.PREPARED, _S.CREATING, _S.RUNNING),
+            _S.ERROR,
+            "isolated: a row no code path can handle (invalid_request)",
+            DESIGN,
+        ),
         (_S.TERMINATING, _S.CANCELLED, "PromoteToTerminated (never ran)", DESIGN),
     ],
 )

@@ -35,7 +35,9 @@ from corral.coordination.metrics import CoordinatorMetrics
 from corral.coordination.orchestrator import Orchestrator
 from corral.coordination.tasks import Task, TaskRun
 from corral.domain.arrays import DEFAULT_MAX_ARRAY_SIZE
+from corral.domain.bounds import DEFAULT_MAX_REQUEST_BYTES
 from corral.domain.record import record
+from corral.domain.slots import ResourceSlots
 from corral.domain.types import Clock, utcnow
 from corral.infra.events import PING_INTERVAL_S, forget_on_events
 from corral.infra.locks import DEFAULT_LOCK_TTL_S
@@ -78,6 +80,8 @@ class ManagerConfig:
     lock_ttl_s: float = DEFAULT_LOCK_TTL_S
     max_array_size: int = DEFAULT_MAX_ARRAY_SIZE  # elements of one job array
     upload_max_bytes: int = DEFAULT_UPLOAD_MAX_BYTES
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # one request body (413 past it)
+    max_kernel_slots: ResourceSlots | None = None  # the most of each slot a kernel may ask
 
 
 @dataclass(slots=True)
@@ -192,6 +196,7 @@ class ManagerDaemon:
                 buses.events,
                 clock=self.clock,
                 max_array_size=config.max_array_size,
+                max_kernel_slots=config.max_kernel_slots,
             ),
             agents,
             coordinator,
@@ -206,6 +211,7 @@ class ManagerDaemon:
                 loops=loops,
                 metrics=metrics,
                 upload_max_bytes=config.upload_max_bytes,
+                max_request_bytes=config.max_request_bytes,
             )
         )
         self._sock = _bind(config.host, config.port)

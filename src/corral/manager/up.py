@@ -23,6 +23,7 @@ from corral.agent.daemon import AgentConfig, AgentDaemon
 from corral.agent.devices import DeviceAllocator
 from corral.agent.runtime.process import ProcessRuntime
 from corral.api.uploads import DEFAULT_UPLOAD_MAX_BYTES
+from corral.domain.bounds import DEFAULT_MAX_REQUEST_BYTES
 from corral.domain.record import record
 from corral.domain.slots import ResourceSlots
 from corral.domain.types import utcnow
@@ -53,6 +54,8 @@ class UpConfig:
     python: Path | None = None  # what `python` means in jobs (None: the host's python3)
     upload_max_bytes: int = DEFAULT_UPLOAD_MAX_BYTES
     unused_upload_hours: float = DEFAULT_UNUSED_UPLOAD_HOURS
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_kernel_slots: ResourceSlots | None = None
 
 
 @record
@@ -94,6 +97,8 @@ async def run_up(
             retention_days=config.retention_days,
             upload_max_bytes=config.upload_max_bytes,
             unused_upload_hours=config.unused_upload_hours,
+            max_request_bytes=config.max_request_bytes,
+            max_kernel_slots=config.max_kernel_slots,
         )
     )
     managing = await manager.start()

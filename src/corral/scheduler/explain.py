@@ -9,6 +9,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from corral.domain.outcome import INVALID_REQUEST
 from corral.domain.record import record
 from corral.domain.status import SessionStatus
 from corral.domain.types import SessionId
@@ -146,6 +147,16 @@ def _without_placement(row: Any, now: datetime) -> Explanation | None:
 def _from_plan(row: Any, plan: Plan) -> Explanation:
     base = _base(row)
     decision = plan.decisions.get(SessionId(row.id))
+    invalid = plan.invalid.get(SessionId(row.id))
+    if invalid is not None:
+        return Explanation(
+            **base,
+            position=None,
+            queue_length=len(plan.order),
+            outcome=Outcome.FAILED.value,
+            code=INVALID_REQUEST,
+            message=f"its stored request cannot be placed ({invalid}); the next pass fails it",
+        )
     if decision is None:
         return Explanation(
             **base,

@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 from corral.domain.resource_group import Ordering
 from corral.domain.session import PendingSession
-from corral.scheduler.requests import Request, RequestCache, format_milli
+from corral.domain.types import SessionId
+from corral.scheduler.requests import InvalidRequestError, Request, RequestCache, format_milli
 from corral.scheduler.selectors import AgentChooser
 from corral.scheduler.sequencers import order_sessions, usable_capacity
 from corral.scheduler.types import Decision, GroupSnapshot, Outcome, Plan, Verdict, VerdictKind
@@ -40,16 +41,27 @@ def place_sessions(
     batch_size = first_batch
     pool = snapshot.agents
     options = snapshot.options
+    requests = RequestCache(pool.slot_index)
+    # A request no array can hold is set aside before anything else reads it (ordering sums
+    # requests too): its session is isolated, and the pass goes on with the rest.
+    invalid: dict[SessionId, str] = {}
+    placeable: list[PendingSession] = []
+    for session in snapshot.pending:
+        try:
+            requests.get(session)
+        except InvalidRequestError as exc:
+            invalid[session.id] = str(exc)
+        else:
+            placeable.append(session)
     ordered = order_sessions(
-        snapshot.pending,
+        placeable,
         options.sequencer,
         usage=snapshot.usage,
         group_capacity=usable_capacity(pool),
     )
     ctx = ValidationContext.build(snapshot)
     chooser = AgentChooser(pool, options.selector)
-    requests = RequestCache(pool.slot_index)
-    plan = Plan(order=[s.id for s in ordered])
+    plan = Plan(order=[s.id for s in ordered], invalid=invalid)
     blocker: PendingSession | None = None
 
     for position, session in enumerate(ordered, start=1):

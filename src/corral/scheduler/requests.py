@@ -8,7 +8,17 @@ import numpy as np
 
 from corral.domain.record import record
 from corral.domain.session import PendingSession
+from corral.domain.slots import MAX_AMOUNT, MILLI
 from corral.scheduler.types import Int64Array
+
+# The most of one slot a session may ask for in all, in milli-units: what the spec allows, and
+# what 64-bit arrays hold with room to add a session's kernels up (`SessionSpec._check_total`).
+MAX_SESSION_MILLI = int(MAX_AMOUNT * MILLI)
+
+
+class InvalidRequestError(ValueError):
+    """A stored request placement cannot work with (an amount that is no whole number of
+    milli-units within bounds, or a total past `MAX_SESSION_MILLI`): the session is isolated."""
 
 
 @record
@@ -45,12 +55,31 @@ class RequestCache:
 
 
 def session_request(session: PendingSession, slot_index: Mapping[str, int]) -> Request:
-    """Build the request vectors of `session` for a pool with columns `slot_index`."""
+    """Build the request vectors of `session` for a pool with columns `slot_index`.
+
+    Raises InvalidRequestError for a request no array can hold (see the class).
+    """
+    if len(session.kernel_slots) != session.cluster_size:
+        raise InvalidRequestError(
+            f"{len(session.kernel_slots)} kernel requests for a cluster of {session.cluster_size}"
+        )
     per_kernel = np.zeros((session.cluster_size, len(slot_index)), dtype=np.int64)
     unknown: list[str] = []
+    totals: dict[str, int] = {}
     for row, slots in enumerate(session.kernel_slots):
         for name, amount in slots.items():
-            if amount <= 0:
+            if type(amount) is not int or not 0 <= amount <= MAX_SESSION_MILLI:
+                raise InvalidRequestError(
+                    f"slot {name!r}: {amount!r} is not a whole number of milli-units "
+                    f"from 0 to {MAX_SESSION_MILLI}"
+                )
+            totals[name] = total = totals.get(name, 0) + amount
+            if total > MAX_SESSION_MILLI:
+                raise InvalidRequestError(
+                    f"slot {name!r}: {total} milli-units in all is more than one session may "
+                    f"ask for ({MAX_SESSION_MILLI})"
+                )
+            if amount == 0:
                 continue
             column = slot_index.get(name)
             if column is None:

@@ -30,7 +30,12 @@ class AgentChooser:
         self.free: Int64Array = pool.free.copy()
         self.usable: BoolArray = pool.usable.copy()
         self.index = {agent: i for i, agent in enumerate(pool.ids)}
-        total = pool.capacity[pool.usable].sum(axis=0) if len(pool.ids) else np.zeros(0)
+        # Summed as floats (weights are floats anyway): a group's total need not fit 64 bits.
+        total = (
+            pool.capacity[pool.usable].sum(axis=0, dtype=np.float64)
+            if len(pool.ids)
+            else np.zeros(0)
+        )
         # Each slot weighs by its share of the group, so "how full" compares cpu and memory.
         self._weights: npt.NDArray[np.float64] = 1.0 / np.where(total > 0, total, 1)
         self._load: npt.NDArray[np.float64] = self.free @ self._weights

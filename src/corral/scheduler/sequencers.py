@@ -15,8 +15,6 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-import numpy as np
-
 from corral.domain.resource_group import Sequencer
 from corral.domain.session import PendingSession
 from corral.domain.types import SessionId, UserId
@@ -69,7 +67,8 @@ def newest_first(sessions: Sequence[PendingSession]) -> list[PendingSession]:
 
 def usable_capacity(pool: AgentPool) -> dict[str, int]:
     """The total capacity per slot of the pool's usable agents (milli-units): DRF's denominator."""
-    totals = pool.capacity[pool.usable].sum(axis=0, dtype=np.int64)
+    # Python integers: agents' amounts each fit 64 bits, their sum over a group need not.
+    totals = pool.capacity[pool.usable].sum(axis=0, dtype=object)
     return {name: int(totals[i]) for i, name in enumerate(pool.slot_names)}
 
 

@@ -52,7 +52,8 @@ class AgentPool:
 
     def free_in_total(self) -> dict[str, int]:
         """Per slot name, what the usable agents have free together."""
-        totals = self.free[self.usable].sum(axis=0)
+        # Python integers: agents' amounts each fit 64 bits, their sum over a group need not.
+        totals = self.free[self.usable].sum(axis=0, dtype=object)
         return {name: int(totals[i]) for i, name in enumerate(self.slot_names)}
 
     @classmethod
@@ -148,3 +149,6 @@ class Plan:
     # Under strict ordering, the first session that did not fit for lack of capacity: every
     # session after it in `order` waits behind it (None when nothing blocked the queue).
     blocker: SessionId | None = None
+    # Sessions whose stored request placement cannot work with, and why: set aside (neither
+    # ordered nor decided), to be isolated (`coordination.quarantine`).
+    invalid: dict[SessionId, str] = field(default_factory=dict)

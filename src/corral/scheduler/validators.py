@@ -201,11 +201,12 @@ def check_could_ever_fit(
     bound = _kernel_bound(request)
     names = ctx.snapshot.agents.slot_names
     kernel_text = format_milli({names[i]: int(v) for i, v in enumerate(bound)})
+    held = _copies(bound, ctx.capacity, request.kernels).sum()
     return _fail(
         REQUEST_TOO_LARGE,
         f"needs {request.kernels} kernels of {kernel_text}, but the "
         f"{len(ctx.snapshot.agents.ids)} agent(s) in resource group {ctx.group!r} could hold "
-        f"at most {_copies(bound, ctx.capacity).sum()} of them even sharing agents "
+        f"at most {held} of them even sharing agents "
         f"(largest agent: {_closest_agent(bound, ctx)}); ask for fewer or smaller kernels, "
         "or add agents",
     )
@@ -288,7 +289,7 @@ def _could_ever_fit(request: Request, capacity: Int64Array) -> bool:
         return False
     if not request.multi_node:
         return bool(np.all(capacity >= request.total, axis=1).any())
-    return int(_copies(_kernel_bound(request), capacity).sum()) >= request.kernels
+    return int(_copies(_kernel_bound(request), capacity, request.kernels).sum()) >= request.kernels
 
 
 def _kernel_bound(request: Request) -> Int64Array:
@@ -299,13 +300,13 @@ def _kernel_bound(request: Request) -> Int64Array:
     return bound
 
 
-def _copies(bound: Int64Array, capacity: Int64Array) -> Int64Array:
-    """How many kernels of size `bound` each agent holds when empty."""
+def _copies(bound: Int64Array, capacity: Int64Array, kernels: int) -> Int64Array:
+    """How many kernels of size `bound` each agent holds when empty, counted up to `kernels`
+    (a session needs no more, and the counts of many agents then add up without overflow)."""
     needed = bound > 0
     if not needed.any():
-        # A kernel asking for nothing fits any number of times; the count only needs to be large.
-        return np.full(capacity.shape[0], np.iinfo(np.int32).max, dtype=np.int64)
-    copies: Int64Array = (capacity[:, needed] // bound[needed]).min(axis=1)
+        return np.full(capacity.shape[0], kernels, dtype=np.int64)
+    copies: Int64Array = np.minimum((capacity[:, needed] // bound[needed]).min(axis=1), kernels)
     return copies
 
 

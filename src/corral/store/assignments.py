@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -179,6 +179,9 @@ class Assignment:
     agent_id: AgentId
     revision: int
     kernels: tuple[AssignedKernel, ...]
+    # Kernels whose rows could not be read (a spec that does not parse...): their sessions,
+    # and why, for the reader to isolate (`coordination.quarantine`); left out of `kernels`.
+    unreadable: tuple[tuple[SessionId, str], ...] = ()
 
 
 async def read_assignment(db: Database, agent_id: AgentId) -> Assignment | None:
@@ -209,39 +212,60 @@ async def read_assignments(
         hosts = await _cluster_hosts(conn, db.dialect, {row[1] for row in rows if row[4] > 1})
     addresses = {AgentId(agent_id): (address or "",) for agent_id, _, address in known}
     held: dict[AgentId, list[AssignedKernel]] = {AgentId(row[0]): [] for row in known}
+    unreadable: dict[AgentId, list[tuple[SessionId, str]]] = {}
     # Decoded once per distinct text (the kernels of a session share it), shared: read-only.
     specs: dict[str, dict[str, Any]] = {}
     for row in rows:
         agent_id = AgentId(row[11])
-        spec = specs.get(row[10])
-        if spec is None:
-            spec = specs[row[10]] = json.loads(row[10])
-        held[agent_id].append(
-            AssignedKernel(
-                id=KernelId(row[0]),
-                session_id=SessionId(row[1]),
-                cluster_role=row[2],
-                cluster_index=row[3],
-                cluster_size=row[4],
-                status=KernelStatus(row[5]),
-                desired_state=KernelIntent(row[6]) if row[6] is not None else None,
-                desired_generation=row[7],
-                stage_failure=row[8],
-                occupied_slots=row[9] or {},
-                spec=spec,
-                attempt=row[12],
-                asked=row[13] is not None,
-                cluster_hosts=addresses[agent_id] if row[4] == 1 else hosts.get(row[1], ()),
-                array_number=row[14],
-                array_index=row[15],
-            )
-        )
+        try:
+            kernel = _assigned(row, specs, addresses[agent_id], hosts)
+        except (ValueError, TypeError, KeyError) as exc:
+            # One row no agent could be sent: its session is isolated, the others go out.
+            unreadable.setdefault(agent_id, []).append((SessionId(row[1]), str(exc)[:200]))
+            continue
+        held[agent_id].append(kernel)
     return {
         agent_id: Assignment(
-            agent_id=agent_id, revision=int(revision), kernels=tuple(held[agent_id])
+            agent_id=agent_id,
+            revision=int(revision),
+            kernels=tuple(held[agent_id]),
+            unreadable=tuple(unreadable.get(agent_id, ())),
         )
         for agent_id, revision, _ in known
     }
+
+
+def _assigned(
+    row: Sequence[Any],
+    specs: dict[str, dict[str, Any]],
+    address: tuple[str, ...],
+    hosts: Mapping[Any, tuple[str, ...]],
+) -> AssignedKernel:
+    """One row of `_ASSIGNED_KERNELS` as an assigned kernel (`specs`: decoded so far)."""
+    spec = specs.get(row[10])
+    if spec is None:
+        spec = json.loads(row[10])
+        if not isinstance(spec, dict):
+            raise TypeError(f"the session's spec is no JSON object: {row[10][:80]!r}")
+        specs[row[10]] = spec
+    return AssignedKernel(
+        id=KernelId(row[0]),
+        session_id=SessionId(row[1]),
+        cluster_role=row[2],
+        cluster_index=row[3],
+        cluster_size=row[4],
+        status=KernelStatus(row[5]),
+        desired_state=KernelIntent(row[6]) if row[6] is not None else None,
+        desired_generation=row[7],
+        stage_failure=row[8],
+        occupied_slots=row[9] or {},
+        spec=spec,
+        attempt=row[12],
+        asked=row[13] is not None,
+        cluster_hosts=address if row[4] == 1 else hosts.get(row[1], ()),
+        array_number=row[14],
+        array_index=row[15],
+    )
 
 
 _AGENT_REVISIONS = DirectStatement(

@@ -222,15 +222,20 @@ def _within(demands: Sequence[Sequence[Any]], free: Mapping[str, int]) -> int:
     """How many of `demands` (id, cluster size, per-kernel slots as JSON; in queue order) a
     strict pass can get through: all, or up to and including the first session whose demand,
     added to those before it, exceeds `free`. A session whose kernels differ (no per-kernel
-    slots) counts as demanding nothing: the bound only gets looser."""
+    slots), or whose request is no mapping of whole numbers (placement isolates it), counts as
+    demanding nothing: the bound only gets looser."""
     left = dict(free)
     decode = memoised(json.loads)  # a page repeats a few request shapes thousands of times
     for index, (_, cluster_size, kernel_slots) in enumerate(demands):
         if kernel_slots is None:
             continue
         per_kernel = decode(kernel_slots)
+        if not isinstance(per_kernel, dict):
+            continue
         short = False
         for name, amount in per_kernel.items():
+            if type(amount) is not int:
+                continue
             left[name] = remaining = left.get(name, 0) - amount * cluster_size
             short = short or remaining < 0
         if short:

@@ -217,6 +217,9 @@ def _session_row(
         "status_changed_at": now,
         "created_at": now,
         "creation_id": s.creation_id,
+        "creation_fingerprint": (
+            dict(s.creation_fingerprint) if s.creation_fingerprint is not None else None
+        ),
         "starts_at": s.starts_at,
         "time_limit_s": s.time_limit_s,
         "phase_attempts": 0,
@@ -317,6 +320,7 @@ _INSERT_SESSION = insert_columns(
         "status_changed_at",
         "created_at",
         "creation_id",
+        "creation_fingerprint",
         "starts_at",
         "time_limit_s",
         "phase_attempts",

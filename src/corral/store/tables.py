@@ -212,6 +212,8 @@ sessions = sa.Table(
     sa.Column("failure_cause", sa.String(NAME_LEN), nullable=True),
     sa.Column("exit_code", sa.Integer(), nullable=True),
     sa.Column("creation_id", sa.String(128), nullable=True),
+    # The request a creation_id was first used for (`domain.idempotency`; NULL without one).
+    sa.Column("creation_fingerprint", JSONType, nullable=True),
     sa.Column("starts_at", UTCDateTime(), nullable=True),
     # Wall-time limit in seconds (None: none); while RUNNING, when it is due to stop (start +
     # limit, set and cleared by the status moves, `status_changes._session_move`).

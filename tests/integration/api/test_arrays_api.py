@@ -68,6 +68,16 @@ async def test_the_same_creation_id_returns_the_same_array(world: ApiWorld) -> N
     assert len(await all_sessions(world, world.alice)) == 3
 
 
+async def test_the_same_creation_id_with_another_array_is_409(world: ApiWorld) -> None:
+    """More indexes (or another spec) under an array's creation_id is refused, 409 naming the
+    fields; no element is added to the array."""
+    first = await submit(world, world.alice, "1-3", creation_id="sweep-2")
+    assert first.status_code == 201, first.text
+    wider = await submit(world, world.alice, "1-5", creation_id="sweep-2", priority=3)
+    assert problem(wider, 409, "creation-id-conflict")["fields"] == ["array", "priority"]
+    assert len(await all_sessions(world, world.alice)) == 3
+
+
 @pytest.mark.parametrize(
     ("array", "wording"),
     [

@@ -7,6 +7,7 @@ from typing import Any
 
 import httpx
 
+from corral.domain.slots import ResourceSlots
 from corral.domain.types import KernelId, SessionId
 from corral.store.kernel_logs import LogChunk, append_log_chunks
 from tests.integration.api.conftest import ApiWorld, Caller
@@ -64,6 +65,47 @@ async def test_create_returns_the_session_and_is_idempotent_on_creation_id(
     other_owner = await create(world, world.bob, creation_id="job-1")
     assert other_owner.status_code == 201
     assert other_owner.json()["id"] != body["id"]
+
+
+async def test_the_same_creation_id_with_another_request_is_409_naming_what_differs(
+    world: ApiWorld,
+) -> None:
+    """Stripe's rule: a key names one request. Another body under it is 409 naming the fields
+    that differ, writes nothing, and the same request (however spelled) is still 200."""
+    first = await create(world, world.alice, creation_id="job-9", env={"A": "1"})
+    assert first.status_code == 201, first.text
+    changed = await create(
+        world, world.alice, creation_id="job-9", env={"A": "2"}, priority=5, command=["false"]
+    )
+    body = problem(changed, 409, "creation-id-conflict")
+    assert body["fields"] == ["command", "env", "priority"]
+    assert body["session_id"] == first.json()["id"]
+    assert "job-9" in body["detail"] and "command, env, priority differ" in body["detail"]
+    # The same request spelled otherwise: a quantity string, a default given explicitly.
+    same = await create(
+        world,
+        world.alice,
+        creation_id="job-9",
+        env={"A": "1"},
+        resources={"cpu": "1000m"},
+        priority=0,
+        type="BATCH",
+    )
+    assert (same.status_code, same.json()["id"]) == (200, first.json()["id"])
+    listed = await world.http.get("/v1/sessions", headers=world.alice.headers)
+    assert [s["id"] for s in listed.json()["items"]] == [first.json()["id"]]
+
+
+async def test_a_kernel_asking_more_than_max_kernel_slots_is_422(world: ApiWorld) -> None:
+    """The manager's per-slot maximum refuses a kernel asking more (naming the slot); slots it
+    does not name, and requests within it, pass."""
+    world.cluster.controller.max_kernel_slots = ResourceSlots({"cpu": 4, "mem": "8Gi"})
+    over = await create(world, world.alice, resources={"cpu": 2, "mem": "9Gi"})
+    body = problem(over, 422, "validation-error")
+    assert [e["field"] for e in body["errors"]] == ["resources.mem"]
+    assert "max_kernel_slots" in body["detail"]
+    within = await create(world, world.alice, resources={"cpu": 4, "mem": "8Gi", "gpu": 8})
+    assert within.status_code == 201, within.text
 
 
 async def test_the_created_session_is_answered_as_a_read_shows_it(world: ApiWorld) -> None:

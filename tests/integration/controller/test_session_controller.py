@@ -11,7 +11,11 @@ import pytest
 import sqlalchemy as sa
 
 from corral.controller.agents import AgentController
-from corral.controller.sessions import SessionController, SubmissionError
+from corral.controller.sessions import (
+    CreationIdConflictError,
+    SessionController,
+    SubmissionError,
+)
 from corral.coordination.hints import Hint
 from corral.domain.slots import ResourceSlots
 from corral.domain.spec import SessionSpec
@@ -113,6 +117,25 @@ async def test_concurrent_submissions_with_one_creation_id_make_one_session(
     )
     assert len({r.session_id for r in results}) == 1
     assert sum(r.created for r in results) == 1
+
+
+async def test_racing_submissions_of_one_creation_id_with_other_requests_are_refused(
+    db: Database, buses: tuple[HintBus, EventBus]
+) -> None:
+    """Submissions of one key racing (one group commit) make one session; those whose request
+    differs from the one that made it are refused with the differing fields, alone."""
+    owner = await add_user(db)
+    controller = SessionController(db, buses[0], clock=lambda: NOW)
+    results = await asyncio.gather(
+        controller.enqueue(spec(creation_id="race"), owner),
+        controller.enqueue(spec(creation_id="race", priority=7), owner),
+        controller.enqueue(spec(creation_id="race"), owner),
+        return_exceptions=True,
+    )
+    made = [r for r in results if not isinstance(r, BaseException)]
+    refused = [r for r in results if isinstance(r, CreationIdConflictError)]
+    assert len({r.session_id for r in made}) == 1 and len(made) == 2
+    assert [(e.fields, e.session_id) for e in refused] == [(("priority",), made[0].session_id)]
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,16 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from corral.domain.bounds import (
+    MAX_ARGUMENT_BYTES,
+    MAX_COMMAND_ARGS,
+    MAX_COMMAND_BYTES,
+    MAX_ENV_BYTES,
+    MAX_ENV_NAME_LENGTH,
+    MAX_ENV_VALUE_BYTES,
+    MAX_ENV_VARS,
+)
+from corral.domain.field_errors import field_errors
 from corral.domain.outcome import DependencyKind
 from corral.domain.slots import ResourceSlots
 from corral.domain.spec import ClusterMode, Dependency, SessionSpec, SessionType
@@ -108,7 +118,7 @@ def test_invalid_type_does_not_also_blame_command() -> None:
         ("env", {"BAD-NAME": "x"}, "env name 'BAD-NAME' is invalid"),
         ("env", {"CORRAL_SESSION_ID": "x"}, "env name 'CORRAL_SESSION_ID' is reserved"),
         ("env", {"corral_token": "x"}, "env name 'corral_token' is reserved"),
-        ("env", {"OK": "a\0b"}, "NUL character"),
+        ("env", {"OK": "a\0b"}, "NUL characters"),
         ("resources", "cpu=2g", "slot 'cpu'"),
         ("resources", {"mem": -1}, "slot 'mem': must not be negative"),
         ("resources", "cpu=0", "at least one slot"),
@@ -125,7 +135,26 @@ def test_invalid_type_does_not_also_blame_command() -> None:
         ("creation_id", "x" * 129, "1 to 128 printable"),
         ("creation_id", "tab\there", "printable"),
         ("workdir", "relative/dir", "workdir must be an absolute path"),
-        ("workdir", "/a\0b", "without NUL"),
+        ("workdir", "/a\0b", "must not contain NUL"),
+        ("workdir", "/a\ud800", "lone surrogate"),
+        ("image", "py\0", "must not contain NUL"),
+        ("image", "py\udc80", "lone surrogate"),
+        ("command", ["python", "\ud800"], "lone surrogate"),
+        ("command", ["python", "a\0"], "must not contain NUL"),
+        ("command", ["x" * (MAX_ARGUMENT_BYTES + 1)], f"at most {MAX_ARGUMENT_BYTES} bytes"),
+        ("command", ["é" * (MAX_ARGUMENT_BYTES // 2 + 1)], f"at most {MAX_ARGUMENT_BYTES} bytes"),
+        ("command", ["x" * 100_000] * 11, f"at most {MAX_COMMAND_BYTES} bytes in all"),
+        ("command", ["x"] * (MAX_COMMAND_ARGS + 1), f"at most {MAX_COMMAND_ARGS} arguments"),
+        ("env", {"OK": "\ud800"}, "lone surrogate"),
+        ("env", {f"V{i}": "x" for i in range(MAX_ENV_VARS + 1)}, f"at most {MAX_ENV_VARS}"),
+        ("env", {"A" * (MAX_ENV_NAME_LENGTH + 1): "x"}, "is invalid"),
+        ("env", {"OK": "x" * (MAX_ENV_VALUE_BYTES + 1)}, f"at most {MAX_ENV_VALUE_BYTES} bytes"),
+        ("env", {f"V{i}": "x" * 100_000 for i in range(11)}, f"at most {MAX_ENV_BYTES} bytes"),
+        ("starts_at", "9999-12-31T23:59:59-14:00", "between 1970-01-01 and 3000-01-01"),
+        ("starts_at", "3000-01-01T00:00:00Z", "between 1970-01-01 and 3000-01-01"),
+        ("starts_at", "1969-12-31T23:59:59Z", "between 1970-01-01 and 3000-01-01"),
+        ("creation_id", "a\ud800", "printable"),
+        ("creation_id", "a\0", "printable"),
         ("workdir", "/" + "d" * 4096, "at most 4096 characters"),
         ("unknown_field", 1, "Extra inputs are not permitted"),
     ],
@@ -233,3 +262,32 @@ def test_json_round_trip() -> None:
     dumped = spec.model_dump_json()
     assert '"resources":{"cpu":0.5,"mem":1610612736}' in dumped
     assert SessionSpec.model_validate_json(dumped) == spec
+
+
+@pytest.mark.parametrize(
+    ("fields", "where"),
+    [
+        ({"command": ["python", "ok", "\ud800"]}, "command.2"),
+        ({"env": {"GOOD": "x", "BAD": "\0"}}, "env.BAD"),
+        ({"resources": {"cpu": 10**13}, "cluster_size": 101}, "resources.cpu"),
+        ({"resources": {"mem": "1Pi"}}, "resources.mem"),
+    ],
+)
+def test_bounds_name_the_exact_field(fields: dict[str, Any], where: str) -> None:
+    """An argument, an env value or a slot past corral's bounds is named down to its key."""
+    with pytest.raises(ValidationError) as caught:
+        _spec(**fields)
+    assert [error.field for error in field_errors(caught.value)] == [where]
+
+
+def test_a_session_at_every_limit_is_accepted() -> None:
+    """The bounds are inclusive: a command and an env exactly at their limits are valid."""
+    argument = "x" * (MAX_ARGUMENT_BYTES - 1)
+    spec = _spec(
+        command=["python", *[argument] * (MAX_COMMAND_BYTES // MAX_ARGUMENT_BYTES - 1)],
+        env={f"V{i}": "y" * 1000 for i in range(MAX_ENV_VARS)},
+        resources={"cpu": 10**13},
+        cluster_size=100,
+        starts_at="2999-12-31T23:59:59Z",
+    )
+    assert spec.total_resources["cpu"] == 10**15

@@ -7,6 +7,7 @@ from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.coordination.quarantine import Quarantine
 from corral.domain.results import HandlerResult, StatusTransitions, TransitionStatus
 from corral.domain.session import SessionWithKernels
 from corral.domain.status import KernelStatus, SessionStatus
@@ -52,6 +53,7 @@ class ScheduleNewSessions(LifecycleHandler):
         on_placed: OnCommitted | None = None,
         on_pass: Callable[[PassResult], None] | None = None,
         page_size: int = QUEUE_PAGE,
+        quarantine: Quarantine | None = None,
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size: must be at least 1, got {page_size}")
@@ -60,6 +62,8 @@ class ScheduleNewSessions(LifecycleHandler):
         self.on_placed = on_placed
         self.on_pass = on_pass  # told about every scheduling pass (metrics)
         self.page_size = page_size
+        # Sessions whose stored request placement cannot work with are failed through it.
+        self.quarantine = quarantine or Quarantine(db, clock=clock)
 
     @classmethod
     def name(cls) -> str:
@@ -101,6 +105,11 @@ class ScheduleNewSessions(LifecycleHandler):
                 )
                 if self.on_pass is not None:
                     self.on_pass(passed)
+                if passed.plan.invalid:
+                    # Before the next page is read: it must not meet them again.
+                    await self.quarantine.isolate(
+                        passed.plan.invalid, where=f"scheduling in resource group {group!r}"
+                    )
                 part = passed.handler_result()
                 result.successes.extend(part.successes)
                 result.failures.extend(part.failures)
