@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from corral.domain.failure_causes import FailureCause
 from corral.domain.status import SESSION_TERMINAL, SessionStatus
 
 
@@ -21,8 +22,8 @@ class SessionResult(StrEnum):
 
 
 # Failure causes recorded when a session's end is asked for, before its kernels have stopped.
-USER_CANCELLED = "user_cancelled"
-TIME_LIMIT = "time_limit"
+USER_CANCELLED = FailureCause.USER_CANCELLED
+TIME_LIMIT = FailureCause.TIME_LIMIT
 
 # The result a session whose end was asked for with this cause ends with, however its kernels
 # exited on the way (a kernel stopped by SIGTERM exits non-zero: that is no failure of its own).

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from corral.controller.agents import PromoteReported, after_reports
 from corral.coordination.hints import Hint
+from corral.domain.failure_causes import FailureCause
 from corral.domain.session import KernelIntent
 from corral.domain.status import KernelStatus
 from corral.domain.types import AgentId, Clock, KernelId, utcnow
@@ -122,12 +123,12 @@ class TestAgent:
             return []  # reported; waiting for the manager to ask again
         if intent is KernelIntent.PREPARE and status in (K.PREPARING, K.PULLING):
             if agent_id in self.fail_prepare_on:
-                return [_stage_failure(kid, status, "image_pull_failure")]
+                return [_stage_failure(kid, status, FailureCause.IMAGE_PULL_FAILURE)]
             pulled = [] if status is K.PULLING else [KernelReport(kid, K.PULLING)]
             return [*pulled, KernelReport(kid, K.PREPARED)]
         if intent is KernelIntent.RUN and status is K.CREATING:
             if agent_id in self.fail_start_on:
-                return [_stage_failure(kid, status, "kernel_start_failure")]
+                return [_stage_failure(kid, status, FailureCause.KERNEL_START_FAILURE)]
             started = [KernelReport(kid, K.RUNNING, runtime_info={"host": str(agent_id)})]
             code = self.exit_code(kernel)
             if code is not None:
