@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from corral.controller._group_commit import GroupCommit
 from corral.coordination.hints import Hint
 from corral.domain.arrays import DEFAULT_MAX_ARRAY_SIZE, ArraySpec, parse_array
-from corral.domain.events import SESSION_ENTITY, Event
+from corral.domain.events import SESSION_CREATED, SESSION_ENTITY, Event
 from corral.domain.outcome import USER_CANCELLED
 from corral.domain.record import record
 from corral.domain.resource_group import ResourceGroupOptions
@@ -407,7 +407,7 @@ def _new_session(
 def _created_event(new: NewSession, number: int, now: datetime) -> Event:
     return Event(
         id=None,
-        kind="session.created",
+        kind=SESSION_CREATED,
         entity_type=SESSION_ENTITY,
         entity_id=str(new.id),
         owner_id=new.owner_id,

@@ -5,7 +5,8 @@ to those routes, so a reference means the same everywhere. A reference is read a
 
 1. a full id (`0192f3a4-…`, with or without dashes);
 2. a number (digits, no leading zero: `1234`);
-3. a name: the one session of that name the caller can see;
+3. a name: the one session of that name the caller can see (of a retry chain, the newest
+   attempt);
 4. an id prefix (hex digits and dashes: `0192f3a4-5b`): the one session whose id starts so.
 
 The first reading that finds a session the caller can see wins; a name or prefix that fits
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from corral.domain.record import record
+from corral.domain.retry.decide import RetryDecision
 from corral.domain.types import UserId
 from corral.store.database import Database
 from corral.store.tables import sessions, users
@@ -84,7 +86,12 @@ async def resolve_session_ref(
         if found:
             return found[0].id
     if text:
-        named = await _ids(db, sessions.c.name == text, owner_id, limit=AMBIGUOUS_SHOWN + 1)
+        # A retried attempt keeps its name but no longer answers to it: the name names the
+        # newest attempt of its retry chain (`domain.retry`).
+        newest = sessions.c.retry_decision.is_distinct_from(RetryDecision.SCHEDULED.value)
+        named = await _ids(
+            db, sa.and_(sessions.c.name == text, newest), owner_id, limit=AMBIGUOUS_SHOWN + 1
+        )
         if len(named) > 1:
             raise AmbiguousSessionRefError(text, "name", named)
         if named:

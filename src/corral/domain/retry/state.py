@@ -28,7 +28,7 @@ class ChainLink:
 def retry_state(
     session: ChainLink, child: ChainLink | None, *, paused: bool, now: datetime
 ) -> str | None:
-    """"attempt 2 of 4", "retry scheduled at T (attempt 3 of 4)", "retries exhausted", ...
+    """ "attempt 2 of 4", "retry scheduled at T (attempt 3 of 4)", "retries exhausted", ...
 
     None for a session without retries (no policy, never a retry). `child` is its retry, if
     one was created; `paused` whether an admin paused automatic retries.
