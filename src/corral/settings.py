@@ -15,6 +15,7 @@ from pydantic_settings import (
 )
 
 from corral.domain.arrays import DEFAULT_MAX_ARRAY_SIZE
+from corral.domain.retry.policy import RetryPolicy
 from corral.infra.locks import DEFAULT_LOCK_TTL_S
 from corral.store.database import async_url
 from corral.store.kernel_logs import DEFAULT_LOG_CAP_BYTES
@@ -69,6 +70,11 @@ class Settings(BaseSettings):
     max_array_size: int = Field(
         default=DEFAULT_MAX_ARRAY_SIZE, ge=1, le=1_000_000, description="elements of one job array"
     )
+    # The cluster's default retry policy (spec document 5), under every resource group's and
+    # session's: max_retries 0 (nothing is retried unless someone opts in). In corral.toml a
+    # [retry_policy_default] table; in the environment JSON, CORRAL_RETRY_POLICY_DEFAULT=
+    # '{"max_retries": 1, "retry_delay": 30}'.
+    retry_policy_default: RetryPolicy = Field(default_factory=RetryPolicy)
     # `corral run --upload`: the largest archive of a directory the manager stores.
     upload_max_bytes: int = Field(
         default=100 * 1024 * 1024, gt=0, description="the cap of one upload, bytes"

@@ -25,8 +25,9 @@ from corral.domain.outcome import USER_CANCELLED
 from corral.domain.record import record
 from corral.domain.resource_group import ResourceGroupOptions
 from corral.domain.results import ResultNote, SchedulingResult, TransitionStatus
+from corral.domain.retry.policy import RetryPolicy, effective_policy
 from corral.domain.session import ArrayPlace, NewSession
-from corral.domain.spec import SessionSpec
+from corral.domain.spec import SessionSpec, SessionType
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import Clock, SessionId, UserId, new_session_id, utcnow
 from corral.infra.events import EventBus
@@ -36,6 +37,7 @@ from corral.store._sql import in_param, payload
 from corral.store.database import Database
 from corral.store.events import append_events, append_session_moves
 from corral.store.group_options import forget_group_options, group_options_naming
+from corral.store.retries import stop_chains
 from corral.store.sessions import insert_sessions
 from corral.store.status_changes import AppliedChanges, StatusChange, apply_changes
 from corral.store.tables import sessions
@@ -122,6 +124,10 @@ class TerminateOutcome:
     cancelled: list[SessionId] = field(default_factory=list)  # were PENDING: CANCELLED now
     terminating: list[SessionId] = field(default_factory=list)  # TERMINATING now
     unchanged: list[SessionId] = field(default_factory=list)  # already ending or ended: a no-op
+    # Other attempts of the named sessions' retry chains, which the request stopped too: the
+    # chains retry no more, and their live attempts were cancelled or are terminating.
+    chain: list[SessionId] = field(default_factory=list)
+    chain_stopped: bool = False  # a named session was part of a retry chain
 
 
 class SessionController:
@@ -135,9 +141,12 @@ class SessionController:
         *,
         clock: Clock = utcnow,
         max_array_size: int = DEFAULT_MAX_ARRAY_SIZE,
+        retry_default: RetryPolicy | None = None,
     ) -> None:
         self.db = db
         self.max_array_size = max_array_size
+        # The cluster's layer of every session's retry policy (`domain.retry.policy`).
+        self.retry_default = retry_default or RetryPolicy()
         self.hints = hints
         self.events = events
         self.clock = clock
@@ -219,6 +228,7 @@ class SessionController:
                 owner, {s.creation_id for s in specs if s.creation_id is not None}
             )
             results: list[Submitted | NewSession] = []  # the new ones until they are written
+            asked: dict[SessionId, RetryPolicy | None] = {}  # each new one's own retry policy
             new: list[NewSession] = []
             array_id: SessionId | None = None  # the first element's, created now or before
             for position, spec in enumerate(specs):
@@ -232,6 +242,7 @@ class SessionController:
                     array_id = array_id or session_id
                     place = ArrayPlace(array_id, array.indexes[position], array.throttle)
                 session = _new_session(spec, owner, session_id, place)
+                asked[session.id] = spec.retry_policy
                 if spec.creation_id is not None:
                     created[spec.creation_id] = session.id
                 new.append(session)
@@ -242,7 +253,15 @@ class SessionController:
             try:
                 async with self.db.transaction() as conn:
                     options = await self._check_references(conn, specs, owner)
-                    new = [_time_limited(n, options[n.resource_group]) for n in new]
+                    new = [
+                        _retrying(
+                            _time_limited(n, options[n.resource_group]),
+                            self.retry_default,
+                            options[n.resource_group].retry_policy,
+                            asked[n.id],
+                        )
+                        for n in new
+                    ]
                     rows = await insert_sessions(conn, new, now)
                     created_events = [
                         _created_event(n, row["number"], now)
@@ -270,9 +289,16 @@ class SessionController:
     async def mark_terminate(
         self, session_ids: Collection[SessionId], reason: str
     ) -> TerminateOutcome:
-        """PENDING sessions become CANCELLED, started ones TERMINATING; ended ones are a no-op."""
-        ids = list(dict.fromkeys(session_ids))
-        note = {sid: ResultNote(USER_CANCELLED, reason) for sid in ids}
+        """PENDING sessions become CANCELLED, started ones TERMINATING; ended ones are a no-op.
+
+        A session in a retry chain stops its chain: no attempt of it is retried any more, and
+        the chain's other live attempts (a retry waiting for its delay) end as well.
+        """
+        named = list(dict.fromkeys(session_ids))
+        chain_stopped, chain = await stop_chains(self.db, named)
+        ids = named + chain
+        chained = dict.fromkeys(chain, f"{reason} (its retry chain was stopped)")
+        note = {sid: ResultNote(USER_CANCELLED, chained.get(sid, reason)) for sid in ids}
         changes = [
             StatusChange(
                 ids,
@@ -297,7 +323,7 @@ class SessionController:
 
         async def record(conn: AsyncConnection, applied: AppliedChanges) -> None:
             moves = applied.moved()
-            reasons = dict.fromkeys(moves, reason)
+            reasons = {sid: note[sid].message for sid in moves}
             appended.extend(
                 await append_session_moves(
                     conn,
@@ -311,8 +337,11 @@ class SessionController:
             )
 
         applied = await apply_changes(self.db, changes, now, on_applied=record)
-        outcome = TerminateOutcome()
-        for sid in ids:
+        outcome = TerminateOutcome(chain_stopped=chain_stopped)
+        for sid in chain:
+            if sid in applied.moved():
+                outcome.chain.append(sid)
+        for sid in named:
             after = applied.sessions.get(sid)
             if after is None:
                 outcome.unchanged.append(sid)
@@ -377,6 +406,27 @@ def _time_limited(new: NewSession, options: ResourceGroupOptions) -> NewSession:
     """`new` with the time limit its group gives it (its own, else the group's default)."""
     limit = options.time_limit_for(new.time_limit_s)
     return new if limit == new.time_limit_s else dataclasses.replace(new, time_limit_s=limit)
+
+
+def _retrying(
+    new: NewSession,
+    cluster: RetryPolicy,
+    group: RetryPolicy | None,
+    asked: RetryPolicy | None,
+) -> NewSession:
+    """`new` with its effective retry policy: the cluster's, its group's, its own, merged.
+
+    Only a BATCH session is retried automatically (spec document 5's decision log); a policy
+    of no retries is not stored at all, so a session without one costs nothing more.
+    """
+    if new.type != SessionType.BATCH:
+        return new
+    policy = effective_policy(cluster, group, asked)
+    if not policy.max_retries:
+        return new
+    return dataclasses.replace(
+        new, max_retries=policy.max_retries, retry_policy=policy.model_dump(mode="json")
+    )
 
 
 def _new_session(

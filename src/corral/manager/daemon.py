@@ -36,6 +36,7 @@ from corral.coordination.orchestrator import Orchestrator
 from corral.coordination.tasks import Task, TaskRun
 from corral.domain.arrays import DEFAULT_MAX_ARRAY_SIZE
 from corral.domain.record import record
+from corral.domain.retry.policy import RetryPolicy
 from corral.domain.types import Clock, utcnow
 from corral.infra.events import PING_INTERVAL_S, forget_on_events
 from corral.infra.locks import DEFAULT_LOCK_TTL_S
@@ -76,6 +77,8 @@ class ManagerConfig:
     lock_ttl_s: float = DEFAULT_LOCK_TTL_S
     max_array_size: int = DEFAULT_MAX_ARRAY_SIZE  # elements of one job array
     upload_max_bytes: int = DEFAULT_UPLOAD_MAX_BYTES
+    # The cluster default of every session's retry policy (`domain.retry.policy`).
+    retry_policy_default: RetryPolicy = field(default_factory=RetryPolicy)
 
 
 @dataclass(slots=True)
@@ -189,6 +192,7 @@ class ManagerDaemon:
                 buses.events,
                 clock=self.clock,
                 max_array_size=config.max_array_size,
+                retry_default=config.retry_policy_default,
             ),
             agents,
             coordinator,

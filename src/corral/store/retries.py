@@ -113,17 +113,19 @@ async def record_decisions(
     return written
 
 
-async def stop_chains(db: Database, session_ids: Collection[SessionId]) -> list[SessionId]:
+async def stop_chains(
+    db: Database, session_ids: Collection[SessionId]
+) -> tuple[bool, list[SessionId]]:
     """Stop the retry chains of these sessions: no attempt of them is retried any more.
 
     Every attempt of each chain whose retry is undecided (those still running included) is
-    marked STOPPED. Returns the attempts of the chains other than `session_ids`, for the
-    caller to terminate the live ones. Chains are read again after the marks: a child a
+    marked STOPPED. Returns whether any of them has a chain, and the attempts of the chains
+    other than `session_ids`, for the caller to terminate the live ones. Chains are read again after the marks: a child a
     manager created just before them is in the answer, and none can be created after them.
     """
     with_chain = await _with_chain(db, session_ids)
     if not with_chain:
-        return []
+        return False, []
     members: set[SessionId] = set()
     for _ in range(2):
         async with db.transaction() as conn:
@@ -133,7 +135,7 @@ async def stop_chains(db: Database, session_ids: Collection[SessionId]) -> list[
                 .where(sessions.c.id.in_(sorted(members)), sa.text(RETRY_UNDECIDED))
                 .values(retry_decision=RetryDecision.STOPPED.value)
             )
-    return sorted(members - set(session_ids))
+    return True, sorted(members - set(session_ids))
 
 
 async def _with_chain(db: Database, session_ids: Collection[SessionId]) -> list[SessionId]:
