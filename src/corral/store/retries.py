@@ -120,8 +120,9 @@ async def stop_chains(
 
     Every attempt of each chain whose retry is undecided (those still running included) is
     marked STOPPED. Returns whether any of them has a chain, and the attempts of the chains
-    other than `session_ids`, for the caller to terminate the live ones. Chains are read again after the marks: a child a
-    manager created just before them is in the answer, and none can be created after them.
+    other than `session_ids`, for the caller to terminate the live ones. Chains are read again
+    after the marks: a child a manager created just before them is in the answer, and none can
+    be created after them.
     """
     with_chain = await _with_chain(db, session_ids)
     if not with_chain:
