@@ -50,6 +50,9 @@ class TestAgent:
     unresponsive: set[AgentId] = field(default_factory=set)
     # The exit code a kernel ends with right after it started (None: it keeps running).
     exit_code: Callable[[AssignedKernel], int | None] = lambda kernel: None
+    # Report a non-zero exit as the agent's kernel worker does: the kernel fails (ERROR) with
+    # cause kernel_nonzero_exit and its exit code. False: it ends TERMINATED with the code.
+    nonzero_exit_fails: bool = False
     # Promotes the sessions a report concerns at once, as the manager's agent controller does
     # (`SessionCoordinator.promote_reported`); None leaves the promotions to their tasks.
     promote: PromoteReported | None = None
@@ -131,7 +134,17 @@ class TestAgent:
                 return [_stage_failure(kid, status, FailureCause.KERNEL_START_FAILURE)]
             started = [KernelReport(kid, K.RUNNING, runtime_info={"host": str(agent_id)})]
             code = self.exit_code(kernel)
-            if code is not None:
+            if code is not None and code != 0 and self.nonzero_exit_fails:
+                started.append(
+                    KernelReport(
+                        kid,
+                        K.ERROR,
+                        exit_code=code,
+                        failure_cause=FailureCause.KERNEL_NONZERO_EXIT,
+                        message=f"the kernel exited with code {code}",
+                    )
+                )
+            elif code is not None:
                 started.append(KernelReport(kid, K.TERMINATED, exit_code=code))
             return started
         return []
