@@ -7,6 +7,7 @@ delay between attempts passes by moving the clock, never by sleeping.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -82,7 +83,7 @@ async def test_an_always_failing_session_is_run_three_times_then_exhausted(db: D
     assert [a.retry_cause for a in chain] == [None, "kernel_nonzero_exit", "kernel_nonzero_exit"]
     assert [a.link.retry_decision for a in chain] == ["scheduled", "scheduled", "exhausted"]
     # Each retry waited its delay after its parent's end, on the injected clock.
-    for parent, child in zip(chain, chain[1:], strict=False):
+    for parent, child in itertools.pairwise(chain):
         assert parent.terminated_at is not None and child.terminated_at is not None
         assert child.link.starts_at == parent.terminated_at + timedelta(seconds=DELAY_S)
         assert child.terminated_at - parent.terminated_at >= timedelta(seconds=DELAY_S)
