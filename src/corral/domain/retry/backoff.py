@@ -21,7 +21,9 @@ import uuid
 
 from corral.domain.retry.policy import MAX_RETRY_DELAY_S, BackoffStrategy, JitterMode, RetryPolicy
 
-_HASH_SPACE = float(2**160)  # SHA1's range: a digest over this is a fraction in [0, 1)
+_HASH_SPACE = float(2**160)
+# Powers up to e^700 (about 1e304) are finite doubles: below this the power is computed exactly.
+_EXACT_GROWTH = 700.0  # SHA1's range: a digest over this is a fraction in [0, 1)
 
 
 def retry_delay(
@@ -47,18 +49,22 @@ def retry_delay(
 
 
 def _exponential(delay: float, multiplier: float, count: int, cap: float) -> float:
-    """min(delay * multiplier ** count, cap), without computing a power that would overflow."""
+    """min(delay * multiplier ** count, cap), without computing a power that would overflow.
+
+    Compared in logarithms first: log(delay) + count·log(multiplier) against log(cap). The
+    power itself is computed only where it is a finite double (the product is below the cap,
+    so it is; the power alone may not be, for a tiny delay).
+    """
     if delay <= 0 or count <= 0:
         return min(delay, cap)
     if delay >= cap:
         return cap
-    if multiplier > 1:
-        # The count from which the cap applies: delay * multiplier ** n >= cap.
-        if count >= math.log(cap / delay) / math.log(multiplier):
-            return cap
-    elif multiplier < 1 and count * -math.log(multiplier) > 700:
-        return 0.0  # a shrinking delay this small is zero (no underflow warning either)
-    return min(delay * multiplier**count, cap)
+    growth = count * math.log(multiplier)
+    if math.log(delay) + growth >= math.log(cap):
+        return cap
+    if abs(growth) < _EXACT_GROWTH:
+        return min(delay * multiplier**count, cap)
+    return math.exp(math.log(delay) + growth)  # below the cap; 0.0 for a vanishing delay
 
 
 def _fraction(session_id: uuid.UUID, retry_count: int) -> float:
