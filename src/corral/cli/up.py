@@ -38,6 +38,7 @@ def up_command(
         retention_days=settings.retention_days,
         python=python,
         upload_max_bytes=settings.upload_max_bytes,
+        retry_policy_default=settings.retry_policy_default,
     )
 
     def ready(up: UpReady) -> None:

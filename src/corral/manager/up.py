@@ -15,6 +15,7 @@ import logging
 import secrets
 import socket
 from collections.abc import Callable
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from corral.agent.devices import DeviceAllocator
 from corral.agent.runtime.process import ProcessRuntime
 from corral.api.uploads import DEFAULT_UPLOAD_MAX_BYTES
 from corral.domain.record import record
+from corral.domain.retry.policy import RetryPolicy
 from corral.domain.slots import ResourceSlots
 from corral.domain.types import utcnow
 from corral.manager.daemon import ManagerConfig, ManagerDaemon
@@ -51,6 +53,7 @@ class UpConfig:
     retention_days: float = DEFAULT_RETENTION_DAYS
     python: Path | None = None  # what `python` means in jobs (None: the host's python3)
     upload_max_bytes: int = DEFAULT_UPLOAD_MAX_BYTES
+    retry_policy_default: RetryPolicy = field(default_factory=RetryPolicy)
 
 
 @record
@@ -91,6 +94,7 @@ async def run_up(
             log_cap_bytes=config.log_cap_bytes,
             retention_days=config.retention_days,
             upload_max_bytes=config.upload_max_bytes,
+            retry_policy_default=config.retry_policy_default,
         )
     )
     managing = await manager.start()
