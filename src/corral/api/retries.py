@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 
 from corral.api.auth import AdminUser, CurrentUser, Db
 from corral.controller.sessions import SessionController
@@ -35,7 +35,7 @@ class RetriesOut(BaseModel):
 class RetriesChange(BaseModel):
     """Pause (true) or resume (false) automatic retries, saying why."""
 
-    paused: bool
+    paused: StrictBool
     reason: str | None = Field(default=None, max_length=256)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_serializer
 
 # A retry chain is at most this many retries long: bounded, so a policy typed with one zero
 # too many cannot flood the queue (the admin's kill switch is the other guard).
@@ -75,7 +75,7 @@ class RetryPolicy(BaseModel):
     )
     # Whether `session.retry_scheduled` / `session.retry_exhausted` events are published (the
     # audit entry of a dispatch, on the retry's `session.created`, is written regardless).
-    emit_retry_events: bool = True
+    emit_retry_events: StrictBool = True
 
     @field_serializer("eligible_causes")
     def _sorted_causes(self, causes: frozenset[RetryEligibleCause]) -> list[str]:
