@@ -52,3 +52,17 @@ def test_an_always_failing_run_exits_with_its_code_once_retries_are_exhausted(up
     assert done.returncode == 5, done.stderr
     assert done.stdout == "try\ntry\ntry\n"
     assert "retries exhausted: attempt 3 of 3 failed" in done.stderr
+
+
+def test_an_admin_pauses_and_resumes_retries(up: Up) -> None:
+    """`corral retries pause` (corral up's user is an admin): every user sees it; resume."""
+    paused = up.corral("retries", "pause", "--reason", "registry down", "--json")
+    assert paused.returncode == 0, paused.stderr
+    assert (json.loads(paused.stdout)["paused"], json.loads(paused.stdout)["reason"]) == (
+        True,
+        "registry down",
+    )
+    status = up.corral("retries", "status")
+    assert "paused (registry down)" in status.stdout
+    resumed = up.corral("retries", "resume", "--json")
+    assert json.loads(resumed.stdout)["paused"] is False
