@@ -10,7 +10,6 @@ a child's creation_id derives from its parent alone, so a second child cannot be
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -273,8 +272,3 @@ async def write_retry_switch(
                 )
             )
     return RetrySwitch(paused, reason, now, by)
-
-
-def chain_ids_of(rows: Sequence[Attempt]) -> list[uuid.UUID]:
-    """The ids of a chain's attempts, oldest first."""
-    return [attempt.link.id for attempt in rows]
