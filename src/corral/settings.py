@@ -16,6 +16,7 @@ from pydantic_settings import (
 
 from corral.domain.arrays import DEFAULT_MAX_ARRAY_SIZE
 from corral.domain.bounds import DEFAULT_MAX_REQUEST_BYTES, MIN_MAX_REQUEST_BYTES
+from corral.domain.retry.policy import RetryPolicy
 from corral.domain.slots import ResourceSlots
 from corral.infra.locks import DEFAULT_LOCK_TTL_S
 from corral.store.database import async_url
@@ -72,6 +73,11 @@ class Settings(BaseSettings):
     max_array_size: int = Field(
         default=DEFAULT_MAX_ARRAY_SIZE, ge=1, le=1_000_000, description="elements of one job array"
     )
+    # The cluster's default retry policy (spec document 5), under every resource group's and
+    # session's: max_retries 0 (nothing is retried unless someone opts in). In corral.toml a
+    # [retry_policy_default] table; in the environment JSON, CORRAL_RETRY_POLICY_DEFAULT=
+    # '{"max_retries": 1, "retry_delay": 30}'.
+    retry_policy_default: RetryPolicy = Field(default_factory=RetryPolicy)
     # The largest request body the API reads (413 past it); uploads and agents' outputs have
     # caps of their own. At least what a session at every limit of its spec takes.
     max_request_bytes: int = Field(

@@ -87,3 +87,22 @@ def test_sessions_with_an_upload_fetch_and_unpack_it_over_the_agents_link(tmp_pa
     )  # fmt: skip
     assert output["by_status"] == {"TERMINATED": 20}, output.get("failure_causes")
     assert output["invariant_violations"] == 0
+
+
+def test_with_retries_every_failed_session_is_retried_once_per_attempt(tmp_path: Path) -> None:
+    """`--retries 2` at a 30 % fault rate: every failure retried or exhausted, no duplicate."""
+    output = _simulate(
+        tmp_path, "--agents", "10", "--sessions", "100", "--fail-rate", "0.3", "--seed", "7",
+        "--retries", "2",
+    )  # fmt: skip
+    assert output["invariant_violations"] == 0, output["violation_examples"]
+    by_status = output["by_status"]
+    decisions = output["retry_decisions"]
+    assert isinstance(by_status, dict) and isinstance(decisions, dict)
+    retried = decisions.get("scheduled", 0)
+    assert retried > 0
+    # Each chain ends once: in success, or exhausted after its third attempt; a session is a
+    # first attempt or the retry of one failure.
+    assert decisions.get("succeeded", 0) + decisions.get("exhausted", 0) == 100
+    assert output["sessions_total"] == output["terminal"] == 100 + retried
+    assert by_status.get("ERROR", 0) == retried + decisions.get("exhausted", 0)

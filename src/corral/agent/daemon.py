@@ -49,6 +49,7 @@ from corral.agent.runtime import (
     Runtime,
 )
 from corral.agent.shipper import Backoff, ReportShipper
+from corral.domain.failure_causes import FailureCause
 from corral.domain.record import record
 from corral.domain.session import KernelIntent
 from corral.domain.slots import ResourceSlots
@@ -58,8 +59,8 @@ from corral.domain.types import Clock, KernelId, SessionId, utcnow
 logger = logging.getLogger(__name__)
 
 ShutdownPolicy = Literal["stop", "leave"]
-AGENT_SHUTDOWN_CAUSE = "agent_shutdown"
-DEVICE_CAUSE = "device_unavailable"
+AGENT_SHUTDOWN_CAUSE = FailureCause.AGENT_SHUTDOWN
+DEVICE_CAUSE = FailureCause.DEVICE_UNAVAILABLE
 _STARTABLE = frozenset(
     {KernelStatus.PREPARING, KernelStatus.PULLING, KernelStatus.PREPARED, KernelStatus.CREATING}
 )

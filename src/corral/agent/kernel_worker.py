@@ -50,6 +50,7 @@ from corral.agent.runtime import (
     StageFailure,
 )
 from corral.agent.uploads import unpack_upload
+from corral.domain.failure_causes import FailureCause
 from corral.domain.record import record
 from corral.domain.session import KernelIntent
 from corral.domain.status import KERNEL_TRANSITIONS, KernelStatus
@@ -60,11 +61,11 @@ logger = logging.getLogger(__name__)
 P = Progress
 _T = TypeVar("_T")
 
-NONZERO_EXIT_CAUSE = "kernel_nonzero_exit"
-OUTPUT_TOO_LARGE_CAUSE = "output_too_large"
-MANAGER_UNREACHABLE_CAUSE = "manager_unreachable"
-MANAGER_REFUSED_CAUSE = "manager_refused"
-AGENT_IO_CAUSE = "agent_io_error"
+NONZERO_EXIT_CAUSE = FailureCause.KERNEL_NONZERO_EXIT
+OUTPUT_TOO_LARGE_CAUSE = FailureCause.OUTPUT_TOO_LARGE
+MANAGER_UNREACHABLE_CAUSE = FailureCause.MANAGER_UNREACHABLE
+MANAGER_REFUSED_CAUSE = FailureCause.MANAGER_REFUSED
+AGENT_IO_CAUSE = FailureCause.AGENT_IO_ERROR
 LOG_READ_BYTES = 256 * 1024
 
 # The post-run stages, in order, per mode (black box: the runtime collects outputs itself).

@@ -15,8 +15,9 @@ import zlib
 from pathlib import Path
 
 from corral.agent.runtime import StageFailure
+from corral.domain.failure_causes import FailureCause
 
-UPLOAD_FAILURE_CAUSE = "upload_failure"
+UPLOAD_FAILURE_CAUSE = FailureCause.UPLOAD_FAILURE
 
 
 def unpack_upload(data: bytes, into: Path) -> None:

@@ -16,6 +16,7 @@ from corral.api import (
     health,
     outputs,
     resource_groups,
+    retries,
     session_logs,
     sessions,
     uploads,
@@ -79,6 +80,7 @@ def create_app(context: ApiContext) -> FastAPI:
         outputs.router,
         uploads.router,
         resource_groups.router,
+        retries.router,
         users.router,
         events.router,
     ):

@@ -32,11 +32,15 @@ from corral.domain.field_errors import FieldError
 from corral.domain.moments import parse_moment
 from corral.domain.outcome import SessionResult
 from corral.domain.refs import REF_AMBIGUOUS, REF_NAMES_ARRAY
+from corral.domain.retry.decide import RetryDecision
+from corral.domain.retry.policy import RetryPolicy
+from corral.domain.retry.state import retry_state
 from corral.domain.slots import ResourceSlots
 from corral.domain.spec import SessionSpec
 from corral.domain.status import SessionStatus
 from corral.domain.types import SessionId, UserId, utcnow
 from corral.scheduler.explain import SessionNotFoundError, explain, explain_many
+from corral.store.retries import Attempt, read_chain, read_retry_switch
 from corral.store.session_refs import (
     AmbiguousSessionRefError,
     RefNamesArrayError,
@@ -112,6 +116,18 @@ class SessionOut(BaseModel):
     # Wall-time limit in seconds (None: none); while RUNNING, when it will be stopped.
     time_limit_s: int | None = None
     deadline_at: datetime | None = None
+    starts_at: datetime | None = None  # not placed before (a retry's: after its delay)
+    # Retry (spec document 5): the chain this session is an attempt of (the parent it
+    # retries, its place, the policy, the cause it retries) and, for one session read alone,
+    # the chain's ids oldest first and where it stands in words.
+    parent_session_id: uuid.UUID | None = None
+    retry_count: int = 0
+    max_retries: int = 0
+    retry_policy: RetryPolicy | None = None
+    retry_cause: str | None = None
+    retry_decision: RetryDecision | None = None
+    retry_chain: list[uuid.UUID] | None = None
+    retry_state: str | None = None
     kernels: list[KernelOut] | None = None
     # Listings asked `reasons=true`: why a PENDING session waits, in a word (the code
     # `/explain` gives, else its outcome); None for the others.
@@ -132,6 +148,37 @@ class TerminateOut(BaseModel):
     number: int
     outcome: Literal["cancelled", "terminating", "unchanged"]
     status: str
+    # The session is an attempt of a retry chain, which the request stopped: no attempt of it
+    # is retried any more; `chain_ended` are its other attempts the request ended too.
+    retry_chain_stopped: bool = False
+    chain_ended: list[uuid.UUID] = []
+    message: str | None = None
+
+
+class AttemptOut(BaseModel):
+    """One attempt of a retry chain."""
+
+    id: uuid.UUID
+    number: int
+    attempt: int  # 1 for the first
+    status: str
+    result: SessionResult | None
+    failure_cause: str | None
+    retry_cause: str | None  # the failure of the attempt before that this one retries
+    exit_code: int | None
+    created_at: datetime
+    starts_at: datetime | None
+    started_at: datetime | None
+    terminated_at: datetime | None
+    retry_decision: RetryDecision | None
+
+
+class AttemptsOut(BaseModel):
+    """The attempts of a session's retry chain, oldest first (the session alone without one)."""
+
+    max_retries: int
+    retry_state: str | None
+    items: list[AttemptOut]
 
 
 class HistoryEntry(BaseModel):
@@ -422,18 +469,66 @@ def _moment(field: str, value: str) -> datetime:
 async def get_session_route(
     request: Request, session_id: SessionRef, user: CurrentUser, db: Db
 ) -> Response:
-    """One session with its kernels."""
+    """One session with its kernels, and its retry chain if it has one."""
     found = await _visible(db, user, session_id)
+    chained: dict[str, Any] = {}
+    if found["max_retries"] or found["retry_count"]:
+        chain = await read_chain(db, SessionId(found["id"]))
+        chained = {
+            "retry_chain": [a.link.id for a in chain],
+            "retry_state": await _retry_state(db, found["id"], chain),
+        }
 
     def one(items: list[SessionOut]) -> BaseModel:
         if not items:  # not even its scrubbed form could be shown
             raise Problem(
                 500, "session-unshowable", "The session cannot be shown", "see the manager's log"
             )
-        return items[0]
+        return items[0].model_copy(update=chained) if chained else items[0]
 
     body = await _shown(request, db, [found], one, with_kernels=True)
     return Response(body, media_type="application/json")
+
+
+@router.get("/{session_id}/attempts", response_model=AttemptsOut)
+async def attempts_route(session_id: SessionRef, user: CurrentUser, db: Db) -> AttemptsOut:
+    """The attempts of the session's retry chain, oldest first, each with how it ended."""
+    found = await _visible(db, user, session_id)
+    chain = await read_chain(db, SessionId(found["id"]))
+    return AttemptsOut(
+        max_retries=found["max_retries"],
+        retry_state=await _retry_state(db, found["id"], chain),
+        items=[
+            AttemptOut(
+                id=a.link.id,
+                number=a.link.number,
+                attempt=a.link.retry_count + 1,
+                status=a.link.status.value,
+                result=a.link.result,
+                failure_cause=a.link.failure_cause,
+                retry_cause=a.retry_cause,
+                exit_code=a.exit_code,
+                created_at=a.created_at,
+                starts_at=a.link.starts_at,
+                started_at=a.started_at,
+                terminated_at=a.terminated_at,
+                retry_decision=a.link.retry_decision,
+            )
+            for a in chain
+        ],
+    )
+
+
+async def _retry_state(db: Any, session_id: uuid.UUID, chain: list[Attempt]) -> str | None:
+    """Where `session_id` stands in its chain, in words (`domain.retry.state`)."""
+    links = [a.link for a in chain]
+    at = next((i for i, link in enumerate(links) if link.id == session_id), None)
+    if at is None:
+        return None
+    child = links[at + 1] if at + 1 < len(links) else None
+    async with db.read() as conn:
+        paused = (await read_retry_switch(conn)).paused
+    return retry_state(links[at], child, paused=paused, now=utcnow())
 
 
 @router.post("/{session_id}/terminate", response_model=TerminateOut)
@@ -448,7 +543,20 @@ async def terminate_session(
         "cancelled" if outcome.cancelled else "terminating" if outcome.terminating else "unchanged"
     )
     after = await _visible(db, user, found_id)
-    return TerminateOut(id=found_id, number=found["number"], outcome=said, status=after["status"])
+    message = None
+    if outcome.chain_stopped:
+        message = "its retry chain was stopped: no attempt of it is retried any more"
+        if outcome.chain:
+            message += f"; {len(outcome.chain)} other attempt(s) of the chain ended too"
+    return TerminateOut(
+        id=found_id,
+        number=found["number"],
+        outcome=said,
+        status=after["status"],
+        retry_chain_stopped=outcome.chain_stopped,
+        chain_ended=list(outcome.chain),
+        message=message,
+    )
 
 
 @router.get("/{session_id}/history", response_model=HistoryOut)

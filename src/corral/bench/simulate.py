@@ -50,7 +50,13 @@ from corral.domain.types import UserId
 from corral.manager.backends import open_buses
 from corral.store.agents import read_ledger
 from corral.store.database import Database
-from corral.store.tables import kernel_history, session_history, sessions, users
+from corral.store.tables import (
+    RETRY_UNDECIDED,
+    kernel_history,
+    session_history,
+    sessions,
+    users,
+)
 from corral.store.uploads import store_upload
 
 KERNEL_RESOURCES = {"cpu": "1", "mem": "1g"}
@@ -83,6 +89,10 @@ class SimulationConfig:
     # A directory every session names as its upload: each kernel fetches it over the agents'
     # pipe and unpacks it, as `corral run --upload` has agents do.
     upload: Path | None = None
+    # A retry policy on every session (0: none): failed sessions are retried this many times
+    # at most, after `retry_delay_s`; the run ends when every chain has ended.
+    retries: int = 0
+    retry_delay_s: float = 0.0
 
 
 async def run_simulation(
@@ -151,6 +161,7 @@ async def run_simulation(
         "p50_submit_to_running_ms": round(percentile(running_ms, 0.5), 1) if running_ms else None,
         "p99_submit_to_running_ms": round(percentile(running_ms, 0.99), 1) if running_ms else None,
         **summary,
+        "retries": config.retries,
         "reports": int(done.get("reports", 0)),
         "invariant_violations": violations.count,
         "violation_examples": violations.examples,
@@ -278,16 +289,20 @@ async def _submit(
     config: SimulationConfig,
     upload: str | None = None,
 ) -> None:
-    spec = SessionSpec.model_validate(
-        {
-            "image": "python",
-            "command": ["simulated"],
-            "resources": KERNEL_RESOURCES,
-            "cluster_size": config.cluster_size,
-            "cluster_mode": "multi-node" if config.cluster_size > 1 else "single-node",
-            "upload": upload,
+    fields: dict[str, Any] = {
+        "image": "python",
+        "command": ["simulated"],
+        "resources": KERNEL_RESOURCES,
+        "cluster_size": config.cluster_size,
+        "cluster_mode": "multi-node" if config.cluster_size > 1 else "single-node",
+        "upload": upload,
+    }
+    if config.retries:
+        fields["retry_policy"] = {
+            "max_retries": config.retries,
+            "retry_delay": config.retry_delay_s,
         }
-    )
+    spec = SessionSpec.model_validate(fields)
     for start in range(0, config.sessions, SUBMIT_BATCH):
         count = min(SUBMIT_BATCH, config.sessions - start)
         await controller.enqueue_many([spec] * count, owner)
@@ -300,10 +315,17 @@ async def _until_terminal(
     say: Callable[[str], None],
     services: Sequence[asyncio.Task[None]] = (),
 ) -> int:
-    """The number of terminal sessions, once all are; SimulationError at the timeout, or as
-    soon as one of the `services` (the manager's loops, its poll server, the agents) has
-    stopped."""
+    """The number of terminal sessions, once all are and no retry is left to decide (every
+    retry chain has ended); SimulationError at the timeout, or as soon as one of the
+    `services` (the manager's loops, its poll server, the agents) has stopped."""
     terminal_values = [s.value for s in SESSION_TERMINAL]
+    ended = sessions.c.status.in_(terminal_values)
+    undecided = sa.and_(ended, sa.text(RETRY_UNDECIDED))
+    counts = sa.select(
+        sa.func.count(),
+        sa.func.count().filter(ended),
+        sa.func.count().filter(undecided),
+    ).select_from(sessions)
     deadline = started + config.timeout_s
     last_said = 0.0
     while True:
@@ -316,15 +338,10 @@ async def _until_terminal(
                     + "; the sessions cannot end"
                 )
         async with db.read() as conn:
-            done = int(
-                await conn.scalar(
-                    sa.select(sa.func.count()).where(sessions.c.status.in_(terminal_values))
-                )
-                or 0
-            )
+            total, done, deciding = (await conn.execute(counts)).one()
         now = time.perf_counter()
-        if done >= config.sessions:
-            return done
+        if done >= config.sessions and done == total and not deciding:
+            return int(done)
         if now > deadline:
             raise SimulationError(
                 f"only {done} of {config.sessions} sessions ended within {config.timeout_s} s"
@@ -366,6 +383,22 @@ async def _check_end(db: Database, violations: Violations) -> None:
         )
         if non_terminal:
             violations.add(f"{non_terminal} sessions not terminal")
+        twice = await conn.scalar(
+            sa.select(sa.func.count()).select_from(
+                sa.select(sessions.c.parent_session_id)
+                .where(sessions.c.parent_session_id.is_not(None))
+                .group_by(sessions.c.parent_session_id)
+                .having(sa.func.count() > 1)
+                .subquery()
+            )
+        )
+        if twice:
+            violations.add(f"{twice} sessions were retried twice (a duplicate child)")
+        undecided = await conn.scalar(
+            sa.select(sa.func.count()).select_from(sessions).where(sa.text(RETRY_UNDECIDED))
+        )
+        if undecided:
+            violations.add(f"{undecided} sessions' retries were never decided")
         for table, transitions, enum in (
             (session_history, SESSION_TRANSITIONS, SessionStatus),
             (kernel_history, KERNEL_TRANSITIONS, KernelStatus),
@@ -400,6 +433,15 @@ async def _summary(db: Database) -> dict[str, Any]:
                 )
             ).all()
         )
+        decisions: dict[Any, Any] = dict(
+            (
+                await conn.execute(
+                    sa.select(sessions.c.retry_decision, sa.func.count())
+                    .where(sessions.c.retry_decision.is_not(None))
+                    .group_by(sessions.c.retry_decision)
+                )
+            ).all()
+        )
         reached = (
             sa.select(
                 session_history.c.session_id, sa.func.min(session_history.c.created_at).label("at")
@@ -417,6 +459,8 @@ async def _summary(db: Database) -> dict[str, Any]:
     return {
         "by_status": {str(k): int(v) for k, v in by_status.items()},
         "failure_causes": {str(k): int(v) for k, v in causes.items()},
+        "retry_decisions": {str(k): int(v) for k, v in decisions.items()},
+        "sessions_total": sum(int(v) for v in by_status.values()),
         "submit_to_running_ms": running_ms,
         "mean_submit_to_running_ms": round(statistics.fmean(running_ms), 1) if running_ms else None,
     }

@@ -43,6 +43,7 @@ class _Commands(_lazy.LazyGroup):
         "chaos": _lazy.command("chaos", "corral.cli.chaos", "chaos_command"),
         "bench": _lazy.group("bench", "corral.cli.bench", _bench_commands),
         "db": _lazy.group("db", "corral.cli.db"),
+        "retries": _lazy.group("retries", "corral.cli.retries"),
     }
 
 

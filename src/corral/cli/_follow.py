@@ -14,6 +14,7 @@ import signal
 import sys
 from collections.abc import Callable
 from contextlib import aclosing
+from datetime import UTC, datetime
 from typing import BinaryIO
 
 from corral.cli._common import INTERRUPTED_EXIT
@@ -74,6 +75,70 @@ def exit_code_of(session: Session) -> int:
     if session.status is SessionStatus.TERMINATED and session.result is SessionResult.SUCCESS:
         return 0
     return 1
+
+
+# What a session's retry has become (`domain.retry.decide.RetryDecision`'s values): once one
+# of these, no further attempt of its chain follows it.
+_NO_RETRY = frozenset({"exhausted", "not_retried", "succeeded", "stopped"})
+
+
+async def follow_chain(
+    client: Client,
+    session: Session,
+    terminal: Terminal,
+    *,
+    stream_logs: bool = True,
+    timings: FollowTimings | None = None,
+) -> int:
+    """Follow a session and each retry of it to the end of its chain; the last one's exit code.
+
+    Between two attempts it says why and when the next one runs: "attempt 2 of 3 after
+    kernel_nonzero_exit, retrying in 30 s". A session without retries is followed alone.
+    """
+    timings = timings or FollowTimings()
+    current = session
+    while True:
+        follower = SessionFollower(
+            client, current, terminal, stream_logs=stream_logs, timings=timings
+        )
+        code = await follower.run()
+        if code == INTERRUPTED_EXIT:
+            return code
+        retry = await _next_attempt(client, current, terminal, timings)
+        if retry is None:
+            return code
+        current = retry
+
+
+async def _next_attempt(
+    client: Client, ended: Session, terminal: Terminal, timings: FollowTimings
+) -> Session | None:
+    """The retry of `ended` once it is decided (None: it has none)."""
+    said_paused = False
+    while True:
+        session = await client.get_session(ended.id)
+        if not session.max_retries or session.retry_decision in _NO_RETRY:
+            if session.retry_decision in ("exhausted", "stopped") and session.retry_state:
+                terminal.say(session.retry_state)
+            return None
+        if session.result is SessionResult.SUCCESS:
+            return None
+        chain = list(session.retry_chain or ())
+        if session.retry_decision == "scheduled" and session.id in chain[:-1]:
+            retry = await client.get_session(chain[chain.index(session.id) + 1])
+            wait = ""
+            if retry.starts_at is not None:
+                left = (retry.starts_at - datetime.now(UTC)).total_seconds()
+                wait = f", retrying in {left:.0f} s" if left >= 0.5 else ", retrying now"
+            terminal.say(
+                f"attempt {retry.retry_count + 1} of {retry.max_retries + 1} after "
+                f"{retry.retry_cause}{wait} (session {retry.number})"
+            )
+            return retry
+        if session.retry_state and "paused" in session.retry_state and not said_paused:
+            said_paused = True
+            terminal.say(f"{session.retry_state}; waiting (Ctrl-C stops waiting)")
+        await asyncio.sleep(timings.poll_interval_s)
 
 
 class SessionFollower:

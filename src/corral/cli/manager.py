@@ -69,6 +69,7 @@ def manager_command(
         unused_upload_hours=settings.unused_upload_hours,
         max_request_bytes=settings.max_request_bytes,
         max_kernel_slots=settings.max_kernel_slots,
+        retry_policy_default=settings.retry_policy_default,
     )
 
     token_file = settings.data_dir.expanduser() / "join-token"

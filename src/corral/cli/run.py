@@ -19,12 +19,13 @@ from corral.cli._dependencies import (
     parse_dependency,
     resolve,
 )
-from corral.cli._follow import SessionFollower, Terminal, confirm_on_terminal
+from corral.cli._follow import Terminal, confirm_on_terminal, follow_chain
 from corral.cli._remote import call
 from corral.client import Client, UnreachableError, UploadError, ValidationError, validated
 from corral.domain.arrays import ArraySpec
 from corral.domain.field_errors import FieldError, describe
 from corral.domain.images import default_image
+from corral.domain.retry.policy import MAX_RETRIES, BackoffStrategy, RetryEligibleCause
 from corral.domain.slots import SlotError, parse_amount
 from corral.domain.spec import ClusterMode, SessionSpec, SessionType
 from corral.domain.time_limit import parse_time_limit
@@ -47,6 +48,10 @@ _FLAGS = {
     "resource_group": "--resource-group",
     "priority": "--priority",
     "array": "--array",
+    "retry_policy.max_retries": "--retries",
+    "retry_policy.retry_delay": "--retry-delay",
+    "retry_policy.max_retry_delay": "--max-retry-delay",
+    "retry_policy": "--retries",
 }
 
 
@@ -147,6 +152,44 @@ def run_command(
             help="With --array: wait for every element to end; exit with the highest exit code.",
         ),
     ] = False,
+    retries: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=MAX_RETRIES,
+            help="Run it again this many times at most if it fails (default: the resource "
+            "group's or the cluster's policy, else 0). The output of every attempt is shown; "
+            "the exit code is the last attempt's.",
+            show_default=False,
+        ),
+    ] = None,
+    retry_delay: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DELAY",
+            help="Wait this long before the first retry: 30s, 10m, 1h, or seconds (default 60s).",
+            show_default=False,
+        ),
+    ] = None,
+    backoff: Annotated[
+        BackoffStrategy | None,
+        typer.Option(help="fixed: every retry waits DELAY; exponential: doubles it each time."),
+    ] = None,
+    max_retry_delay: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DELAY", help="The longest wait between attempts (default 1h; at most 24h)."
+        ),
+    ] = None,
+    retry_on: Annotated[
+        str | None,
+        typer.Option(
+            metavar="CAUSE[,CAUSE…]",
+            help="Retry only failures of these causes: "
+            + ", ".join(c.value for c in RetryEligibleCause)
+            + " (default: all of them).",
+        ),
+    ] = None,
 ) -> None:
     """Run CMD as a batch session: show its phase, stream its output, exit with its exit code.
 
@@ -202,6 +245,9 @@ def run_command(
         time_limit_s=time_limit_s,
         workdir=None if upload else os.path.abspath(workdir) if workdir else os.getcwd(),
     )
+    policy = _retry_policy(retries, retry_delay, backoff, max_retry_delay, retry_on)
+    if policy:
+        fields["retry_policy"] = policy
     if upload is not None and workdir is not None:
         fail("give --workdir or --upload, not both: an upload's command starts in its copy")
     if array is None and wait:
@@ -237,7 +283,7 @@ def run_command(
             confirm=confirm_on_terminal,
         )
         try:
-            return await SessionFollower(client, session, terminal, stream_logs=follow).run()
+            return await follow_chain(client, session, terminal, stream_logs=follow)
         except UnreachableError as exc:
             raise UnreachableError(
                 f"{exc}; session {session.number} may still be running: "
@@ -258,6 +304,45 @@ async def _upload(client: Client, directory: Path) -> str:
     else:
         _say(f"{directory} is unchanged since its upload, nothing sent (sha256 {sent.digest[:12]})")
     return sent.digest
+
+
+def _retry_policy(
+    retries: int | None,
+    delay: str | None,
+    backoff: BackoffStrategy | None,
+    max_delay: str | None,
+    retry_on: str | None,
+) -> dict[str, Any]:
+    """The retry policy's fields the flags give (none given: the group's or cluster's)."""
+    policy: dict[str, Any] = {}
+    if retries is not None:
+        policy["max_retries"] = retries
+    if delay is not None:
+        policy["retry_delay"] = _seconds("--retry-delay", delay)
+    if backoff is not None:
+        policy["backoff"] = backoff.value
+    if max_delay is not None:
+        policy["max_retry_delay"] = _seconds("--max-retry-delay", max_delay)
+    if retry_on is not None:
+        causes = [c.strip() for c in retry_on.split(",") if c.strip()]
+        known = {c.value for c in RetryEligibleCause}
+        for cause in causes:
+            if cause not in known:
+                fail(f"--retry-on {cause!r}: not a retry cause; use {', '.join(sorted(known))}")
+        policy["eligible_causes"] = causes
+    return policy
+
+
+def _seconds(flag: str, text: str) -> float:
+    """A delay as written (30s, 10m, 1h, or a number of seconds) in seconds."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return float(parse_time_limit(text))
+    except ValueError:
+        fail(f"{flag} {text!r}: write a delay like 30s, 10m, 1h, or a number of seconds")
 
 
 def _spec(model: type[SpecT], **fields: Any) -> SpecT:

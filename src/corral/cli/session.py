@@ -1,4 +1,4 @@
-"""`corral session ls | info | logs | history | explain | terminate | rm`: your sessions."""
+"""`corral session ls | info | logs | history | attempts | explain | terminate | rm`."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from corral.cli._remote import (
 from corral.cli.session_outputs import outputs_command
 from corral.client import (
     ArrayView,
+    Attempts,
     Client,
     ConflictError,
     Explanation,
@@ -303,6 +304,7 @@ def _facts(session: Session) -> list[list[str]]:
         ("started", local_time(session.started_at)),
         ("limit", _time_limit(session)),  # wall time
         ("ended", local_time(session.terminated_at)),
+        *_retry_facts(session),
     ]
     return [[f"{key}:", value] for key, value in facts]
 
@@ -313,6 +315,55 @@ def _start_dir(session: Session) -> str:
     if session.upload is not None:
         return "the upload, unpacked in each kernel's own directory"
     return text(session.workdir)
+
+
+def _retry_facts(session: Session) -> list[tuple[str, str]]:
+    """Where the session stands in its retry chain, with the chain's links (none without)."""
+    if not session.max_retries and not session.retry_count:
+        return []
+    attempt = f"{session.retry_count + 1} of {session.max_retries + 1}"
+    if session.parent_session_id is not None:
+        attempt += f", retrying {session.parent_session_id} after {text(session.retry_cause)}"
+    facts = [("attempt", attempt), ("retry", text(session.retry_state))]
+    if session.retry_chain:
+        chain = " → ".join(
+            f"[{sid}]" if sid == session.id else str(sid) for sid in session.retry_chain
+        )
+        facts.append(("chain", f"{chain} (`corral session attempts {session.number}`)"))
+    return facts
+
+
+@app.command("attempts")
+def attempts_command(session: SessionArgument, as_json: JsonOption = False) -> None:
+    """List the attempts of the session's retry chain, oldest first, and how each ended."""
+
+    async def fetch(client: Client) -> Attempts:
+        return await client.session_attempts(session)
+
+    found = call(fetch)
+    if as_json:
+        print_json(found)
+        return
+    if found.retry_state:
+        typer.echo(found.retry_state, err=True)
+    total = found.max_retries + 1
+    print_table(
+        ["ATTEMPT", "NUMBER", "STATUS", "RESULT", "CAUSE", "RETRIES", "EXIT", "STARTED", "ENDED"],
+        [
+            [
+                f"{a.attempt}/{total}",
+                str(a.number),
+                a.status.value,
+                text(a.result),
+                text(a.failure_cause),
+                text(a.retry_cause),
+                text(a.exit_code),
+                local_time(a.started_at),
+                local_time(a.terminated_at),
+            ]
+            for a in found.items
+        ],
+    )
 
 
 def _time_limit(session: Session) -> str:
@@ -466,8 +517,10 @@ def terminate_command(session: SessionArgument) -> None:
                 f"terminating, {ended.unchanged} had already ended"
             )
         if result.outcome == "unchanged":
-            return f"session {result.number} had already ended ({result.status.value})"
-        return f"session {result.number}: {result.outcome} ({result.status.value})"
+            said = f"session {result.number} had already ended ({result.status.value})"
+        else:
+            said = f"session {result.number}: {result.outcome} ({result.status.value})"
+        return f"{said}; {result.message}" if result.message else said
 
     typer.echo(call(request))
 

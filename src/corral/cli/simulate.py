@@ -14,6 +14,7 @@ from rich.console import Console
 from corral._logging import configure_logging
 from corral.bench.simulate import SimulationConfig, SimulationError, run_simulation
 from corral.cli._common import fail
+from corral.domain.retry.policy import MAX_RETRIES
 
 _err = Console(stderr=True)
 
@@ -46,6 +47,18 @@ def simulate_command(
             file_okay=False,
         ),
     ] = None,
+    retries: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=MAX_RETRIES,
+            help="A retry policy on every session: failed ones are retried this many times "
+            "(the run ends when every retry chain has).",
+        ),
+    ] = 0,
+    retry_delay: Annotated[
+        float, typer.Option(min=0, help="Seconds before each retry (with --retries).")
+    ] = 0.0,
     timeout: Annotated[float, typer.Option(min=1, help="Give up after this many seconds.")] = 600,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
@@ -60,6 +73,8 @@ def simulate_command(
         seed=seed,
         timeout_s=timeout,
         upload=upload,
+        retries=retries,
+        retry_delay_s=retry_delay,
     )
     progress = None if as_json else (lambda message: _err.print(f"[dim]simulate: {message}[/]"))
     # The manager's warnings go to stderr as the daemons print them; the simulated agents' are

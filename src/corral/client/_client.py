@@ -38,11 +38,13 @@ from corral.client.models import (
     ArrayRemoveResult,
     ArrayTerminateResult,
     ArrayView,
+    Attempts,
     Event,
     Explanation,
     HistoryEntry,
     OutputFile,
     Page,
+    RetrySettings,
     Session,
     SessionArray,
     TerminateResult,
@@ -245,6 +247,20 @@ class Client:
         """Ask the session to end: cancelled if it never ran, else terminated on its agents."""
         data = await self._json("POST", f"{_session_path(session_id)}/terminate")
         return TerminateResult.model_validate(data)
+
+    async def session_attempts(self, session_id: SessionRef) -> Attempts:
+        """The attempts of the session's retry chain, oldest first."""
+        data = await self._json("GET", f"{_session_path(session_id)}/attempts")
+        return Attempts.model_validate(data)
+
+    async def retry_settings(self) -> RetrySettings:
+        """Whether automatic retries are paused cluster-wide, and the default policy."""
+        return RetrySettings.model_validate(await self._json("GET", "/v1/retries"))
+
+    async def set_retries_paused(self, paused: bool, reason: str | None = None) -> RetrySettings:
+        """Pause or resume automatic retries cluster-wide (admins)."""
+        body = {"paused": paused, "reason": reason}
+        return RetrySettings.model_validate(await self._json("PUT", "/v1/retries", json=body))
 
     async def delete_session(self, session_id: SessionRef) -> None:
         """Remove an ended session and its logs (ConflictError while it has not ended)."""

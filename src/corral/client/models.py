@@ -84,6 +84,18 @@ class Session(ApiModel):
     upload: str | None = None  # ... or the sha256 of its upload, unpacked where they start
     time_limit_s: int | None = None  # wall-time limit in seconds
     deadline_at: datetime | None = None  # while RUNNING with a limit: when it is stopped
+    starts_at: datetime | None = None  # not placed before (a retry's: after its delay)
+    # Retry (spec document 5): the parent this session retries, its place in the chain, the
+    # policy, the cause it retries, what became of its own retry; for one session read alone
+    # the chain's ids oldest first and where it stands in words ("attempt 2 of 3").
+    parent_session_id: uuid.UUID | None = None
+    retry_count: int = 0
+    max_retries: int = 0
+    retry_policy: dict[str, Any] | None = None
+    retry_cause: str | None = None
+    retry_decision: str | None = None
+    retry_chain: tuple[uuid.UUID, ...] | None = None
+    retry_state: str | None = None
     kernels: tuple[Kernel, ...] | None = None
     reason: str | None = None  # why a PENDING session waits, in a word (listings that ask)
 
@@ -107,6 +119,45 @@ class TerminateResult(ApiModel):
     number: int
     outcome: str
     status: SessionStatus
+    retry_chain_stopped: bool = False  # it was an attempt of a retry chain, now stopped
+    chain_ended: tuple[uuid.UUID, ...] = ()  # other attempts of the chain it ended too
+    message: str | None = None
+
+
+class Attempt(ApiModel):
+    """One attempt of a retry chain: how it ended and the failure it retried."""
+
+    id: uuid.UUID
+    number: int
+    attempt: int  # 1 for the first
+    status: SessionStatus
+    result: SessionResult | None = None
+    failure_cause: str | None = None
+    retry_cause: str | None = None
+    exit_code: int | None = None
+    created_at: datetime
+    starts_at: datetime | None = None
+    started_at: datetime | None = None
+    terminated_at: datetime | None = None
+    retry_decision: str | None = None
+
+
+class Attempts(ApiModel):
+    """A session's retry chain, oldest attempt first."""
+
+    max_retries: int
+    retry_state: str | None = None
+    items: tuple[Attempt, ...]
+
+
+class RetrySettings(ApiModel):
+    """Whether an admin paused automatic retries, and the cluster's default policy."""
+
+    paused: bool
+    reason: str | None = None
+    changed_at: datetime | None = None
+    changed_by: str | None = None
+    cluster_default: dict[str, Any]
 
 
 class ArrayElement(ApiModel):

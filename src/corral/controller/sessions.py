@@ -23,15 +23,16 @@ from corral.controller._group_commit import GroupCommit
 from corral.coordination.hints import Hint
 from corral.coordination.quarantine import Quarantine
 from corral.domain.arrays import DEFAULT_MAX_ARRAY_SIZE, ArraySpec, parse_array
-from corral.domain.events import SESSION_ENTITY, Event
+from corral.domain.events import SESSION_CREATED, SESSION_ENTITY, Event
 from corral.domain.idempotency import KEY_FIELD, differing_fields, request_fingerprint
 from corral.domain.outcome import USER_CANCELLED
 from corral.domain.record import record
 from corral.domain.resource_group import ResourceGroupOptions
 from corral.domain.results import ResultNote, SchedulingResult, TransitionStatus
+from corral.domain.retry.policy import RetryPolicy, effective_policy
 from corral.domain.session import ArrayPlace, NewSession
 from corral.domain.slots import ResourceSlots
-from corral.domain.spec import SessionSpec
+from corral.domain.spec import SessionSpec, SessionType
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import Clock, SessionId, UserId, new_session_id, utcnow
 from corral.infra.events import EventBus
@@ -41,6 +42,7 @@ from corral.store._sql import in_param, payload
 from corral.store.database import Database
 from corral.store.events import append_events, append_session_moves
 from corral.store.group_options import forget_group_options, group_options_naming
+from corral.store.retries import stop_chains
 from corral.store.sessions import insert_sessions
 from corral.store.status_changes import AppliedChanges, StatusChange, apply_changes
 from corral.store.tables import sessions
@@ -164,6 +166,10 @@ class TerminateOutcome:
     cancelled: list[SessionId] = field(default_factory=list)  # were PENDING: CANCELLED now
     terminating: list[SessionId] = field(default_factory=list)  # TERMINATING now
     unchanged: list[SessionId] = field(default_factory=list)  # already ending or ended: a no-op
+    # Other attempts of the named sessions' retry chains, which the request stopped too: the
+    # chains retry no more, and their live attempts were cancelled or are terminating.
+    chain: list[SessionId] = field(default_factory=list)
+    chain_stopped: bool = False  # a named session was part of a retry chain
 
 
 class SessionController:
@@ -178,11 +184,14 @@ class SessionController:
         clock: Clock = utcnow,
         max_array_size: int = DEFAULT_MAX_ARRAY_SIZE,
         max_kernel_slots: ResourceSlots | None = None,
+        retry_default: RetryPolicy | None = None,
     ) -> None:
         self.db = db
         self.max_array_size = max_array_size
         # The most of each slot one kernel may ask for (the `max_kernel_slots` setting).
         self.max_kernel_slots = max_kernel_slots
+        # The cluster's layer of every session's retry policy (`domain.retry.policy`).
+        self.retry_default = retry_default or RetryPolicy()
         self.hints = hints
         self.events = events
         self.clock = clock
@@ -285,6 +294,7 @@ class SessionController:
                 owner, {s.creation_id for s in specs if s.creation_id is not None}
             )
             results: list[Submitted | NewSession] = []  # the new ones until they are written
+            asked: dict[SessionId, RetryPolicy | None] = {}  # each new one's own retry policy
             new: list[NewSession] = []
             array_id: SessionId | None = None  # the first element's, created now or before
             for position, spec in enumerate(specs):
@@ -301,6 +311,7 @@ class SessionController:
                     array_id = array_id or session_id
                     place = ArrayPlace(array_id, array.indexes[position], array.throttle)
                 session = _new_session(spec, owner, session_id, place, fingerprint)
+                asked[session.id] = spec.retry_policy
                 if spec.creation_id is not None:
                     created[spec.creation_id] = _Keyed(session.id, fingerprint)
                 new.append(session)
@@ -312,7 +323,15 @@ class SessionController:
                 async with self.db.transaction() as conn:
                     options, members = await self._check_references(conn, specs, owner)
                     new = [
-                        _with_elements(_time_limited(n, options[n.resource_group]), members)
+                        _with_elements(
+                            _retrying(
+                                _time_limited(n, options[n.resource_group]),
+                                self.retry_default,
+                                options[n.resource_group].retry_policy,
+                                asked[n.id],
+                            ),
+                            members,
+                        )
                         for n in new
                     ]
                     rows = await insert_sessions(conn, new, now)
@@ -342,9 +361,16 @@ class SessionController:
     async def mark_terminate(
         self, session_ids: Collection[SessionId], reason: str
     ) -> TerminateOutcome:
-        """PENDING sessions become CANCELLED, started ones TERMINATING; ended ones are a no-op."""
-        ids = list(dict.fromkeys(session_ids))
-        note = {sid: ResultNote(USER_CANCELLED, reason) for sid in ids}
+        """PENDING sessions become CANCELLED, started ones TERMINATING; ended ones are a no-op.
+
+        A session in a retry chain stops its chain: no attempt of it is retried any more, and
+        the chain's other live attempts (a retry waiting for its delay) end as well.
+        """
+        named = list(dict.fromkeys(session_ids))
+        chain_stopped, chain = await stop_chains(self.db, named)
+        ids = named + chain
+        chained = dict.fromkeys(chain, f"{reason} (its retry chain was stopped)")
+        note = {sid: ResultNote(USER_CANCELLED, chained.get(sid, reason)) for sid in ids}
         changes = [
             StatusChange(
                 ids,
@@ -369,7 +395,7 @@ class SessionController:
 
         async def record(conn: AsyncConnection, applied: AppliedChanges) -> None:
             moves = applied.moved()
-            reasons = dict.fromkeys(moves, reason)
+            reasons = {sid: note[sid].message for sid in moves}
             appended.extend(
                 await append_session_moves(
                     conn,
@@ -383,8 +409,11 @@ class SessionController:
             )
 
         applied = await apply_changes(self.db, changes, now, on_applied=record)
-        outcome = TerminateOutcome()
-        for sid in ids:
+        outcome = TerminateOutcome(chain_stopped=chain_stopped)
+        for sid in chain:
+            if sid in applied.moved():
+                outcome.chain.append(sid)
+        for sid in named:
             after = applied.sessions.get(sid)
             if after is None:
                 outcome.unchanged.append(sid)
@@ -513,6 +542,27 @@ def _check_same_request(
         raise CreationIdConflictError(spec.creation_id, keyed.session_id, differ)
 
 
+def _retrying(
+    new: NewSession,
+    cluster: RetryPolicy,
+    group: RetryPolicy | None,
+    asked: RetryPolicy | None,
+) -> NewSession:
+    """`new` with its effective retry policy: the cluster's, its group's, its own, merged.
+
+    Only a BATCH session is retried automatically (spec document 5's decision log); a policy
+    of no retries is not stored at all, so a session without one costs nothing more.
+    """
+    if new.type != SessionType.BATCH:
+        return new
+    policy = effective_policy(cluster, group, asked)
+    if not policy.max_retries:
+        return new
+    return dataclasses.replace(
+        new, max_retries=policy.max_retries, retry_policy=policy.model_dump(mode="json")
+    )
+
+
 def _new_session(
     spec: SessionSpec,
     owner: UserId,
@@ -544,7 +594,7 @@ def _new_session(
 def _created_event(new: NewSession, number: int, now: datetime) -> Event:
     return Event(
         id=None,
-        kind="session.created",
+        kind=SESSION_CREATED,
         entity_type=SESSION_ENTITY,
         entity_id=str(new.id),
         owner_id=new.owner_id,

@@ -34,6 +34,7 @@ from corral.domain.types import Clock, SessionId, UserId, utcnow
 from corral.handlers.base import LifecycleHandler, SessionPromotionHandler
 from corral.handlers.sessions.prepare import PrepareSessions
 from corral.handlers.sessions.promotions import PROMOTION_HANDLERS, DetectTermination
+from corral.handlers.sessions.retries import DispatchRetries
 from corral.handlers.sessions.schedule import QUEUE_PAGE, ScheduleNewSessions
 from corral.handlers.sessions.start import StartSessions
 from corral.handlers.sessions.terminate import TerminateSessions
@@ -69,6 +70,7 @@ _HINTS: Mapping[str, Hint] = {
     "DetectFailureBeforeRunning": Hint.DETECT_FAILURE,
     "PromoteToTerminated": Hint.PROMOTE_TERMINATED,
     EnforceTimeLimits.name(): Hint.TIME_LIMIT,
+    DispatchRetries.name(): Hint.RETRY,
 }
 # Runs of these write agents' desired state (and may have re-asked for a failed stage).
 _ASKS_AGENTS = frozenset({PrepareSessions.name(), StartSessions.name(), TerminateSessions.name()})
@@ -119,12 +121,14 @@ class SessionCoordinator:
         # Where the bus can, a run's events go out with its commit, not published after it.
         self._notify = events.commit_channel if events is not None else None
         self._due = DueTimes(db, self._group_limits)
+        self.retries = DispatchRetries(db, notify=self._notify)
 
     def tasks(self) -> list[Task]:
         """One task per handler, each woken by its own hint and run under its own lock."""
         tasks = [self._task(h.name(), self._lifecycle_run(h)) for h in self.lifecycle]
         tasks += [self._task(h.name(), self._promotion_run(h), quick=True) for h in self.promotions]
         tasks.append(self._task(self.time_limits.name(), self.run_time_limits))
+        tasks.append(self._task(self.retries.name(), self.run_retries))
         return tasks
 
     async def run_lifecycle(self, handler: LifecycleHandler) -> TaskRun:
@@ -269,6 +273,22 @@ class SessionCoordinator:
             changed=len(moved),
             duration_ms=(time.perf_counter() - started) * 1000,
             due_in_s=due_in_s,
+        )
+
+    async def run_retries(self) -> TaskRun:
+        """Decide the retries of the ended sessions that have a policy; create the retries."""
+        started = time.perf_counter()
+        done = await self.retries.dispatch(self.clock())
+        if self.metrics is not None:
+            self.metrics.observe_retries(done)
+        hints = {Hint.SCHEDULE} if done.children else set()
+        await self._post_process(hints, done.events)
+        return TaskRun(
+            self.retries.name(),
+            targets=done.looked_at,
+            changed=len(done.children),
+            duration_ms=(time.perf_counter() - started) * 1000,
+            due_in_s=0.0 if done.full else None,
         )
 
     async def promote_reported(

@@ -21,6 +21,7 @@ class Hint(StrEnum):
     DETECT_FAILURE = "detect-failure-before-running"
     PROMOTE_TERMINATED = "promote-terminated"
     TIME_LIMIT = "time-limit"
+    RETRY = "retry"
     # Not a coordinator task: agents' desired kernels changed (wakes assignment long-polls).
     ASSIGNMENTS = "assignments"
 
@@ -90,8 +91,12 @@ _AFTER_SESSION_MOVE: dict[SessionStatus, frozenset[Hint]] = {
     # A session that started may have a time limit: its deadline may be the next one.
     SessionStatus.RUNNING: frozenset({Hint.TIME_LIMIT}),
     SessionStatus.TERMINATING: frozenset({Hint.TERMINATE, Hint.PROMOTE_TERMINATED}),
-    # An ended session frees capacity and may unblock sessions that depend on it.
-    **{status: frozenset({Hint.SCHEDULE, Hint.ASSIGNMENTS}) for status in SESSION_TERMINAL},
+    # An ended session frees capacity and may unblock sessions that depend on it; if it has a
+    # retry policy, its retry is to be decided.
+    **{
+        status: frozenset({Hint.SCHEDULE, Hint.ASSIGNMENTS, Hint.RETRY})
+        for status in SESSION_TERMINAL
+    },
 }
 
 

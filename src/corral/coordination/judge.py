@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
+from corral.domain.failure_causes import FailureCause
 from corral.domain.record import record
 from corral.domain.results import HandlerResult, ResultNote, SchedulingResult, StatusTransitions
 from corral.domain.session import SessionWithKernels
@@ -84,7 +85,8 @@ def judge(
         if timeout is not None and elapsed > timeout:
             buckets[SchedulingResult.EXPIRED].append(session.id)
             notes[session.id] = ResultNote(
-                "phase_timeout", f"spent {elapsed:.0f} s in {phase}, the limit is {timeout:.0f} s"
+                FailureCause.PHASE_TIMEOUT,
+                f"spent {elapsed:.0f} s in {phase}, the limit is {timeout:.0f} s",
             )
         elif session.id in skipped:
             buckets[SchedulingResult.SKIPPED].append(session.id)

@@ -19,6 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from corral.coordination.loop import DualLoop
 from corral.coordination.tasks import Task, TaskRun
 from corral.domain.results import SchedulingResult
+from corral.domain.retry.decide import RetryDecision
+from corral.handlers.sessions.retries import Dispatched
 from corral.scheduler.scheduler import PassResult
 from corral.store.status_changes import StatusChange
 
@@ -88,8 +90,37 @@ class CoordinatorMetrics:
             buckets=DURATION_BUCKETS_S,
             registry=self.registry,
         )
+        # Session retry (spec document 5), counted by the manager that decided.
+        self.retry_scheduled = Counter(
+            "corral_session_retry_scheduled",
+            "Retries of failed sessions created, by the failure's retry cause.",
+            ["cause"],
+            registry=self.registry,
+        )
+        self.retry_exhausted = Counter(
+            "corral_session_retry_exhausted",
+            "Sessions that failed with no retries left, by the failure's retry cause.",
+            ["cause"],
+            registry=self.registry,
+        )
+        self.retry_succeeded = Counter(
+            "corral_session_retry_succeeded",
+            "Retries that ended successfully (the chains that recovered).",
+            registry=self.registry,
+        )
         # Loops whose task already reports here: instrumenting twice would count runs twice.
         self._instrumented: weakref.WeakSet[DualLoop] = weakref.WeakSet()
+
+    def observe_retries(self, done: Dispatched) -> None:
+        """Count what one run of the retry task decided."""
+        for _, verdict in done.decided:
+            cause = verdict.cause.value if verdict.cause is not None else "none"
+            if verdict.decision is RetryDecision.SCHEDULED:
+                self.retry_scheduled.labels(cause).inc()
+            elif verdict.decision is RetryDecision.EXHAUSTED:
+                self.retry_exhausted.labels(cause).inc()
+        if done.recovered:
+            self.retry_succeeded.inc(done.recovered)
 
     def instrument(self, loops: Iterable[DualLoop]) -> None:
         """Make every run of these loops' tasks report here; a loop done already is left as is."""

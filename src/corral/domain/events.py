@@ -15,6 +15,12 @@ from corral.domain.record import record
 EntityType = str  # "session", "kernel", "agent", "deployment", "route" (and "bus" for markers)
 SESSION_ENTITY: EntityType = "session"  # a session's events carry its id as entity_id
 
+# Session event kinds written by more than one module (the submission and the retry task).
+SESSION_CREATED = "session.created"
+# A failed session's retry was created (cause, attempt, delay), or it failed with none left.
+SESSION_RETRY_SCHEDULED = "session.retry_scheduled"
+SESSION_RETRY_EXHAUSTED = "session.retry_exhausted"
+
 # Marker a bus yields in place of events it could not deliver (see corral.infra.events).
 DROPPED_KIND = "events.dropped"
 

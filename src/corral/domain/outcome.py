@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from corral.domain.failure_causes import FailureCause
 from corral.domain.status import SESSION_TERMINAL, SessionStatus
 
 
@@ -21,12 +22,9 @@ class SessionResult(StrEnum):
 
 
 # Failure causes recorded when a session's end is asked for, before its kernels have stopped.
-USER_CANCELLED = "user_cancelled"
-TIME_LIMIT = "time_limit"
-# The failure cause of a session isolated because some part of corral cannot handle its row (a
-# request no check of today would let in, written before one did): it ends ERROR at once, so it
-# stops no loop or route for anyone else (`coordination.quarantine`).
-INVALID_REQUEST = "invalid_request"
+USER_CANCELLED = FailureCause.USER_CANCELLED
+TIME_LIMIT = FailureCause.TIME_LIMIT
+INVALID_REQUEST = FailureCause.INVALID_REQUEST
 
 # The result a session whose end was asked for with this cause ends with, however its kernels
 # exited on the way (a kernel stopped by SIGTERM exits non-zero: that is no failure of its own).

@@ -12,6 +12,7 @@ from pydantic import (
     model_validator,
 )
 
+from corral.domain.retry.policy import RetryPolicy
 from corral.domain.slots import ResourceSlots
 from corral.domain.time_limit import MAX_TIME_LIMIT_S, format_duration
 
@@ -75,6 +76,9 @@ class ResourceGroupOptions(BaseModel):
     # Per lifecycle handler (by name): failed attempts before giving up, seconds before expiry.
     # E.g. {"ScheduleNewSessions": {"timeout_s": 3600}} cancels sessions pending over an hour.
     phase_limits: dict[str, PhaseLimitOptions] = {}
+    # The group's default retry policy (spec document 5): the fields given here win over the
+    # cluster default, a session's own over these. E.g. {"max_retries": 2}.
+    retry_policy: RetryPolicy | None = None
 
     @field_validator("phase_limits")
     @classmethod

@@ -201,6 +201,13 @@ class NewSession:
     array_dependencies: tuple[tuple[uuid.UUID, DependencyKind], ...] = ()
     time_limit_s: int | None = None
     array: ArrayPlace | None = None
+    # Retry (spec document 5): the effective policy (JSON) and its max_retries; a retry's
+    # parent, its place in the chain and the cause it retries.
+    max_retries: int = 0
+    retry_policy: Mapping[str, object] | None = None
+    parent_session_id: SessionId | None = None
+    retry_count: int = 0
+    retry_cause: str | None = None
 
 
 @record

@@ -34,6 +34,7 @@ from corral.domain.bounds import (
     utf8_size,
 )
 from corral.domain.outcome import DEFAULT_DEPENDENCY_KIND, DependencyKind
+from corral.domain.retry.policy import RetryPolicy
 from corral.domain.slots import MAX_AMOUNT, ResourceSlots
 from corral.domain.time_limit import MAX_TIME_LIMIT_S
 
@@ -132,6 +133,21 @@ class SessionSpec(BaseModel):
     # each kernel's own directory, where the kernel then starts (instead of `workdir`).
     upload: str | None = None
     creation_id: str | None = None  # idempotency key: a repeated request returns the same session
+    # Retry on failure (BATCH only; spec document 5): the fields given here win over the
+    # resource group's and the cluster's defaults.
+    retry_policy: RetryPolicy | None = None
+
+    @field_validator("retry_policy")
+    @classmethod
+    def _check_retry_policy(
+        cls, value: RetryPolicy | None, info: ValidationInfo
+    ) -> RetryPolicy | None:
+        if value is not None and value.max_retries and info.data.get("type") != SessionType.BATCH:
+            raise ValueError(
+                "only BATCH sessions are retried automatically; drop max_retries or submit "
+                "a BATCH session"
+            )
+        return value
 
     @property
     def total_resources(self) -> ResourceSlots:

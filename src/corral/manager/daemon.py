@@ -37,6 +37,7 @@ from corral.coordination.tasks import Task, TaskRun
 from corral.domain.arrays import DEFAULT_MAX_ARRAY_SIZE
 from corral.domain.bounds import DEFAULT_MAX_REQUEST_BYTES
 from corral.domain.record import record
+from corral.domain.retry.policy import RetryPolicy
 from corral.domain.slots import ResourceSlots
 from corral.domain.types import Clock, utcnow
 from corral.infra.events import PING_INTERVAL_S, forget_on_events
@@ -82,6 +83,8 @@ class ManagerConfig:
     upload_max_bytes: int = DEFAULT_UPLOAD_MAX_BYTES
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # one request body (413 past it)
     max_kernel_slots: ResourceSlots | None = None  # the most of each slot a kernel may ask
+    # The cluster default of every session's retry policy (`domain.retry.policy`).
+    retry_policy_default: RetryPolicy = field(default_factory=RetryPolicy)
 
 
 @dataclass(slots=True)
@@ -197,6 +200,7 @@ class ManagerDaemon:
                 clock=self.clock,
                 max_array_size=config.max_array_size,
                 max_kernel_slots=config.max_kernel_slots,
+                retry_default=config.retry_policy_default,
             ),
             agents,
             coordinator,

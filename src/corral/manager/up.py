@@ -15,6 +15,7 @@ import logging
 import secrets
 import socket
 from collections.abc import Callable
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from corral.agent.runtime.process import ProcessRuntime
 from corral.api.uploads import DEFAULT_UPLOAD_MAX_BYTES
 from corral.domain.bounds import DEFAULT_MAX_REQUEST_BYTES
 from corral.domain.record import record
+from corral.domain.retry.policy import RetryPolicy
 from corral.domain.slots import ResourceSlots
 from corral.domain.types import utcnow
 from corral.manager.daemon import ManagerConfig, ManagerDaemon
@@ -56,6 +58,7 @@ class UpConfig:
     unused_upload_hours: float = DEFAULT_UNUSED_UPLOAD_HOURS
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_kernel_slots: ResourceSlots | None = None
+    retry_policy_default: RetryPolicy = field(default_factory=RetryPolicy)
 
 
 @record
@@ -99,6 +102,7 @@ async def run_up(
             unused_upload_hours=config.unused_upload_hours,
             max_request_bytes=config.max_request_bytes,
             max_kernel_slots=config.max_kernel_slots,
+            retry_policy_default=config.retry_policy_default,
         )
     )
     managing = await manager.start()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from corral.domain.failure_causes import FailureCause
 from corral.domain.outcome import DependencyKind, dependency_satisfied
 from corral.domain.session import PendingSession
 from corral.domain.slots import ResourceSlots
@@ -27,13 +28,13 @@ from corral.scheduler.types import (
     VerdictKind,
 )
 
-DEPENDENCY_MISSING = "dependency_missing"
-DEPENDENCY_FAILED = "dependency_failed"
+DEPENDENCY_MISSING = FailureCause.DEPENDENCY_MISSING
+DEPENDENCY_FAILED = FailureCause.DEPENDENCY_FAILED
 DEPENDENCY_PENDING = "dependency_pending"
 NO_AGENTS = "no_agents"
-UNKNOWN_SLOT = "unknown_slot"
-REQUEST_TOO_LARGE = "request_too_large"
-QUOTA_EXCEEDED = "quota_exceeded"
+UNKNOWN_SLOT = FailureCause.UNKNOWN_SLOT
+REQUEST_TOO_LARGE = FailureCause.REQUEST_TOO_LARGE
+QUOTA_EXCEEDED = FailureCause.QUOTA_EXCEEDED
 OWNER_SESSION_LIMIT = "owner_session_limit"
 OWNER_SLOT_LIMIT = "owner_slot_limit"
 ARRAY_THROTTLE = "array_throttle"

@@ -21,6 +21,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.domain.failure_causes import FailureCause
 from corral.domain.results import SchedulingResult
 from corral.domain.status import KERNEL_STARTED, KernelStatus
 from corral.domain.types import AgentId, KernelId, SessionId
@@ -30,7 +31,7 @@ from corral.store.assignments import bump_revisions
 from corral.store.database import Database, Dialect
 from corral.store.tables import agents, kernel_history, kernels
 
-AGENT_LOST_CAUSE = "agent_lost"
+AGENT_LOST_CAUSE = FailureCause.AGENT_LOST
 PHASE_CHECK = "check"  # kernel history phase of a kernel failed for an unanswered ask
 # The kernel statuses checked here: started, with no phase timeout of their session's.
 CHECKED = KERNEL_STARTED

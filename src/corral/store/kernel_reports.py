@@ -22,6 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.domain.failure_causes import FailureCause
 from corral.domain.record import record
 from corral.domain.results import SchedulingResult
 from corral.domain.status import (
@@ -289,7 +290,7 @@ def _report_values(
     if report.runtime_info is not None:
         values["runtime_info"] = dict(report.runtime_info)
     if report.stage_failed:
-        values["stage_failure"] = report.failure_cause or "stage_failed"
+        values["stage_failure"] = report.failure_cause or FailureCause.STAGE_FAILED
         values["status_info"] = (report.message or "")[:512]
     elif report.status is not before:
         values["status"] = report.status.value

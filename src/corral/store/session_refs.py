@@ -7,8 +7,8 @@ to those routes, so a reference means the same everywhere. A reference is read a
 2. an array element (`12_7`, `domain.refs`): element 7 of the array numbered 12;
 3. a number (digits, no leading zero: `1234`): that session, or, when it is a job array's
    first element, the whole array (Slurm's array job id is its first task's job id);
-4. a name: the one session of that name the caller can see, or the one array whose elements
-   all bear it;
+4. a name: the one session of that name the caller can see (of a retry chain, the newest
+   attempt), or the one array whose elements all bear it;
 5. an id prefix (hex digits and dashes: `0192f3a4-5b`): the one session whose id starts so.
 
 The first reading that finds a session the caller can see wins; a name or prefix that fits
@@ -28,6 +28,7 @@ import sqlalchemy as sa
 
 from corral.domain.record import record
 from corral.domain.refs import NUMBER, element_ref, parse_element_ref
+from corral.domain.retry.decide import RetryDecision
 from corral.domain.types import UserId
 from corral.store.database import Database
 from corral.store.tables import sessions, users
@@ -227,8 +228,12 @@ async def _whole_array(
 async def _by_name(
     db: Database, name: str, owner_id: UserId | None
 ) -> uuid.UUID | ArrayTarget | None:
-    """The one session, or the one array, named `name`; None when nothing is."""
-    named = await _candidates(db, sessions.c.name == name, owner_id, limit=AMBIGUOUS_SHOWN + 1)
+    """The one session, or the one array, named `name`; None when nothing is. A retried
+    attempt keeps its name but no longer answers to it: the name names the newest attempt of
+    its retry chain (`domain.retry`)."""
+    newest = sessions.c.retry_decision.is_distinct_from(RetryDecision.SCHEDULED.value)
+    named_so = sa.and_(sessions.c.name == name, newest)
+    named = await _candidates(db, named_so, owner_id, limit=AMBIGUOUS_SHOWN + 1)
     if not named:
         return None
     arrays = {c.array_id for c in named}
@@ -236,7 +241,7 @@ async def _by_name(
         # Every element of an array bears its name: the array, if no other session does.
         (array_id,) = arrays
         others = sa.and_(
-            sessions.c.name == name,
+            named_so,
             sa.or_(sessions.c.array_id.is_(None), sessions.c.array_id != array_id),
         )
         other = await _candidates(db, others, owner_id, limit=AMBIGUOUS_SHOWN)

@@ -70,6 +70,13 @@ _COLUMNS = (
     sessions.c.upload,
     sessions.c.time_limit_s,
     sessions.c.deadline_at,
+    sessions.c.starts_at,
+    sessions.c.parent_session_id,
+    sessions.c.retry_count,
+    sessions.c.max_retries,
+    sessions.c.retry_policy,
+    sessions.c.retry_cause,
+    sessions.c.retry_decision,
 )
 _FROM = sessions.join(users, users.c.id == sessions.c.owner_id)
 

@@ -73,6 +73,9 @@ JSONType: sa.types.TypeEngine[Any] = sa.JSON(none_as_null=True).with_variant(
 )
 BigID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 STATUS_LEN = 16
+# The predicate of `ix_sessions_retry_undecided`: queries repeat it word for word, so that both
+# backends' planners see the partial index applies.
+RETRY_UNDECIDED = "max_retries > 0 AND retry_decision IS NULL"
 NAME_LEN = 64
 
 
@@ -240,6 +243,9 @@ sessions = sa.Table(
     sa.Column("max_retries", sa.Integer(), nullable=False, server_default="0"),
     sa.Column("retry_policy", JSONType, nullable=True),
     sa.Column("retry_cause", sa.String(NAME_LEN), nullable=True),
+    # What became of the session's retry once it ended (`domain.retry.decide.RetryDecision`;
+    # NULL: not decided yet, or no policy). Migration 0023.
+    sa.Column("retry_decision", sa.String(STATUS_LEN), nullable=True),
     # Job array (`domain.arrays`): the array's id (its first element's), this element's index,
     # how many of the array's elements may hold resources at once (NULL: no cap).
     sa.Column("array_id", sa.Uuid(), nullable=True),
@@ -305,6 +311,15 @@ sa.Index(
     sessions.c.deadline_at,
     postgresql_where=sa.text("deadline_at IS NOT NULL"),
     sqlite_where=sa.text("deadline_at IS NOT NULL"),
+)
+
+# The sessions with a retry policy whose retry is not decided yet (`store.retries`): the retry
+# task reads the ended ones from here; a decided session leaves the index. Migration 0023.
+sa.Index(
+    "ix_sessions_retry_undecided",
+    sessions.c.status,
+    postgresql_where=sa.text(RETRY_UNDECIDED),
+    sqlite_where=sa.text(RETRY_UNDECIDED),
 )
 
 # A group's queue in order, for a scheduling pass's pages (`scheduling.read_queue_page`);
@@ -520,6 +535,18 @@ counters = sa.Table(
     metadata,
     sa.Column("name", sa.String(NAME_LEN), primary_key=True),
     sa.Column("value", sa.BigInteger(), nullable=False),
+)
+
+# Cluster-wide switches admins flip at run time, one row each (name → JSON value): kept in the
+# database so that every manager sees a change at once. `retry.paused` pauses automatic retries
+# (`store.retries`). Migration 0023.
+cluster_settings = sa.Table(
+    "cluster_settings",
+    metadata,
+    sa.Column("name", sa.String(NAME_LEN), primary_key=True),
+    sa.Column("value", JSONType, nullable=False),
+    sa.Column("updated_at", UTCDateTime(), nullable=False),
+    sa.Column("updated_by", sa.String(NAME_LEN), nullable=True),
 )
 
 hints = sa.Table(

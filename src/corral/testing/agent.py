@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from corral.controller.agents import PromoteReported, after_reports
 from corral.coordination.hints import Hint
+from corral.domain.failure_causes import FailureCause
 from corral.domain.session import KernelIntent
 from corral.domain.status import KernelStatus
 from corral.domain.types import AgentId, Clock, KernelId, utcnow
@@ -49,6 +50,9 @@ class TestAgent:
     unresponsive: set[AgentId] = field(default_factory=set)
     # The exit code a kernel ends with right after it started (None: it keeps running).
     exit_code: Callable[[AssignedKernel], int | None] = lambda kernel: None
+    # Report a non-zero exit as the agent's kernel worker does: the kernel fails (ERROR) with
+    # cause kernel_nonzero_exit and its exit code. False: it ends TERMINATED with the code.
+    nonzero_exit_fails: bool = False
     # Promotes the sessions a report concerns at once, as the manager's agent controller does
     # (`SessionCoordinator.promote_reported`); None leaves the promotions to their tasks.
     promote: PromoteReported | None = None
@@ -74,7 +78,9 @@ class TestAgent:
         """Running kernels exit with `exit_code`."""
         await self._end(kernel_ids, exit_code=exit_code)
 
-    async def crash(self, kernel_ids: Iterable[KernelId], cause: str = "kernel_crashed") -> None:
+    async def crash(
+        self, kernel_ids: Iterable[KernelId], cause: str = FailureCause.KERNEL_FAILED
+    ) -> None:
         """Kernels fail (ERROR with `cause`) wherever they are."""
         await self._end(kernel_ids, failure_cause=cause)
 
@@ -122,15 +128,25 @@ class TestAgent:
             return []  # reported; waiting for the manager to ask again
         if intent is KernelIntent.PREPARE and status in (K.PREPARING, K.PULLING):
             if agent_id in self.fail_prepare_on:
-                return [_stage_failure(kid, status, "image_pull_failure")]
+                return [_stage_failure(kid, status, FailureCause.IMAGE_PULL_FAILURE)]
             pulled = [] if status is K.PULLING else [KernelReport(kid, K.PULLING)]
             return [*pulled, KernelReport(kid, K.PREPARED)]
         if intent is KernelIntent.RUN and status is K.CREATING:
             if agent_id in self.fail_start_on:
-                return [_stage_failure(kid, status, "kernel_start_failure")]
+                return [_stage_failure(kid, status, FailureCause.KERNEL_START_FAILURE)]
             started = [KernelReport(kid, K.RUNNING, runtime_info={"host": str(agent_id)})]
             code = self.exit_code(kernel)
-            if code is not None:
+            if code is not None and code != 0 and self.nonzero_exit_fails:
+                started.append(
+                    KernelReport(
+                        kid,
+                        K.ERROR,
+                        exit_code=code,
+                        failure_cause=FailureCause.KERNEL_NONZERO_EXIT,
+                        message=f"the kernel exited with code {code}",
+                    )
+                )
+            elif code is not None:
                 started.append(KernelReport(kid, K.TERMINATED, exit_code=code))
             return started
         return []

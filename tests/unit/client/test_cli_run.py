@@ -179,3 +179,40 @@ def test_a_lost_connection_says_the_session_may_still_run(cli: Cli, api: FakeApi
     result = cli("run", "--", "python", "train.py")
     assert result.exit_code == 1
     assert result.stderr.splitlines()[-1].endswith("may still be running: `corral session info 1`")
+
+
+def test_retry_flags_make_the_sessions_retry_policy(cli: Cli, api: FakeApi) -> None:
+    """--retries, --retry-delay, --backoff, --max-retry-delay, --retry-on: only those given."""
+    _runs(api)
+    result = cli(
+        "run",
+        "--retries", "3",
+        "--retry-delay", "30s",
+        "--backoff", "exponential",
+        "--max-retry-delay", "10m",
+        "--retry-on", "oom_killed,agent_transient",
+        "--", "python", "train.py",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (spec,) = api.created
+    assert spec["retry_policy"] == {
+        "max_retries": 3,
+        "retry_delay": 30.0,
+        "backoff": "exponential",
+        "max_retry_delay": 600.0,
+        "eligible_causes": ["agent_transient", "oom_killed"],
+    }
+
+
+def test_bad_retry_flags_are_refused_before_submitting(cli: Cli, api: FakeApi) -> None:
+    """An unknown cause or delay exits 2 naming the flag; nothing is sent."""
+    result = cli("run", "--retries", "1", "--retry-on", "user_cancelled", "--", "true")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("corral: error: --retry-on 'user_cancelled': not a retry")
+    result = cli("run", "--retries", "1", "--retry-delay", "soon", "--", "true")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("corral: error: --retry-delay 'soon': write a delay like")
+    result = cli("run", "--retries", "1", "--max-retry-delay", "2d", "--", "true")
+    assert result.exit_code == 2
+    assert "--max-retry-delay" in result.stderr
+    assert api.requests == []

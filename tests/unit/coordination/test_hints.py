@@ -19,10 +19,10 @@ def test_every_coordinator_task_has_its_own_hint_and_lock() -> None:
     """One task per handler; a hint or lock shared by two would merge their wake-ups."""
     coordinator = SessionCoordinator(cast(Database, None), cast(HintBus, None))
     tasks = coordinator.tasks()
-    # spec document 1's eight, DetectFailureBeforeRunning and EnforceTimeLimits
-    assert len(tasks) == 10
-    assert len({t.hint for t in tasks}) == 10
-    assert len({t.lock for t in tasks}) == 10
+    # spec document 1's eight, DetectFailureBeforeRunning, EnforceTimeLimits, DispatchRetries
+    assert len(tasks) == 11
+    assert len({t.hint for t in tasks}) == 11
+    assert len({t.lock for t in tasks}) == 11
     assert {t.hint for t in tasks} == {h.value for h in Hint} - {Hint.ASSIGNMENTS.value}
 
 

@@ -23,6 +23,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Protocol
 
+from corral.domain.failure_causes import FailureCause
 from corral.domain.record import record
 from corral.domain.session import MilliSlots
 from corral.domain.types import KernelId, SessionId
@@ -30,7 +31,7 @@ from corral.domain.types import KernelId, SessionId
 LOG_STREAMS = ("stdout", "stderr")
 # The manager believes the kernel runs on this agent, but neither the kernel nor a record of how
 # it ended can be found (the agent restarted and the kernel is gone from its view).
-KERNEL_LOST_CAUSE = "kernel_lost"
+KERNEL_LOST_CAUSE = FailureCause.KERNEL_LOST
 # torch.distributed's rendezvous port is derived from the session id, so every rank of a
 # session computes the same one without a round trip; the range avoids well-known and
 # ephemeral ports.

@@ -32,6 +32,7 @@ from corral.agent.runtime import (
 )
 from corral.agent.runtime._cgroups import release_cgroups
 from corral.agent.runtime._kernel_record import KernelRecord, RecordError
+from corral.domain.failure_causes import FailureCause
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ class _HostKernel:
                 "was killed, or the host restarted)"
             )
             return KernelExit(exit_code=None, failure_cause=KERNEL_LOST_CAUSE, message=message)
-        cause = "oom_killed" if oom_killed and code != 0 else None
+        cause = FailureCause.OOM_KILLED if oom_killed and code != 0 else None
         extra = {"kernel_id": kernel_id, "exit_code": code, "cause": cause}
         logger.info("runtime.kernel_exited", extra=extra)
         if cause is None:

@@ -66,6 +66,7 @@ from corral.agent.runtime._kernel_record import (
     RecordError,
 )
 from corral.agent.runtime._process_kernel import AdoptedKernel, ProcessKernel
+from corral.domain.failure_causes import FailureCause
 from corral.domain.record import record
 
 __all__ = ["BUILTIN_IMAGES", "AdoptedKernel", "ProcessKernel", "ProcessRuntime"]
@@ -208,7 +209,7 @@ class ProcessRuntime:
             await asyncio.to_thread(launch.output_dir.mkdir, parents=True, exist_ok=True)
         except OSError as exc:
             message = f"cannot create {launch.output_dir}: {exc}"
-            raise StageFailure("work_dir_failure", message) from exc
+            raise StageFailure(FailureCause.WORK_DIR_FAILURE, message) from exc
 
     async def start(self, launch: KernelLaunch) -> ProcessKernel:
         """Spawn the kernel in its own session, logs to files in its work directory."""
@@ -220,7 +221,7 @@ class ProcessRuntime:
         argv = image.argv(launch.command)
         if not _executable_exists(argv[0], env.get("PATH", ""), cwd):
             message = f"{argv[0]!r} is not an executable on the kernel's PATH (image {image.name})"
-            raise StageFailure("kernel_start_failure", message, retryable=False)
+            raise StageFailure(FailureCause.KERNEL_START_FAILURE, message, retryable=False)
         try:
             # An exit status left by an earlier start of this kernel must not be read as its own.
             (launch.work_dir / EXIT_FILE).unlink(missing_ok=True)
@@ -228,7 +229,9 @@ class ProcessRuntime:
             if elsewhere:
                 os.write(stderr, elsewhere.encode())
         except OSError as exc:
-            raise StageFailure("kernel_start_failure", f"cannot open its logs: {exc}") from exc
+            raise StageFailure(
+                FailureCause.KERNEL_START_FAILURE, f"cannot open its logs: {exc}"
+            ) from exc
         cgroups: tuple[Cgroup, ...] = ()
         try:
             argv, cgroups = self._limit(launch, argv)
@@ -236,7 +239,7 @@ class ProcessRuntime:
         except OSError as exc:
             await release_cgroups(cgroups)
             message = f"cannot start the kernel: {exc}"
-            raise StageFailure("kernel_start_failure", message, retryable=False) from exc
+            raise StageFailure(FailureCause.KERNEL_START_FAILURE, message, retryable=False) from exc
         except asyncio.CancelledError:
             await asyncio.shield(release_cgroups(cgroups))  # _spawn killed what it started
             raise
@@ -309,7 +312,8 @@ class ProcessRuntime:
         if location is None:
             known = ", ".join(sorted({*BUILTIN_IMAGES, *self._images}))
             raise StageFailure(
-                "image_pull_failure", f"unknown image {name!r}; this agent knows: {known}"
+                FailureCause.IMAGE_PULL_FAILURE,
+                f"unknown image {name!r}; this agent knows: {known}",
             )
         return _located(name, location)
 
@@ -332,7 +336,7 @@ def _located(name: str, location: Path) -> _Image:
     image = _Image(name, location / "bin" / "python" if venv else location, venv=venv)
     if not os.access(image.interpreter, os.X_OK) or not image.interpreter.is_file():
         raise StageFailure(
-            "image_pull_failure",
+            FailureCause.IMAGE_PULL_FAILURE,
             f"image {name!r}: interpreter {image.interpreter} does not exist or is not "
             "executable; fix the agent's image configuration",
         )

@@ -31,6 +31,7 @@ from corral.agent.runtime import (
     StageFailure,
 )
 from corral.agent.runtime.sim_journal import EndHow, Journal, JournalEvent, left_kernels
+from corral.domain.failure_causes import FailureCause
 from corral.domain.record import record
 from corral.domain.spec import SessionType
 from corral.domain.types import KernelId
@@ -63,7 +64,7 @@ FAIL_RATE_SHARES: Mapping[str, float] = MappingProxyType(
 # Shared, immutable outcomes: a kernel holds a reference, never a copy.
 EXITED_OK = KernelExit(0)
 NONZERO_EXIT = KernelExit(1, None, "simulated: the kernel exited with code 1")
-OOM_KILLED = KernelExit(-9, "oom_killed", "simulated: the kernel ran out of memory")
+OOM_KILLED = KernelExit(-9, FailureCause.OOM_KILLED, "simulated: the kernel ran out of memory")
 TERMINATED = KernelExit(-15, None, "simulated: terminated")
 LOST = KernelExit(None, KERNEL_LOST_CAUSE, "simulated: the kernel died with its agent")
 KILLED_AFTER_GRACE = KernelExit(-9, None, "simulated: killed after the grace period")
@@ -409,14 +410,18 @@ class SimulatedRuntime:
     async def preload(self, launch: KernelLaunch) -> None:
         """Wait the preload latency; maybe fail with image_pull_failure (retryable)."""
         if await self._stage_fails(self._profile.preload, self._profile.image_pull_failure):
-            raise StageFailure("image_pull_failure", f"simulated: cannot pull {launch.image!r}")
+            raise StageFailure(
+                FailureCause.IMAGE_PULL_FAILURE, f"simulated: cannot pull {launch.image!r}"
+            )
 
     async def start(self, launch: KernelLaunch) -> SimulatedKernel:
         """Wait the start latency; maybe fail with kernel_start_failure (not retryable)."""
         profile, rng = self._profile, self._rng
         if await self._stage_fails(profile.start, profile.kernel_start_failure):
             raise StageFailure(
-                "kernel_start_failure", "simulated: the kernel did not start", retryable=False
+                FailureCause.KERNEL_START_FAILURE,
+                "simulated: the kernel did not start",
+                retryable=False,
             )
         if self._journal is not None:
             self._journal.write(

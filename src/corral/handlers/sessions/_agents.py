@@ -6,6 +6,7 @@ from collections.abc import Collection, Sequence
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.domain.failure_causes import FailureCause
 from corral.domain.results import HandlerResult, ResultNote
 from corral.domain.session import KernelIntent, SessionWithKernels
 from corral.domain.status import KERNEL_TERMINAL, KernelStatus, SessionStatus
@@ -15,7 +16,7 @@ from corral.store.assignments import agent_statuses, request_kernels
 from corral.store.database import Database, Dialect
 from corral.store.status_changes import AppliedChanges
 
-AGENT_UNAVAILABLE = "agent_unavailable"
+AGENT_UNAVAILABLE = FailureCause.AGENT_UNAVAILABLE
 
 
 async def unavailable_agents(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from corral.domain.failure_causes import FailureCause
 from corral.domain.outcome import REQUESTED_RESULTS, SessionResult
 from corral.domain.results import KernelMatchType, ResultNote
 from corral.domain.session import SessionProgress
@@ -28,7 +29,7 @@ from corral.domain.status import (
 from corral.domain.types import SessionId
 from corral.handlers.base import Ending, SessionPromotionHandler
 
-KERNEL_FAILED = "kernel_failed"
+KERNEL_FAILED = FailureCause.KERNEL_FAILED
 
 
 class PromoteToPrepared(SessionPromotionHandler):
