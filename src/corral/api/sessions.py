@@ -30,7 +30,7 @@ from corral.controller.sessions import (
 )
 from corral.domain.field_errors import FieldError
 from corral.domain.moments import parse_moment
-from corral.domain.outcome import SessionResult
+from corral.domain.outcome import DependencyKind, SessionResult
 from corral.domain.refs import REF_AMBIGUOUS, REF_NAMES_ARRAY
 from corral.domain.retry.decide import RetryDecision
 from corral.domain.retry.policy import RetryPolicy
@@ -113,6 +113,9 @@ class SessionOut(BaseModel):
     # Where its kernels start: the submitting directory, or its upload (a sha256 digest).
     workdir: str | None = None
     upload: str | None = None
+    # For one session read alone: the sessions it waits for, and when it may start after each
+    # (`--after`, Slurm's kinds; a whole array's elements each).
+    dependencies: list[DependencyOut] | None = None
     # Wall-time limit in seconds (None: none); while RUNNING, when it will be stopped.
     time_limit_s: int | None = None
     deadline_at: datetime | None = None
@@ -221,7 +224,14 @@ def _controller(request: Request) -> SessionController:
 
 
 # SessionOut's fields `_out` derives
-_FROM_SPEC = {"image", "command", "resources", "kernels", "workdir"}
+_FROM_SPEC = {"image", "command", "resources", "kernels", "workdir", "dependencies"}
+
+
+class DependencyOut(BaseModel):
+    """A session this one waits for (a whole array's elements each), and the kind."""
+
+    session: uuid.UUID
+    kind: DependencyKind
 
 
 # What makes a stored row unshowable (a spec that does not parse, slots out of bounds); text
@@ -300,6 +310,12 @@ def _out(row: dict[str, Any], *, with_kernels: bool = False) -> SessionOut:
         image=str(spec.get("image", "")),
         command=list(spec.get("command") or []),
         workdir=spec.get("workdir"),
+        dependencies=[
+            DependencyOut(session=d["depends_on"], kind=d["kind"])
+            for d in row.get("dependencies") or ()
+        ]
+        if with_kernels
+        else None,
         resources=resources,
         kernels=[KernelOut(**k) for k in row["kernels"]] if with_kernels else None,
     )

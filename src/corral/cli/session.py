@@ -298,6 +298,7 @@ def _facts(session: Session) -> list[list[str]]:
         ("command", shlex.join(session.command) or "-"),
         ("workdir", _start_dir(session)),
         ("upload", text(session.upload)),  # the sha256 of the directory sent
+        ("after", _dependencies(session)),
         ("resources", f"{session.resources.format_human()} per kernel; {placement}"),
         ("group", f"{session.resource_group}, priority {session.priority}"),
         ("created", f"{local_time(session.created_at)} ({age(session.created_at)} ago)"),
@@ -307,6 +308,13 @@ def _facts(session: Session) -> list[list[str]]:
         *_retry_facts(session),
     ]
     return [[f"{key}:", value] for key, value in facts]
+
+
+def _dependencies(session: Session) -> str:
+    """What it waits for, as `--after` takes it: `afterok:ID, afterany:ID`."""
+    if not session.dependencies:
+        return "-"
+    return ", ".join(f"{d.kind}:{d.session}" for d in session.dependencies)
 
 
 def _start_dir(session: Session) -> str:

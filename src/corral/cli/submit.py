@@ -12,6 +12,7 @@ import typer
 
 from corral.cli._arrays import submit_array
 from corral.cli._common import fail
+from corral.cli._dependencies import parse_after, resolve
 from corral.cli._follow import SessionFollower, Terminal, confirm_on_terminal
 from corral.cli._remote import call
 from corral.client import Client, ValidationError, validated
@@ -38,8 +39,8 @@ def submit_command(
         bool, typer.Option("--schema", help="Print the job file's JSON schema and exit.")
     ] = False,
 ) -> None:
-    """Submit the session (or job array) a job file describes; print its id (an array's
-    number) and return.
+    """Submit the session (or job array) a job file describes; print its number (`12`, an
+    array's too) and return.
 
     A job file holds the fields of a session spec (`corral submit --schema` lists them:
     command, image, resources, cluster_size, resource_group, priority, env, dependencies, ...)
@@ -58,22 +59,26 @@ def submit_command(
         if len(exc.problems) == 1:
             fail(exc.problems[0])
         fail(f"{len(exc.problems)} mistakes:\n  " + "\n  ".join(exc.problems))
-    fields = job.model_dump(mode="json", exclude_unset=True, exclude={"array"})
+    fields = job.model_dump(mode="json", exclude_unset=True, exclude={"array", "after"})
     # A fresh creation_id makes the submission safe to retry: the server creates it once.
     fields.setdefault("creation_id", uuid.uuid4().hex)
     model: type[SessionSpec] = SessionSpec
     if job.array is not None:
         model, fields = ArraySpec, {**fields, "array": job.array}
-    try:
-        spec = validated(model, fields)
-    except ValidationError as exc:
-        fail(f"{job_file.name}: {exc}")
 
     async def submit(client: Client) -> int:
+        if job.after:
+            # Numbers, names and elements as the API resolves them, added to `dependencies`.
+            waits = await resolve(client, parse_after(job.after))
+            fields["dependencies"] = [*fields.get("dependencies", []), *waits]
+        try:
+            spec = validated(model, fields)
+        except ValidationError as exc:
+            fail(f"{job_file.name}: {exc}")
         if isinstance(spec, ArraySpec):
             return await submit_array(client, spec, wait=wait, say=_say)
         session = await client.create_session(spec)
-        typer.echo(str(session.id))
+        typer.echo(str(session.number))
         if not wait:
             return 0
         terminal = Terminal(

@@ -21,6 +21,7 @@ import yaml
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from corral.domain.arrays import ARRAY_SCHEMA, check_array
+from corral.domain.dependency_syntax import DependencySyntaxError, parse_after
 from corral.domain.images import default_image
 from corral.domain.spec import SessionSpec
 
@@ -46,6 +47,15 @@ class JobSpec(SessionSpec):
 
     # Slurm's syntax: 0-99, 1,3,5, 0-15:4, with %N for at most N at once (0-999%50).
     array: str | None = Field(default=None, json_schema_extra=ARRAY_SCHEMA)
+    # Sessions to wait for, as `corral run --after` takes them; resolved at submission and
+    # added to `dependencies` (which names sessions by id only).
+    after: list[str] | None = Field(
+        default=None,
+        description="sessions to wait for, as `corral run --after` takes them: a number, name, "
+        "id or array element (12_7), afterok by default, or KIND:REF[:REF...] with kind "
+        "afterok, afterany or afternotok; a job array's number waits for every element",
+        examples=[["12", "afterany:13:prep", "afternotok:12_3"]],
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -60,6 +70,19 @@ class JobSpec(SessionSpec):
     @classmethod
     def _check_array(cls, value: str | None) -> str | None:
         return None if value is None else check_array(value)
+
+    @field_validator("after", mode="before")
+    @classmethod
+    def _check_after(cls, value: Any) -> Any:
+        if isinstance(value, str | int):  # one reference, or a comma-separated line of them
+            value = [str(value)]
+        if isinstance(value, list):
+            value = [str(item) if isinstance(item, int) else item for item in value]
+            try:
+                parse_after(item for item in value if isinstance(item, str))
+            except DependencySyntaxError as exc:
+                raise ValueError(str(exc).replace("--after ", "", 1)) from None
+        return value
 
 
 class JobFileError(ValueError):

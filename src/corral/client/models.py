@@ -49,6 +49,14 @@ class Kernel(ApiModel):
     status_changed_at: datetime | None = None
 
 
+class SessionDependency(ApiModel):
+    """A session another waits for (a whole array's elements each), and the kind (afterok,
+    afterany, afternotok)."""
+
+    session: uuid.UUID
+    kind: str
+
+
 class Session(ApiModel):
     """A session as the API shows it; `kernels` only when fetched one by one."""
 
@@ -82,6 +90,8 @@ class Session(ApiModel):
     array_throttle: int | None = None
     workdir: str | None = None  # where its kernels start (the submitting directory)
     upload: str | None = None  # ... or the sha256 of its upload, unpacked where they start
+    # Read alone: the sessions it waits for (`--after`; a whole array's elements each).
+    dependencies: list[SessionDependency] | None = None
     time_limit_s: int | None = None  # wall-time limit in seconds
     deadline_at: datetime | None = None  # while RUNNING with a limit: when it is stopped
     starts_at: datetime | None = None  # not placed before (a retry's: after its delay)

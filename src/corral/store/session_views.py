@@ -16,7 +16,7 @@ from corral.domain.types import SessionId, UserId
 from corral.store._sql import in_values
 from corral.store.database import Database
 from corral.store.session_removal import ENDED, remove_sessions, waiting_dependants
-from corral.store.tables import kernels, session_history, sessions, users
+from corral.store.tables import kernels, session_dependencies, session_history, sessions, users
 
 MAX_PAGE = 1_000
 
@@ -138,7 +138,8 @@ async def array_elements(db: Database, array_id: uuid.UUID) -> list[dict[str, An
 
 
 async def get_session(db: Database, session_id: uuid.UUID) -> dict[str, Any] | None:
-    """One session with its kernels (by cluster index)."""
+    """One session with its kernels (by cluster index) and the sessions it waits for
+    (`dependencies`: depends_on and kind each; a whole array's, one per element)."""
     async with db.read() as conn:
         row = (await conn.execute(_SESSION_BY_ID, {"sid": session_id})).first()
         if row is None:
@@ -146,6 +147,8 @@ async def get_session(db: Database, session_id: uuid.UUID) -> dict[str, Any] | N
         found = dict(row._mapping)
         kernel_rows = await conn.execute(_KERNELS_OF_SESSION, {"sid": session_id})
         found["kernels"] = [dict(k._mapping) for k in kernel_rows]
+        waits = await conn.execute(_DEPENDENCIES_OF_SESSION, {"sid": session_id})
+        found["dependencies"] = [dict(d._mapping) for d in waits]
     return found
 
 
@@ -154,6 +157,14 @@ _SESSION_BY_ID = (
     sa.select(*_COLUMNS)
     .select_from(_FROM)
     .where(sessions.c.id == sa.bindparam("sid", type_=sessions.c.id.type))
+)
+_DEPENDENCIES_OF_SESSION = (
+    sa.select(session_dependencies.c.depends_on, session_dependencies.c.kind)
+    .where(
+        session_dependencies.c.session_id
+        == sa.bindparam("sid", type_=session_dependencies.c.session_id.type)
+    )
+    .order_by(session_dependencies.c.depends_on)
 )
 _KERNELS_OF_SESSION = (
     sa.select(

@@ -41,6 +41,9 @@ async def test_every_session_route_accepts_the_number(world: ApiWorld) -> None:
         "number": number,
         "outcome": "cancelled",
         "status": "CANCELLED",
+        "retry_chain_stopped": False,  # it had no retry policy
+        "chain_ended": [],
+        "message": None,
     }
     removed = await world.http.delete(f"/v1/sessions/{number}", headers=headers)
     assert removed.status_code == 204

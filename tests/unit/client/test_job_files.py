@@ -113,12 +113,13 @@ def test_a_file_that_does_not_parse_names_its_line(
 
 
 def test_the_schema_is_the_session_spec_plus_array() -> None:
-    """Generated from the one model: every SessionSpec field, plus `array`; image optional."""
+    """Generated from the one model: every SessionSpec field, plus `array` and `after` (the
+    CLI's dependency syntax); image optional."""
     schema = job_schema()
-    assert set(schema["properties"]) == set(SessionSpec.model_fields) | {"array"}
+    assert set(schema["properties"]) == set(SessionSpec.model_fields) | {"array", "after"}
     assert "image" not in schema.get("required", [])
     assert schema["additionalProperties"] is False
-    assert JobSpec.model_fields.keys() - SessionSpec.model_fields.keys() == {"array"}
+    assert JobSpec.model_fields.keys() - SessionSpec.model_fields.keys() == {"array", "after"}
 
 
 ROOT = Path(__file__).resolve().parents[3]
