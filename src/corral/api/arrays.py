@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 
 from corral.api.auth import CurrentUser, Db
-from corral.api.problems import Problem
+from corral.api.problems import Problem, refused_submission
 from corral.controller.sessions import SessionController, SubmissionError
 from corral.domain.arrays import ArraySpec
 from corral.domain.types import SessionId
@@ -72,13 +72,7 @@ async def create_array(
     try:
         submitted = await _controller(request).enqueue_array(spec, user.user_id)
     except SubmissionError as exc:
-        raise Problem(
-            422,
-            "validation-error",
-            "The request is not valid",
-            str(exc),
-            errors=[{"field": exc.field, "message": exc.message}],
-        ) from exc
+        raise refused_submission(exc) from exc
     if not submitted.created:
         response.status_code = 200
     return ArrayOut(

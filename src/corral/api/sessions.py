@@ -17,9 +17,8 @@ from pydantic import BaseModel
 
 from corral.api._pages import invalid_cursor
 from corral.api.auth import CurrentUser, Db
-from corral.api.problems import Problem, invalid_request
+from corral.api.problems import Problem, refused_submission
 from corral.controller.sessions import SessionController, SubmissionError
-from corral.domain.field_errors import FieldError
 from corral.domain.moments import parse_moment
 from corral.domain.outcome import SessionResult
 from corral.domain.slots import ResourceSlots
@@ -224,7 +223,7 @@ async def create_session(
     try:
         submitted = await _controller(request).enqueue(spec, user.user_id)
     except SubmissionError as exc:
-        raise invalid_request([FieldError(exc.field, exc.message)]) from exc
+        raise refused_submission(exc) from exc
     if submitted.written is None:
         response.status_code = 200
         return _out(await _visible(db, user, submitted.session_id), with_kernels=True)
