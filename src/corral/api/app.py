@@ -28,6 +28,7 @@ from corral.controller.sessions import SessionController
 from corral.coordination.loop import DualLoop
 from corral.coordination.metrics import CoordinatorMetrics
 from corral.domain.record import record
+from corral.domain.tokens import DEFAULT_TOKEN_TTL_S
 from corral.infra.events import EventBus
 from corral.store.database import Database
 
@@ -43,6 +44,8 @@ class ApiContext:
     loops: Sequence[DualLoop] = field(default_factory=tuple)  # for metrics and readiness
     metrics: CoordinatorMetrics | None = None
     upload_max_bytes: int = uploads.DEFAULT_UPLOAD_MAX_BYTES  # the cap of one upload's archive
+    # How long a new user token lasts when its request names no expiry (None: for ever).
+    token_ttl_s: float | None = DEFAULT_TOKEN_TTL_S
 
 
 def create_app(context: ApiContext) -> FastAPI:
@@ -54,6 +57,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.state.sessions = context.sessions
     app.state.token_cache = {}
     app.state.upload_max_bytes = context.upload_max_bytes
+    app.state.token_ttl_s = context.token_ttl_s
     install_problem_handlers(app)
     app.include_router(health.router)
     app.include_router(metrics_router(context, context.metrics))

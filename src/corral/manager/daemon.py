@@ -36,13 +36,14 @@ from corral.coordination.orchestrator import Orchestrator
 from corral.coordination.tasks import Task, TaskRun
 from corral.domain.arrays import DEFAULT_MAX_ARRAY_SIZE
 from corral.domain.record import record
+from corral.domain.tokens import DEFAULT_TOKEN_TTL_S
 from corral.domain.types import Clock, utcnow
 from corral.infra.events import PING_INTERVAL_S, forget_on_events
 from corral.infra.locks import DEFAULT_LOCK_TTL_S
 from corral.manager.backends import Buses, open_buses
 from corral.manager.retention import retention_loop
 from corral.store.database import Database
-from corral.store.events import TOKEN_REVOKED
+from corral.store.events import TOKEN_CHANGES
 from corral.store.group_options import forget_group_options
 from corral.store.kernel_logs import DEFAULT_LOG_CAP_BYTES
 from corral.store.migrate import upgrade
@@ -76,6 +77,7 @@ class ManagerConfig:
     lock_ttl_s: float = DEFAULT_LOCK_TTL_S
     max_array_size: int = DEFAULT_MAX_ARRAY_SIZE  # elements of one job array
     upload_max_bytes: int = DEFAULT_UPLOAD_MAX_BYTES
+    token_ttl_s: float | None = DEFAULT_TOKEN_TTL_S  # users' new tokens; None: never expire
 
 
 @dataclass(slots=True)
@@ -203,6 +205,7 @@ class ManagerDaemon:
                 loops=loops,
                 metrics=metrics,
                 upload_max_bytes=config.upload_max_bytes,
+                token_ttl_s=config.token_ttl_s,
             )
         )
         self._sock = _bind(config.host, config.port)
@@ -224,7 +227,7 @@ class ManagerDaemon:
                 forget_on_events(
                     buses.events,
                     {
-                        TOKEN_REVOKED: app.state.token_cache.clear,
+                        **dict.fromkeys(TOKEN_CHANGES, app.state.token_cache.clear),
                         **dict.fromkeys(GROUP_CHANGES, functools.partial(forget_group_options, db)),
                     },
                 ),
