@@ -189,7 +189,7 @@ async def live_cluster(
     tmp_path: Path,
     *,
     heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
-    running_quiet_s: float = AgentTimings.running_quiet_s,
+    running_quiet_s: float = AgentTimings().running_quiet_s,
 ) -> AsyncIterator[LiveCluster]:
     """A running manager on `database_url`; agents are started by the test and killed after."""
     daemon, runner = await _start(

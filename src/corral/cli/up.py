@@ -38,6 +38,7 @@ def up_command(
         retention_days=settings.retention_days,
         python=python,
         upload_max_bytes=settings.upload_max_bytes,
+        token_ttl_s=settings.token_ttl_s(),
     )
 
     def ready(up: UpReady) -> None:
@@ -45,7 +46,8 @@ def up_command(
 
         path = write_client_config(up.url, up.admin_token)
         typer.echo(f"corral is up at {up.url}, agents: {', '.join(up.agent_ids)}")
-        typer.echo(f"admin token: {up.admin_token}")
+        kept = "new, kept" if up.new_token else "kept"
+        typer.echo(f"admin token: {up.admin_token} ({kept} in {up.token_file})")
         typer.echo(f"client config written to {path}; try:")
         typer.echo("  corral run -- python -c \"print('hello')\"")
         typer.echo("Ctrl-C stops corral (running sessions are stopped).")

@@ -139,8 +139,9 @@ async def remove_agent(db: Database, agent_id: AgentId, now: datetime) -> list[E
             return None
         if row[0] == AGENT_ALIVE:
             raise AgentInUseError(
-                f"agent {agent_id} is ALIVE; stop it first (it leaves TERMINATED) or wait until "
-                "it is LOST (drain it meanwhile: `corral agent drain`)"
+                f"agent {agent_id} is ALIVE; stop it, and remove it once it is LOST (no "
+                "heartbeat for the manager's heartbeat_timeout_s); `corral agent drain` keeps "
+                "new work off it meanwhile"
             )
         live = await conn.scalar(
             sa.select(sa.func.count())
