@@ -79,6 +79,12 @@ async def admin_token(db: Database, kept: Path, ttl_s: float | None) -> tuple[st
         if holder is not None and holder.role == ADMIN_ROLE:
             return secret, False
     admin = await get_user_record(db, ADMIN)
+    if admin is not None and admin.role != ADMIN_ROLE:
+        raise ValueError(
+            f"user {ADMIN!r} of this corral is no longer an admin; make it one again "
+            f"(`corral user set {ADMIN} --role admin`, or `corral admin bootstrap --data-dir "
+            f"{kept.parent} --force`), or remove {kept} and the user"
+        )
     user_id = admin.id if admin is not None else await create_user(db, ADMIN, ADMIN_ROLE, now)
     secret = (await issue_token(db, user_id, "corral up", now, token_expiry(now, ttl_s))).secret
     await asyncio.to_thread(write_private, kept, secret + "\n")
@@ -118,7 +124,12 @@ async def run_up(
     managing = await manager.start()
     assert manager.parts is not None
     token_file = config.data_dir / ADMIN_TOKEN_FILE
-    token, new_token = await admin_token(manager.parts.db, token_file, config.token_ttl_s)
+    try:
+        token, new_token = await admin_token(manager.parts.db, token_file, config.token_ttl_s)
+    except BaseException:
+        await manager.stop()
+        await asyncio.gather(managing, return_exceptions=True)
+        raise
     share = split_slots(config.slots, config.agents)
     agents = [
         AgentDaemon(
