@@ -160,6 +160,10 @@ async def test_resource_group_access_through_the_cli(database_url: str, tmp_path
         assert "resource_group: resource group 'gpu' is open to listed users only" in said
         said = await _refused(alice, "run", "--priority", "6", *run[1:])
         assert "priority: priority 6 is above 5, the max_user_priority" in said
+        job = tmp_path / "job.yaml"
+        job.write_text('resource_group: gpu\ncommand: ["true"]\narray: 0-3\n')
+        said = await _refused(bob, "submit", str(job))
+        assert "resource group 'gpu' is open to listed users only, and 'bob'" in said
         number = (await _ok(alice, *run)).strip()
 
         async def reason() -> str | None:
