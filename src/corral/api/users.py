@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import datetime
-from typing import Annotated, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Literal, cast
 
 from fastapi import APIRouter, Path, Request, Response
 from pydantic import BaseModel, Field
@@ -37,6 +37,9 @@ from corral.store.users import (
     revoke_token,
     set_role,
 )
+
+if TYPE_CHECKING:
+    from corral.api.app import ApiContext
 
 router = APIRouter(tags=["users"])
 logger = logging.getLogger(__name__)
@@ -163,7 +166,7 @@ async def user_delete(name: UserName, admin: AdminUser, db: Db, request: Request
     """Remove a user who owns no session, with their tokens and uploads; 409 when they own
     sessions or are the last admin."""
     try:
-        event = await delete_user(db, name, utcnow())
+        event, *groups = await delete_user(db, name, utcnow())
     except UnknownUserError as exc:
         raise _user_not_found(name) from exc
     except LastAdminError as exc:
@@ -179,6 +182,11 @@ async def user_delete(name: UserName, admin: AdminUser, db: Db, request: Request
         ) from exc
     logger.info(event.kind, extra={"user": name, "by": admin.name})
     await _tokens_changed(request, event)
+    for changed in groups:  # taken off the groups' users: other managers' kept options go
+        logger.info(changed.kind, extra={"resource_group": changed.entity_id, "by": admin.name})
+    context: ApiContext = request.app.state.context
+    if groups and context.events is not None:
+        await context.events.publish_after_commit(groups)
     return Response(status_code=204)
 
 

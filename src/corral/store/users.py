@@ -16,6 +16,8 @@ from corral.domain.status import SESSION_TERMINAL
 from corral.domain.types import ADMIN_ROLE, USER_ROLE, UserId
 from corral.store.database import Database
 from corral.store.events import TOKEN_REVOKED, USER_REMOVED, USER_ROLE_CHANGED, append_events
+from corral.store.group_options import forget_group_options
+from corral.store.resource_group_store import drop_allowed_user
 from corral.store.tables import api_tokens, sessions, users
 
 ROLES = (ADMIN_ROLE, USER_ROLE)
@@ -213,8 +215,9 @@ async def set_role(db: Database, name: str, role: str, now: datetime) -> Event |
     return event
 
 
-async def delete_user(db: Database, name: str, now: datetime) -> Event:
-    """Remove a user who owns no session, with their tokens and uploads; `user.removed`.
+async def delete_user(db: Database, name: str, now: datetime) -> list[Event]:
+    """Remove a user who owns no session, with their tokens and uploads, and take them off
+    every group's `allowed_users`; the events: `user.removed`, then the groups changed.
 
     UnknownUserError, LastAdminError (the last admin), UserHasSessionsError (sessions keep
     their owner: they must be gone first).
@@ -236,8 +239,11 @@ async def delete_user(db: Database, name: str, now: datetime) -> Event:
         if total:
             raise UserHasSessionsError(name, int(total), int(active))
         await conn.execute(users.delete().where(users.c.id == user.user_id))
-        (event,) = await append_events(conn, [_user_event(USER_REMOVED, user, now, {})], now)
-    return event
+        events = await append_events(conn, [_user_event(USER_REMOVED, user, now, {})], now)
+        groups = await drop_allowed_user(conn, name, now)
+    if groups:
+        forget_group_options(db)
+    return events + groups
 
 
 async def _lock_user(conn: AsyncConnection, name: str) -> Principal:

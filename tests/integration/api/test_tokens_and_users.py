@@ -134,16 +134,24 @@ async def test_an_admin_changes_roles_but_never_removes_the_last_admin(world: Ap
 async def test_a_user_is_removed_with_their_tokens_once_they_own_no_session(
     world: ApiWorld,
 ) -> None:
-    """Alice owns a session: 409 naming it, nothing removed; Bob owns none: removed, and his
-    token is refused at once."""
+    """Alice owns a session: 409 naming it, nothing removed; Bob owns none: removed, taken off
+    the groups' users, and his token is refused at once."""
     assert (await create(world, world.alice)).status_code == 201
     refused = await world.http.delete("/v1/users/alice", headers=world.admin.headers)
     body = problem(refused, 409, "user-has-sessions")
     assert (body["sessions"], body["active_sessions"]) == (1, 1)
     assert "terminate the active ones" in body["detail"]
 
+    listed = await world.http.patch(
+        "/v1/resource-groups/default",
+        json={"options": {"allowed_users": ["alice", "bob"]}},
+        headers=world.admin.headers,
+    )
+    assert listed.status_code == 200, listed.text
     removed = await world.http.delete("/v1/users/bob", headers=world.admin.headers)
     assert removed.status_code == 204
+    group = await world.http.get("/v1/resource-groups/default", headers=world.admin.headers)
+    assert group.json()["options"]["allowed_users"] == ["alice"]  # no later 'bob' inherits it
     assert problem(
         await world.http.get("/v1/me", headers=world.bob.headers), 401, "unauthenticated"
     )
