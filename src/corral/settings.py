@@ -18,6 +18,7 @@ from corral.domain.arrays import DEFAULT_MAX_ARRAY_SIZE
 from corral.domain.bounds import DEFAULT_MAX_REQUEST_BYTES, MIN_MAX_REQUEST_BYTES
 from corral.domain.retry.policy import RetryPolicy
 from corral.domain.slots import ResourceSlots
+from corral.domain.tokens import DEFAULT_TOKEN_TTL_DAYS, MAX_TOKEN_LIFETIME_S
 from corral.infra.locks import DEFAULT_LOCK_TTL_S
 from corral.store.database import async_url
 from corral.store.kernel_logs import DEFAULT_LOG_CAP_BYTES
@@ -102,6 +103,14 @@ class Settings(BaseSettings):
         description="hours an upload no session names is kept (0: for ever)",
     )
 
+    # Users' API tokens: how long a new one lasts when its maker names no expiry (0: for ever).
+    token_ttl_days: float = Field(
+        default=DEFAULT_TOKEN_TTL_DAYS,
+        ge=0,
+        le=MAX_TOKEN_LIFETIME_S / 86_400,
+        description="days a new user token lasts by default (0: never expires)",
+    )
+
     @field_validator("database_url")
     @classmethod
     def _check_database_url(cls, value: str | None) -> str | None:
@@ -130,6 +139,10 @@ class Settings(BaseSettings):
         # First wins: flags (init), then environment, then corral.toml.
         toml = TomlConfigSettingsSource(settings_cls, toml_file=config_file())
         return (init_settings, env_settings, toml)
+
+    def token_ttl_s(self) -> float | None:
+        """`token_ttl_days` in seconds; None when tokens never expire by default."""
+        return self.token_ttl_days * 86_400 or None
 
     def resolved_database_url(self) -> str:
         """The database to use: the configured URL, else `corral.db` in the data directory."""

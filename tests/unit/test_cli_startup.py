@@ -37,6 +37,18 @@ def test_the_user_verbs_do_not_import_the_server_stack() -> None:
     assert loaded.stdout.strip() == ""
 
 
+def test_the_commands_run_against_a_manager_load_the_client_only() -> None:
+    """`user`, `token` and `group` talk to a manager: they import no server module either."""
+    probe = (
+        "import sys, corral.cli.users_cli, corral.cli.tokens_cli, corral.cli.groups_cli; "
+        f"print(','.join(m for m in {SERVER_MODULES!r} if m in sys.modules))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert loaded.stdout.strip() == ""
+
+
 @pytest.mark.parametrize("name", sorted(_Commands.loaders))
 def test_every_command_loaded_on_use_answers_help(name: str) -> None:
     """Each command imported on first use is found, and shows its own help."""

@@ -1,4 +1,5 @@
-"""Agents as users see them (`GET /v1/agents`, `GET /v1/agents/{id}`) and admins drain them.
+"""Agents as users see them (`GET /v1/agents`, `GET /v1/agents/{id}`); admins drain them and
+remove those that left.
 
 Apart from the agent protocol in `api/agents.py`, which shares the `/v1/agents` prefix but is
 authenticated by agents' own tokens: these routes take users' bearer tokens.
@@ -29,7 +30,14 @@ from corral.coordination.hints import Hint
 from corral.domain.events import Event
 from corral.domain.slots import ResourceSlots
 from corral.domain.types import AgentId
-from corral.store.agent_views import AgentView, get_agent, list_agents, set_schedulable
+from corral.store.agent_views import (
+    AgentInUseError,
+    AgentView,
+    get_agent,
+    list_agents,
+    remove_agent,
+    set_schedulable,
+)
 
 if TYPE_CHECKING:
     from corral.api.app import ApiContext
@@ -113,6 +121,21 @@ async def agent_drain(agent_id: str, admin: AdminUser, db: Db, request: Request)
 async def agent_undrain(agent_id: str, admin: AdminUser, db: Db, request: Request) -> AgentOut:
     """Let the scheduler place kernels on the agent again; idempotent."""
     return await _set_schedulable(request, db, agent_id, True, admin.name)
+
+
+@router.delete("/{agent_id}", status_code=204)
+async def agent_remove(agent_id: str, admin: AdminUser, db: Db, request: Request) -> Response:
+    """Remove an agent that left (LOST or TERMINATED) and runs nothing; 409 otherwise."""
+    context: ApiContext = request.app.state.context
+    try:
+        events = await remove_agent(db, AgentId(agent_id), context.agents.clock())
+    except AgentInUseError as exc:
+        raise Problem(409, "agent-in-use", "Agent in use", str(exc)) from exc
+    if events is None:
+        raise _not_found(agent_id)
+    logger.info(events[0].kind, extra={"agent_id": agent_id, "by": admin.name})
+    await _publish(context, events)
+    return Response(status_code=204)
 
 
 def agent_out(agent: AgentView) -> AgentOut:

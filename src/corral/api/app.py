@@ -31,6 +31,7 @@ from corral.coordination.loop import DualLoop
 from corral.coordination.metrics import CoordinatorMetrics
 from corral.domain.bounds import DEFAULT_MAX_REQUEST_BYTES
 from corral.domain.record import record
+from corral.domain.tokens import DEFAULT_TOKEN_TTL_S
 from corral.infra.events import EventBus
 from corral.store.database import Database
 
@@ -54,6 +55,8 @@ class ApiContext:
     metrics: CoordinatorMetrics | None = None
     upload_max_bytes: int = uploads.DEFAULT_UPLOAD_MAX_BYTES  # the cap of one upload's archive
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # any other request body (413 past it)
+    # How long a new user token lasts when its request names no expiry (None: for ever).
+    token_ttl_s: float | None = DEFAULT_TOKEN_TTL_S
 
 
 def create_app(context: ApiContext) -> FastAPI:
@@ -65,6 +68,7 @@ def create_app(context: ApiContext) -> FastAPI:
     app.state.sessions = context.sessions
     app.state.token_cache = {}
     app.state.upload_max_bytes = context.upload_max_bytes
+    app.state.token_ttl_s = context.token_ttl_s
     install_problem_handlers(app)
     app.add_middleware(
         RequestGuard, max_body_bytes=context.max_request_bytes, uncapped=UNCAPPED_BODIES

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Path, Request, Response
 from pydantic import BaseModel
 
 from corral.api.auth import CurrentUser, Db
-from corral.api.problems import Problem, creation_id_conflict
+from corral.api.problems import Problem, creation_id_conflict, refused_submission
 from corral.controller.sessions import (
     CreationIdConflictError,
     SessionController,
@@ -171,13 +171,7 @@ async def create_array(
     except CreationIdConflictError as exc:
         raise creation_id_conflict(exc.message, exc.fields, str(exc.session_id)) from exc
     except SubmissionError as exc:
-        raise Problem(
-            422,
-            "validation-error",
-            "The request is not valid",
-            str(exc),
-            errors=[{"field": exc.field, "message": exc.message}],
-        ) from exc
+        raise refused_submission(exc) from exc
     if not submitted.created:
         response.status_code = 200
     return ArrayOut(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
@@ -16,7 +17,7 @@ from fastapi import Depends, Header, Request
 from corral.api.problems import Problem
 from corral.domain.types import utcnow
 from corral.store.database import Database
-from corral.store.users import Principal, principal_for
+from corral.store.users import Principal, token_holder
 
 logger = logging.getLogger(__name__)
 
@@ -51,26 +52,50 @@ async def bearer(authorization: Annotated[str | None, Header()] = None) -> str:
     return token.strip()
 
 
+# A token → (cached until, by the monotonic clock; its user; when the token expires).
+TokenCache = dict[str, tuple[float, Principal, datetime | None]]
+
+
 async def current_user(request: Request, token: Annotated[str, Depends(bearer)]) -> Principal:
-    """The user the bearer token belongs to; 401 for an unknown or expired token."""
-    cache: dict[str, tuple[float, Principal]] = request.app.state.token_cache
+    """The user the bearer token belongs to; 401 for an unknown or an expired token."""
+    cache: TokenCache = request.app.state.token_cache
     now = time.monotonic()
     cached = cache.get(token)
     if cached is not None and cached[0] > now:
-        return cached[1]
-    principal = await principal_for(await database(request), token, utcnow())
-    if principal is None:
-        raise Problem(401, "unauthenticated", "Unknown token", "the token is unknown or expired")
-    if len(cache) > 10_000:
-        cache.clear()
-    cache[token] = (now + CACHE_S, principal)
+        _, principal, expires_at = cached
+    else:
+        holder = await token_holder(await database(request), token)
+        if holder is None:
+            raise Problem(
+                401,
+                "unauthenticated",
+                "Unknown token",
+                "the token is unknown (revoked, or never issued); ask an admin for one",
+            )
+        principal, expires_at = holder.principal, holder.expires_at
+        if len(cache) > 10_000:
+            cache.clear()
+        cache[token] = (now + CACHE_S, principal, expires_at)
+    if expires_at is not None and expires_at <= utcnow():
+        raise Problem(
+            401,
+            "token-expired",
+            "Token expired",
+            f"the token expired at {expires_at.isoformat(timespec='seconds')}; make a new one "
+            "with a token of yours still valid (`corral token create`), or ask an admin",
+        )
     return principal
 
 
 async def admin_user(user: Annotated[Principal, Depends(current_user)]) -> Principal:
     """The caller, who must be an admin; 403 otherwise."""
     if not user.is_admin:
-        raise Problem(403, "forbidden", "Admins only", f"user {user.name!r} is not an admin")
+        raise Problem(
+            403,
+            "forbidden",
+            "Admins only",
+            f"only admins may do this, and user {user.name!r} is not an admin; ask one",
+        )
     return user
 
 

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from corral.controller.sessions import SubmissionError, SubmissionForbiddenError
 from corral.domain.field_errors import FieldError, describe, field_errors
 
 PROBLEM_BASE = "https://corral.dev/problems/"
@@ -122,3 +123,22 @@ def invalid_request(errors: Sequence[FieldError]) -> Problem:
         describe(errors) or "invalid request",
         errors=[{"field": e.field, "message": e.message} for e in errors],
     )
+
+
+def forbidden_field(field: str, message: str) -> Problem:
+    """403 `forbidden-field`: a valid request the caller may not make; `errors` names the field
+    that needs more rights than theirs (e.g. a resource group not open to them)."""
+    return Problem(
+        403,
+        "forbidden-field",
+        "Not allowed",
+        describe([FieldError(field, message)]),
+        errors=[{"field": field, "message": message}],
+    )
+
+
+def refused_submission(exc: SubmissionError) -> Problem:
+    """The problem a refused submission answers: 403 when it needs an admin, else 422."""
+    if isinstance(exc, SubmissionForbiddenError):
+        return forbidden_field(exc.field, exc.message)
+    return invalid_request([FieldError(exc.field, exc.message)])

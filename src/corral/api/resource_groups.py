@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -15,7 +16,7 @@ from corral.api.problems import Problem, invalid_request
 from corral.coordination.hints import Hint
 from corral.domain.bounds import NAME_PATTERN, Text
 from corral.domain.events import Event
-from corral.domain.field_errors import field_errors
+from corral.domain.field_errors import FieldError, field_errors
 from corral.domain.resource_group import ResourceGroupOptions
 from corral.store.resource_group_store import (
     ResourceGroupExistsError,
@@ -28,6 +29,7 @@ from corral.store.resource_group_store import (
     list_groups,
     update_group,
 )
+from corral.store.user_directory import unknown_user_names
 
 if TYPE_CHECKING:
     from corral.api.app import ApiContext
@@ -92,6 +94,7 @@ async def group_create(
 ) -> ResourceGroupOut:
     """Create a resource group; 409 if the name is taken."""
     context: ApiContext = request.app.state.context
+    await _check_users(db, body.options.allowed_users)
     try:
         group, events = await create_group(
             db, body.name, body.description, body.options, context.agents.clock()
@@ -108,6 +111,9 @@ async def group_update(
 ) -> ResourceGroupOut:
     """Change a group's description or options (merged, then validated as a whole)."""
     context: ApiContext = request.app.state.context
+    listed = (body.options or {}).get("allowed_users")
+    if isinstance(listed, list) and all(isinstance(name, str) for name in listed):
+        await _check_users(db, listed)  # anything else: the options' validation names it
     try:
         group, events = await update_group(
             db,
@@ -138,6 +144,21 @@ async def group_delete(name: GroupName, admin: AdminUser, db: Db, request: Reque
         raise Problem(409, exc.reason, "Resource group in use", str(exc)) from exc
     await _after_change(context, events, admin.name)
     return Response(status_code=204)
+
+
+async def _check_users(db: Db, names: Sequence[str] | None) -> None:
+    """422 on `options.allowed_users` naming those of `names` no user has."""
+    unknown = await unknown_user_names(db, names or ())
+    if unknown:
+        raise invalid_request(
+            [
+                FieldError(
+                    "options.allowed_users",
+                    f"no user is named {', '.join(repr(n) for n in unknown)}; "
+                    "`corral user ls` lists the users",
+                )
+            ]
+        )
 
 
 def _out(group: ResourceGroupRecord) -> ResourceGroupOut:

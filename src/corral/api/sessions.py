@@ -22,13 +22,12 @@ from corral.api._pages import (
     unencodable,
 )
 from corral.api.auth import CurrentUser, Db
-from corral.api.problems import Problem, creation_id_conflict, invalid_request
+from corral.api.problems import Problem, creation_id_conflict, refused_submission
 from corral.controller.sessions import (
     CreationIdConflictError,
     SessionController,
     SubmissionError,
 )
-from corral.domain.field_errors import FieldError
 from corral.domain.moments import parse_moment
 from corral.domain.outcome import DependencyKind, SessionResult
 from corral.domain.refs import REF_AMBIGUOUS, REF_NAMES_ARRAY
@@ -386,7 +385,7 @@ async def create_session(
     except CreationIdConflictError as exc:
         raise creation_id_conflict(exc.message, exc.fields, str(exc.session_id)) from exc
     except SubmissionError as exc:
-        raise invalid_request([FieldError(exc.field, exc.message)]) from exc
+        raise refused_submission(exc) from exc
     if submitted.written is None:
         response.status_code = 200
         return _out(await _visible(db, user, submitted.session_id), with_kernels=True)

@@ -1,11 +1,12 @@
-"""Users and their API tokens (admins), and `GET /v1/me` for whoever calls."""
+"""Users (admins manage them), API tokens (each user their own, admins anyone's), and
+`GET /v1/me` for whoever calls."""
 
 from __future__ import annotations
 
 import logging
 import uuid
-from datetime import datetime, timedelta
-from typing import Annotated, Literal, cast
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated, Literal, cast
 
 from fastapi import APIRouter, Path, Request, Response
 from pydantic import BaseModel, Field
@@ -13,8 +14,10 @@ from pydantic import BaseModel, Field
 from corral.api._pages import Cursor, Limit, Page, decode_cursor, invalid_cursor, page_of
 from corral.api.auth import AdminUser, CurrentUser, Db
 from corral.api.problems import Problem
-from corral.domain.bounds import NAME_PATTERN, Text
-from corral.domain.types import utcnow
+from corral.domain.bounds import Text
+from corral.domain.events import Event
+from corral.domain.tokens import MAX_TOKEN_LIFETIME_S, token_expiry
+from corral.domain.types import USER_NAME_PATTERN, utcnow
 from corral.infra.events import EventBus, EventBusError
 from corral.store.user_directory import (
     TokenRecord,
@@ -23,15 +26,27 @@ from corral.store.user_directory import (
     list_tokens,
     list_user_records,
 )
-from corral.store.users import UserExistsError, create_user, issue_token, revoke_token
+from corral.store.users import (
+    LastAdminError,
+    Principal,
+    UnknownUserError,
+    UserExistsError,
+    UserHasSessionsError,
+    create_user,
+    delete_user,
+    issue_token,
+    revoke_token,
+    set_role,
+)
+
+if TYPE_CHECKING:
+    from corral.api.app import ApiContext
 
 router = APIRouter(tags=["users"])
 logger = logging.getLogger(__name__)
 
 USERS_LISTING = "users"
 TOKENS_LISTING = "tokens"
-# Ten years: a bound that keeps `now + expires_in_s` far from datetime's limits.
-MAX_TOKEN_LIFETIME_S = 10 * 365 * 24 * 3600
 UserName = Annotated[str, Path(max_length=64)]
 Role = Literal["admin", "user"]
 
@@ -56,8 +71,16 @@ class UserOut(BaseModel):
 class UserCreate(BaseModel):
     """A new user."""
 
-    name: str = Field(pattern=NAME_PATTERN, description="1 to 64 letters, digits, '.', '_', '-'")
+    name: str = Field(
+        pattern=USER_NAME_PATTERN, description="1 to 64 letters, digits, '.', '_', '-'"
+    )
     role: Role = "user"
+
+
+class UserPatch(BaseModel):
+    """Changes to a user."""
+
+    role: Role = Field(description="`admin` or `user`; the last admin stays one")
 
 
 class TokenCreate(BaseModel):
@@ -65,7 +88,10 @@ class TokenCreate(BaseModel):
 
     name: Text = Field(min_length=1, max_length=64, description="what the token is for")
     expires_in_s: int | None = Field(
-        default=None, ge=1, le=MAX_TOKEN_LIFETIME_S, description="null: never expires"
+        default=None,
+        ge=1,
+        le=MAX_TOKEN_LIFETIME_S,
+        description="seconds it lasts; left out: the manager's token_ttl_days; null: for ever",
     )
 
 
@@ -119,15 +145,61 @@ async def user_create(body: UserCreate, admin: AdminUser, db: Db) -> UserOut:
     return _user_out(await _existing(db, body.name))
 
 
+@router.patch("/v1/users/{name}", response_model=UserOut)
+async def user_update(
+    name: UserName, body: UserPatch, admin: AdminUser, db: Db, request: Request
+) -> UserOut:
+    """Change a user's role; 409 when the last admin would stop being one."""
+    try:
+        event = await set_role(db, name, body.role, utcnow())
+    except UnknownUserError as exc:
+        raise _user_not_found(name) from exc
+    except LastAdminError as exc:
+        raise Problem(409, "last-admin", "The last admin", str(exc)) from exc
+    if event is not None:
+        logger.info(event.kind, extra={"user": name, "role": body.role, "by": admin.name})
+        await _tokens_changed(request, event)
+    return _user_out(await _existing(db, name))
+
+
+@router.delete("/v1/users/{name}", status_code=204)
+async def user_delete(name: UserName, admin: AdminUser, db: Db, request: Request) -> Response:
+    """Remove a user who owns no session, with their tokens and uploads; 409 when they own
+    sessions or are the last admin."""
+    try:
+        event, *groups = await delete_user(db, name, utcnow())
+    except UnknownUserError as exc:
+        raise _user_not_found(name) from exc
+    except LastAdminError as exc:
+        raise Problem(409, "last-admin", "The last admin", str(exc)) from exc
+    except UserHasSessionsError as exc:
+        raise Problem(
+            409,
+            "user-has-sessions",
+            "User owns sessions",
+            str(exc),
+            sessions=exc.total,
+            active_sessions=exc.active,
+        ) from exc
+    logger.info(event.kind, extra={"user": name, "by": admin.name})
+    await _tokens_changed(request, event)
+    for changed in groups:  # taken off the groups' users: other managers' kept options go
+        logger.info(changed.kind, extra={"resource_group": changed.entity_id, "by": admin.name})
+    context: ApiContext = request.app.state.context
+    if groups and context.events is not None:
+        await context.events.publish_after_commit(groups)
+    return Response(status_code=204)
+
+
 @router.get("/v1/users/{name}/tokens", response_model=Page[TokenOut])
 async def tokens_list(
-    name: UserName, admin: AdminUser, db: Db, limit: Limit = 100, cursor: Cursor = None
+    name: UserName, user: CurrentUser, db: Db, limit: Limit = 100, cursor: Cursor = None
 ) -> Page[TokenOut]:
-    """The user's tokens (without their secrets), by id."""
-    user = await _existing(db, name)
+    """The user's tokens (without their secrets), by id: one's own, or anyone's for admins."""
+    owner = await _token_owner(db, user, name)
     after = decode_cursor(TOKENS_LISTING, cursor, str)
     rows = await list_tokens(
-        db, user.id, after_id=None if after is None else _token_id(after), limit=limit + 1
+        db, owner.id, after_id=None if after is None else _token_id(after), limit=limit + 1
     )
     page = page_of(TOKENS_LISTING, rows, limit, lambda t: str(t.id))
     return Page[TokenOut](items=[_token_out(t) for t in page.items], next_cursor=page.next_cursor)
@@ -135,16 +207,20 @@ async def tokens_list(
 
 @router.post("/v1/users/{name}/tokens", response_model=IssuedTokenOut, status_code=201)
 async def token_create(
-    name: UserName, body: TokenCreate, admin: AdminUser, db: Db
+    name: UserName, body: TokenCreate, user: CurrentUser, db: Db, request: Request
 ) -> IssuedTokenOut:
-    """Issue an API token for the user; its secret is in this answer only."""
-    user = await _existing(db, name)
+    """Issue an API token for the user (oneself, or anyone for admins); its secret is in this
+    answer only. Without `expires_in_s` it lasts the manager's `token_ttl_days`."""
+    owner = await _token_owner(db, user, name)
     now = utcnow()
-    expires_at = None if body.expires_in_s is None else now + timedelta(seconds=body.expires_in_s)
-    issued = await issue_token(db, user.id, body.name, now, expires_at)
+    lifetime_s: float | None = body.expires_in_s
+    if "expires_in_s" not in body.model_fields_set:
+        lifetime_s = request.app.state.token_ttl_s
+    expires_at = token_expiry(now, lifetime_s)
+    issued = await issue_token(db, owner.id, body.name, now, expires_at)
     logger.info(
         "token.issued",
-        extra={"user": name, "token_id": str(issued.id), "by": admin.name},
+        extra={"user": name, "token_id": str(issued.id), "by": user.name},
     )
     return IssuedTokenOut(
         id=issued.id,
@@ -157,41 +233,65 @@ async def token_create(
 
 
 @router.delete("/v1/tokens/{token_id}", status_code=204)
-async def token_revoke(token_id: uuid.UUID, admin: AdminUser, db: Db, request: Request) -> Response:
-    """Revoke a token: refused at once by this manager and, through the event bus, by every
-    other (without a bus, within `auth.CACHE_S`)."""
-    revoked = await revoke_token(db, token_id, utcnow())
+async def token_revoke(
+    token_id: uuid.UUID, user: CurrentUser, db: Db, request: Request
+) -> Response:
+    """Revoke a token (one's own, or anyone's for admins): refused at once by this manager
+    and, through the event bus, by every other (without a bus, within `auth.CACHE_S`)."""
+    owner = None if user.is_admin else user.user_id
+    revoked = await revoke_token(db, token_id, utcnow(), owner=owner)
     if revoked is None:
         raise Problem(
             404,
             "token-not-found",
             "No such token",
             f"token {token_id} does not exist (or was revoked already); "
-            "`GET /v1/users/{name}/tokens` lists a user's tokens",
+            "`corral token ls` lists your tokens",
         )
+    logger.info("token.revoked", extra={"token_id": str(token_id), "by": user.name})
+    await _tokens_changed(request, revoked)
+    return Response(status_code=204)
+
+
+async def _tokens_changed(request: Request, event: Event) -> None:
+    """What tokens mean changed: forget them here now, and tell the other managers."""
     # The token → user cache is keyed by secret, which is not known here: drop it all.
     request.app.state.token_cache.clear()
-    logger.info("token.revoked", extra={"token_id": str(token_id), "by": admin.name})
     bus: EventBus | None = request.app.state.context.events
     if bus is not None:
         try:
-            await bus.publish([revoked])
+            await bus.publish([event])
         except EventBusError as exc:
-            # Revoked and committed; the other managers' caches expire within CACHE_S.
-            logger.warning("token.revoked_not_published", extra={"error": repr(exc)})
-    return Response(status_code=204)
+            # Committed; the other managers' caches expire within CACHE_S.
+            logger.warning("token.change_not_published", extra={"error": repr(exc)})
+
+
+async def _token_owner(db: Db, caller: Principal, name: str) -> UserRecord:
+    """The user whose tokens `caller` asks for: themselves, or anyone for an admin."""
+    if name != caller.name and not caller.is_admin:
+        raise Problem(
+            403,
+            "forbidden",
+            "Not your tokens",
+            f"you ({caller.name}) may manage only your own tokens; {name!r}'s need an admin",
+        )
+    return await _existing(db, name)
 
 
 async def _existing(db: Db, name: str) -> UserRecord:
     user = await get_user_record(db, name)
     if user is None:
-        raise Problem(
-            404,
-            "user-not-found",
-            "No such user",
-            f"user {name!r} does not exist; `GET /v1/users` lists the users",
-        )
+        raise _user_not_found(name)
     return user
+
+
+def _user_not_found(name: str) -> Problem:
+    return Problem(
+        404,
+        "user-not-found",
+        "No such user",
+        f"user {name!r} does not exist; `corral user ls` (GET /v1/users) lists the users",
+    )
 
 
 def _token_id(key: str) -> uuid.UUID:

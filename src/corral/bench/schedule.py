@@ -17,6 +17,7 @@ from corral.domain.types import AgentId, UserId, new_session_id
 from corral.infra.hints.memory import MemoryHintBus
 from corral.scheduler.scheduler import schedule_group
 from corral.store.agents import NewAgent, insert_agents, read_ledger
+from corral.store.resource_group_store import update_group
 from corral.store.sessions import SessionRepository
 from corral.store.tables import users
 
@@ -66,13 +67,15 @@ async def run_schedule_bench(
     then the coordinator's next ScheduleNewSessions run over what is left, if anything is.
 
     Agents have 64 cpu and 256 GiB per kernel of cluster size; sessions ask 1 to 4 cpu and 1 to
-    8 GiB per kernel, from 50 owners at priorities 0 to 2, so the cluster holds them all and
-    every session can be placed. Multi-node when `cluster_size` > 1.
+    8 GiB per kernel, from 50 owners at priorities 0 to 2 (the group lets users give up to 2),
+    so the cluster holds them all and every session can be placed. Multi-node when
+    `cluster_size` > 1.
     """
     rng = random.Random(seed)
     now = datetime.now(UTC)
     async with scratch_database(database) as db:
         owners = [UserId(uuid.uuid4()) for _ in range(OWNERS)]
+        await update_group(db, "default", now, options_patch={"max_user_priority": 2})
         async with db.transaction() as conn:
             await conn.execute(
                 users.insert(),

@@ -21,9 +21,12 @@ from corral.cli._usage import is_help_shown, usage_message
 
 
 def _agent_commands(app: typer.Typer) -> None:
-    from corral.cli.agents_cli import agent_ls_command
+    from corral.cli import agents_cli
 
-    app.command("ls")(agent_ls_command)
+    app.command("ls")(agents_cli.agent_ls_command)
+    app.command("drain")(agents_cli.agent_drain_command)
+    app.command("undrain")(agents_cli.agent_undrain_command)
+    app.command("rm")(agents_cli.agent_rm_command)
 
 
 def _bench_commands(app: typer.Typer) -> None:
@@ -44,6 +47,10 @@ class _Commands(_lazy.LazyGroup):
         "bench": _lazy.group("bench", "corral.cli.bench", _bench_commands),
         "db": _lazy.group("db", "corral.cli.db"),
         "retries": _lazy.group("retries", "corral.cli.retries"),
+        "admin": _lazy.group("admin", "corral.cli.admin"),
+        "user": _lazy.group("user", "corral.cli.users_cli"),
+        "token": _lazy.group("token", "corral.cli.tokens_cli"),
+        "group": _lazy.group("group", "corral.cli.groups_cli"),
     }
 
 

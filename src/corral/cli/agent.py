@@ -48,7 +48,8 @@ def detect_slots() -> ResourceSlots:
 
 
 app = typer.Typer(
-    help="Run an agent daemon (`corral agent --manager URL --token T`), or list agents (`ls`).",
+    help="Run an agent daemon (`corral agent --manager URL --token T`); list agents (`ls`), "
+    "drain, undrain or remove one (admins).",
     invoke_without_command=True,
     no_args_is_help=False,
 )

@@ -1,4 +1,5 @@
-"""`corral agent ls`: the cluster's agents, their state, capacity and load."""
+"""`corral agent ls | drain | undrain | rm`: the cluster's agents, their state, capacity and
+load; admins drain them and remove those that left."""
 
 from __future__ import annotations
 
@@ -63,3 +64,33 @@ def agent_ls_command(
             for a in agents
         ],
     )
+
+
+AgentArgument = Annotated[str, typer.Argument(metavar="AGENT", help="The agent's id.")]
+
+
+def agent_drain_command(agent_id: AgentArgument, as_json: JsonOption = False) -> None:
+    """Place no new kernels on the agent (admins); its kernels keep running."""
+    agent = call(lambda client: client.drain_agent(agent_id))
+    if as_json:
+        print_json(agent)
+        return
+    typer.echo(
+        f"agent {agent.id} drained: nothing new is placed on it; "
+        f"its {agent.kernels} kernel(s) keep running"
+    )
+
+
+def agent_undrain_command(agent_id: AgentArgument, as_json: JsonOption = False) -> None:
+    """Let the scheduler place kernels on the agent again (admins)."""
+    agent = call(lambda client: client.undrain_agent(agent_id))
+    if as_json:
+        print_json(agent)
+        return
+    typer.echo(f"agent {agent.id} takes work again")
+
+
+def agent_rm_command(agent_id: AgentArgument) -> None:
+    """Remove an agent that left, LOST or TERMINATED, and runs nothing (admins)."""
+    call(lambda client: client.remove_agent(agent_id))
+    typer.echo(f"agent {agent_id} removed")

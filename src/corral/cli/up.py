@@ -42,6 +42,7 @@ def up_command(
         max_request_bytes=settings.max_request_bytes,
         max_kernel_slots=settings.max_kernel_slots,
         retry_policy_default=settings.retry_policy_default,
+        token_ttl_s=settings.token_ttl_s(),
     )
 
     def ready(up: UpReady) -> None:
@@ -49,7 +50,8 @@ def up_command(
 
         path = write_client_config(up.url, up.admin_token)
         typer.echo(f"corral is up at {up.url}, agents: {', '.join(up.agent_ids)}")
-        typer.echo(f"admin token: {up.admin_token}")
+        kept = "new, kept" if up.new_token else "kept"
+        typer.echo(f"admin token: {up.admin_token} ({kept} in {up.token_file})")
         typer.echo(f"client config written to {path}; try:")
         typer.echo("  corral run -- python -c \"print('hello')\"")
         typer.echo("Ctrl-C stops corral (running sessions are stopped).")

@@ -9,7 +9,6 @@ from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
     Awaitable,
-    Callable,
     Iterator,
     Mapping,
     Sequence,
@@ -23,6 +22,8 @@ import httpx
 import pydantic
 
 from corral import package_version
+from corral.client._cluster import ClusterCalls
+from corral.client._paging import every_item
 from corral.client._sse import parse_sse
 from corral.client.config import ClientConfig, check_url, load_client_config
 from corral.client.errors import (
@@ -65,7 +66,7 @@ DEFAULT_TIMEOUT_S = 30.0
 VALIDATION_PROBLEM = "https://corral.dev/problems/validation-error"
 
 
-class Client:
+class Client(ClusterCalls):
     """An async client of corral's REST API; use it as `async with Client(url, token) as c:`.
 
     Every method raises a `CorralError` subclass for an error answer or an unreachable server.
@@ -218,7 +219,7 @@ class Client:
                 cursor=cursor,
             )
 
-        async with contextlib.aclosing(_every_item(fetch)) as sessions:
+        async with contextlib.aclosing(every_item(fetch)) as sessions:
             async for session in sessions:
                 yield session
 
@@ -385,7 +386,7 @@ class Client:
                 status=status, resource_group=resource_group, limit=page_size, cursor=cursor
             )
 
-        async with contextlib.aclosing(_every_item(fetch)) as agents:
+        async with contextlib.aclosing(every_item(fetch)) as agents:
             async for agent in agents:
                 yield agent
 
@@ -515,17 +516,6 @@ class Client:
             f"cannot reach corral at {self.url}: {exc or type(exc).__name__}; is the "
             "manager running (`corral up`), and is the URL right?"
         )
-
-
-async def _every_item(fetch: Callable[[str | None], Awaitable[Page[T]]]) -> AsyncGenerator[T, None]:
-    cursor: str | None = None
-    while True:
-        page = await fetch(cursor)
-        for item in page.items:
-            yield item
-        if page.next_cursor is None:
-            return
-        cursor = page.next_cursor
 
 
 def validate_spec(fields: Mapping[str, Any]) -> SessionSpec:

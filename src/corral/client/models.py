@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from corral.domain.outcome import SessionResult
 from corral.domain.refs import element_ref
@@ -313,13 +313,44 @@ class Upload(ApiModel):
 
 
 class User(ApiModel):
-    """Who a token belongs to."""
+    """A user: who a token belongs to, or one of the users admins list."""
 
     id: uuid.UUID
     name: str
     role: str
+    created_at: datetime | None = None  # in listings (not in `me`)
 
     @property
     def is_admin(self) -> bool:
         """Whether the user sees and acts on everyone's sessions."""
         return self.role == ADMIN_ROLE
+
+
+class Token(ApiModel):
+    """An API token's metadata: its secret was shown once, when it was made."""
+
+    id: uuid.UUID
+    name: str
+    created_at: datetime
+    expires_at: datetime | None = None  # None: never expires
+    last_used_at: datetime | None = None
+
+
+class IssuedToken(ApiModel):
+    """A token just made: `token` is its secret, shown this once and never again."""
+
+    id: uuid.UUID
+    name: str
+    user: str
+    token: str = Field(repr=False)
+    created_at: datetime
+    expires_at: datetime | None = None
+
+
+class ResourceGroup(ApiModel):
+    """A resource group and its options, every default filled in (the server's model)."""
+
+    name: str
+    description: str = ""
+    options: dict[str, Any] = {}
+    created_at: datetime

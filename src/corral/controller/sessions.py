@@ -47,6 +47,7 @@ from corral.store.sessions import insert_sessions
 from corral.store.status_changes import AppliedChanges, StatusChange, apply_changes
 from corral.store.tables import sessions
 from corral.store.uploads import missing_uploads
+from corral.store.users import read_principal
 
 PHASE_TERMINATE = "terminate"
 # Statuses a terminate request moves to TERMINATING (their kernels may hold agent resources).
@@ -109,6 +110,11 @@ class CreationIdConflictError(SubmissionError):
         self.creation_id = creation_id
         self.session_id = session_id
         self.fields = tuple(fields)
+
+
+class SubmissionForbiddenError(SubmissionError):
+    """A valid request its owner may not make (a group not open to them, a priority above
+    what the group lets users give); `field` names what needs an admin."""
 
 
 @record
@@ -466,6 +472,7 @@ class SessionController:
         for group in sorted(groups - stored.keys()):
             raise SubmissionError("resource_group", f"resource group {group!r} does not exist")
         options = {group: ResourceGroupOptions.model_validate(stored[group]) for group in groups}
+        await _check_access(conn, specs, owner, options)
         for spec in specs:
             refused = options[spec.resource_group].check_time_limit(spec.time_limit_s)
             if refused is not None:
@@ -515,6 +522,41 @@ def _with_elements(new: NewSession, members: Mapping[uuid.UUID, list[uuid.UUID]]
         for element in members[array_id]:
             kinds.setdefault(element, kind)
     return dataclasses.replace(new, dependencies=tuple(kinds.items()), array_dependencies=())
+
+
+async def _check_access(
+    conn: AsyncConnection,
+    specs: Sequence[SessionSpec],
+    owner: UserId,
+    options: Mapping[str, ResourceGroupOptions],
+) -> None:
+    """Refuse a group not open to the owner, or a priority above what it lets users give.
+
+    The owner's name and role are read only when some group restricts the submission.
+    """
+    restricted = [
+        spec
+        for spec in specs
+        if options[spec.resource_group].allowed_users is not None
+        or spec.priority > options[spec.resource_group].max_user_priority
+    ]
+    if not restricted:
+        return
+    who = await read_principal(conn, owner)
+    if who is None:
+        raise SubmissionForbiddenError("owner", f"no user has the id {owner}")
+    for spec in restricted:
+        group = options[spec.resource_group]
+        refused = group.access_refusal(spec.resource_group, who.name, who.is_admin)
+        if refused is not None:
+            raise SubmissionForbiddenError(
+                "resource_group", f"{refused}; ask an admin for access, or choose another group"
+            )
+        refused = group.priority_refusal(spec.resource_group, spec.priority, who.is_admin)
+        if refused is not None:
+            raise SubmissionForbiddenError(
+                "priority", f"{refused}; ask for {group.max_user_priority} or less"
+            )
 
 
 def _time_limited(new: NewSession, options: ResourceGroupOptions) -> NewSession:

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Annotated
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StringConstraints,
     field_validator,
     model_validator,
 )
 
 from corral.domain.retry.policy import RetryPolicy
 from corral.domain.slots import ResourceSlots
+from corral.domain.spec import MAX_PRIORITY, MIN_PRIORITY
 from corral.domain.time_limit import MAX_TIME_LIMIT_S, format_duration
+from corral.domain.types import USER_NAME_PATTERN
 
 
 class Sequencer(StrEnum):
@@ -44,6 +48,14 @@ MAX_PHASE_ATTEMPTS = 1000
 MAX_SESSIONS_PER_OWNER = 2**31 - 1
 # The lifecycle handlers whose attempts and time a group may limit (their names are the phases).
 LIMITED_PHASES = ("ScheduleNewSessions", "PrepareSessions", "StartSessions", "TerminateSessions")
+
+# The highest priority a plain user may give a session in a group that sets none: users may
+# lower their sessions' priority (Slurm's `--nice`), raising it above 0 needs an admin.
+DEFAULT_MAX_USER_PRIORITY = 0
+# Users a group may list as the only ones allowed in it.
+MAX_ALLOWED_USERS = 1000
+
+UserName = Annotated[str, StringConstraints(pattern=USER_NAME_PATTERN)]
 
 
 class PhaseLimitOptions(BaseModel):
@@ -79,6 +91,37 @@ class ResourceGroupOptions(BaseModel):
     # The group's default retry policy (spec document 5): the fields given here win over the
     # cluster default, a session's own over these. E.g. {"max_retries": 2}.
     retry_policy: RetryPolicy | None = None
+
+    # Who may submit here: None (the default) is everyone; else only these users, by name
+    # (admins always may). Queued sessions of a user taken off the list wait (`access_denied`).
+    allowed_users: tuple[UserName, ...] | None = Field(default=None, max_length=MAX_ALLOWED_USERS)
+    # The highest priority a plain user may give a session here; above it needs an admin.
+    max_user_priority: int = Field(
+        default=DEFAULT_MAX_USER_PRIORITY, ge=MIN_PRIORITY, le=MAX_PRIORITY
+    )
+
+    @field_validator("allowed_users")
+    @classmethod
+    def _sorted_users(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return None if value is None else tuple(sorted(set(value)))
+
+    def access_refusal(self, group: str, user: str, is_admin: bool) -> str | None:
+        """Why `user` may not use this group (`group` is its name), or None when they may."""
+        if is_admin or self.allowed_users is None or user in self.allowed_users:
+            return None
+        return (
+            f"resource group {group!r} is open to listed users only, and {user!r} is not "
+            "one of them"
+        )
+
+    def priority_refusal(self, group: str, priority: int, is_admin: bool) -> str | None:
+        """Why a session of `priority` needs an admin in this group, or None when it does not."""
+        if is_admin or priority <= self.max_user_priority:
+            return None
+        return (
+            f"priority {priority} is above {self.max_user_priority}, the max_user_priority of "
+            f"resource group {group!r}: only admins may submit above it"
+        )
 
     @field_validator("phase_limits")
     @classmethod

@@ -20,14 +20,17 @@ FORMS = "like 2h, 90m, 30s, 1d, or Slurm's MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D
 
 def parse_time_limit(text: str) -> int:
     """Seconds for a written limit; ValueError saying the accepted forms otherwise."""
-    value = text.strip().lower()
-    seconds = _parse(value)
+    return parse_duration(text, what="time limit", max_s=MAX_TIME_LIMIT_S)
+
+
+def parse_duration(text: str, *, what: str, max_s: int) -> int:
+    """Seconds for a written duration (`what` it is, for the message) of 1 s to `max_s`;
+    ValueError saying the accepted forms otherwise."""
+    seconds = _parse(text.strip().lower())
     if seconds is None:
-        raise ValueError(f"time limit {text!r} is not a duration; write it {FORMS}")
-    if not 1 <= seconds <= MAX_TIME_LIMIT_S:
-        raise ValueError(
-            f"time limit {text!r} must be between 1 second and {MAX_TIME_LIMIT_S // 86400} days"
-        )
+        raise ValueError(f"{what} {text!r} is not a duration; write it {FORMS}")
+    if not 1 <= seconds <= max_s:
+        raise ValueError(f"{what} {text!r} must be between 1 second and {max_s // 86400} days")
     return seconds
 
 

@@ -17,6 +17,9 @@ RouteId = NewType("RouteId", uuid.UUID)
 UserId = NewType("UserId", uuid.UUID)
 
 ADMIN_ROLE = "admin"  # a user who sees and acts on every session; every other role: "user"
+USER_ROLE = "user"
+# A user's name: 1 to 64 letters, digits, '.', '_', '-', starting with a letter or digit.
+USER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 _MILLIS_MASK = (1 << 48) - 1  # a UUID v7's time: milliseconds since 1970, 48 bits
 _RANDOM_MASK = (1 << 62) - 1  # and its random tail
 

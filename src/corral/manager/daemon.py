@@ -39,13 +39,14 @@ from corral.domain.bounds import DEFAULT_MAX_REQUEST_BYTES
 from corral.domain.record import record
 from corral.domain.retry.policy import RetryPolicy
 from corral.domain.slots import ResourceSlots
+from corral.domain.tokens import DEFAULT_TOKEN_TTL_S
 from corral.domain.types import Clock, utcnow
 from corral.infra.events import PING_INTERVAL_S, forget_on_events
 from corral.infra.locks import DEFAULT_LOCK_TTL_S
 from corral.manager.backends import Buses, open_buses
 from corral.manager.retention import retention_loop
 from corral.store.database import Database
-from corral.store.events import TOKEN_REVOKED
+from corral.store.events import TOKEN_CHANGES
 from corral.store.group_options import forget_group_options
 from corral.store.kernel_logs import DEFAULT_LOG_CAP_BYTES
 from corral.store.migrate import upgrade
@@ -85,6 +86,7 @@ class ManagerConfig:
     max_kernel_slots: ResourceSlots | None = None  # the most of each slot a kernel may ask
     # The cluster default of every session's retry policy (`domain.retry.policy`).
     retry_policy_default: RetryPolicy = field(default_factory=RetryPolicy)
+    token_ttl_s: float | None = DEFAULT_TOKEN_TTL_S  # users' new tokens; None: never expire
 
 
 @dataclass(slots=True)
@@ -216,6 +218,7 @@ class ManagerDaemon:
                 metrics=metrics,
                 upload_max_bytes=config.upload_max_bytes,
                 max_request_bytes=config.max_request_bytes,
+                token_ttl_s=config.token_ttl_s,
             )
         )
         self._sock = _bind(config.host, config.port)
@@ -237,7 +240,7 @@ class ManagerDaemon:
                 forget_on_events(
                     buses.events,
                     {
-                        TOKEN_REVOKED: app.state.token_cache.clear,
+                        **dict.fromkeys(TOKEN_CHANGES, app.state.token_cache.clear),
                         **dict.fromkeys(GROUP_CHANGES, functools.partial(forget_group_options, db)),
                     },
                 ),

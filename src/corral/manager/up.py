@@ -2,10 +2,11 @@
 
 SQLite in the data directory, in-process hints, locks and events, the API on localhost, and
 a process agent with this host's cpus, memory and GPUs, joined over real HTTP with a join
-token that never leaves the process. An admin user is made on first start; each start issues
-it a fresh token, which is printed and written to the client config so that `corral run`
-works next. Stopping (Ctrl-C, SIGTERM) stops the agent first — its kernels are stopped and
-reported — then the manager.
+token that never leaves the process. An admin user is made on first start with a token, kept
+in the data directory (`admin-token`, mode 0600) and used again at every start while it is
+good (not revoked, not expired; else a new one replaces it); it is printed and written to the
+client config so that `corral run` works next. Stopping (Ctrl-C, SIGTERM) stops the agent
+first — its kernels are stopped and reported — then the manager.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+from corral._private_file import write_private
 from corral.agent.client import HttpManagerClient
 from corral.agent.daemon import AgentConfig, AgentDaemon
 from corral.agent.devices import DeviceAllocator
@@ -28,18 +30,20 @@ from corral.domain.bounds import DEFAULT_MAX_REQUEST_BYTES
 from corral.domain.record import record
 from corral.domain.retry.policy import RetryPolicy
 from corral.domain.slots import ResourceSlots
-from corral.domain.types import utcnow
+from corral.domain.tokens import DEFAULT_TOKEN_TTL_S, token_expiry
+from corral.domain.types import ADMIN_ROLE, utcnow
 from corral.manager.daemon import ManagerConfig, ManagerDaemon
 from corral.store.database import Database
 from corral.store.kernel_logs import DEFAULT_LOG_CAP_BYTES
 from corral.store.retention import DEFAULT_RETENTION_DAYS
 from corral.store.uploads import DEFAULT_UNUSED_UPLOAD_HOURS
 from corral.store.user_directory import get_user_record
-from corral.store.users import create_user, issue_token
+from corral.store.users import create_user, issue_token, principal_for
 
 logger = logging.getLogger(__name__)
 
 ADMIN = "admin"
+ADMIN_TOKEN_FILE = "admin-token"  # in the data directory, next to the database
 
 
 @record
@@ -59,6 +63,7 @@ class UpConfig:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_kernel_slots: ResourceSlots | None = None
     retry_policy_default: RetryPolicy = field(default_factory=RetryPolicy)
+    token_ttl_s: float | None = DEFAULT_TOKEN_TTL_S  # of the admin token it makes
 
 
 @record
@@ -68,14 +73,37 @@ class UpReady:
     url: str
     admin_token: str
     agent_ids: tuple[str, ...]
+    token_file: Path
+    new_token: bool  # made at this start (the kept one was missing, revoked or expired)
 
 
-async def admin_token(db: Database) -> str:
-    """A fresh token of the admin user, made on first start."""
+async def admin_token(db: Database, kept: Path, ttl_s: float | None) -> tuple[str, bool]:
+    """The admin's token kept in `kept` while it is good, else a new one saved there (the
+    admin made on first start); and whether it is new."""
     now = utcnow()
+    secret = await asyncio.to_thread(_read_kept, kept)
+    if secret:
+        holder = await principal_for(db, secret, now)
+        if holder is not None and holder.role == ADMIN_ROLE:
+            return secret, False
     admin = await get_user_record(db, ADMIN)
-    user_id = admin.id if admin is not None else await create_user(db, ADMIN, "admin", now)
-    return (await issue_token(db, user_id, "corral up", now)).secret
+    if admin is not None and admin.role != ADMIN_ROLE:
+        raise ValueError(
+            f"user {ADMIN!r} of this corral is no longer an admin; make it one again "
+            f"(`corral user set {ADMIN} --role admin`, or `corral admin bootstrap --data-dir "
+            f"{kept.parent} --force`), or remove {kept} and the user"
+        )
+    user_id = admin.id if admin is not None else await create_user(db, ADMIN, ADMIN_ROLE, now)
+    secret = (await issue_token(db, user_id, "corral up", now, token_expiry(now, ttl_s))).secret
+    await asyncio.to_thread(write_private, kept, secret + "\n")
+    return secret, True
+
+
+def _read_kept(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return ""
 
 
 async def run_up(
@@ -107,7 +135,13 @@ async def run_up(
     )
     managing = await manager.start()
     assert manager.parts is not None
-    token = await admin_token(manager.parts.db)
+    token_file = config.data_dir / ADMIN_TOKEN_FILE
+    try:
+        token, new_token = await admin_token(manager.parts.db, token_file, config.token_ttl_s)
+    except BaseException:
+        await manager.stop()
+        await asyncio.gather(managing, return_exceptions=True)
+        raise
     share = split_slots(config.slots, config.agents)
     agents = [
         AgentDaemon(
@@ -129,7 +163,8 @@ async def run_up(
     starting: set[asyncio.Future[Any]] = {*agenting, registered}
     await asyncio.wait(starting, return_when=asyncio.FIRST_COMPLETED)
     if registered.done():
-        on_ready(UpReady(manager.url, token, tuple(a.config.agent_id for a in agents)))
+        agent_ids = tuple(a.config.agent_id for a in agents)
+        on_ready(UpReady(manager.url, token, agent_ids, token_file, new_token))
     stopping = asyncio.create_task(stop.wait())
     try:
         await asyncio.wait({managing, *agenting, stopping}, return_when=asyncio.FIRST_COMPLETED)

@@ -11,11 +11,12 @@ from corral.domain.outcome import DependencyKind
 from corral.domain.resource_group import Ordering, ResourceGroupOptions, Sequencer
 from corral.domain.session import PendingSession
 from corral.domain.status import SessionStatus
-from corral.domain.types import AgentId, UserId
+from corral.domain.types import ADMIN_ROLE, AgentId, UserId
 from corral.scheduler.types import (
     AgentPool,
     DependencyState,
     GroupSnapshot,
+    OwnerAccess,
     OwnerUsage,
     QueuePage,
 )
@@ -29,6 +30,7 @@ from corral.store.scheduling import (
     read_dependencies,
     read_group_options,
     read_owner_usage,
+    read_owners,
     read_queue_page,
 )
 
@@ -98,6 +100,8 @@ async def load_snapshot(
         # Only throttled arrays are counted: without one, a pass reads nothing more.
         throttled = {s.array_id for s in candidates if s.array_id is not None and s.array_throttle}
         array_active = await read_array_active(conn, db.dialect, throttled) if throttled else {}
+        judged = owners_to_judge(options, candidates)
+        owners = await read_owners(conn, db.dialect, judged) if judged else {}
     usage = {
         owner: OwnerUsage(sessions=counts.get(owner, 0), slots=slots.get(owner, {}))
         for owner in set(counts) | set(slots)
@@ -125,7 +129,22 @@ async def load_snapshot(
         read=read.sessions,
         more_queued=read.more,
         array_active=array_active,
+        owners={
+            owner: OwnerAccess(name, role == ADMIN_ROLE) for owner, (name, role) in owners.items()
+        },
     )
+
+
+def owners_to_judge(
+    options: ResourceGroupOptions, candidates: Sequence[PendingSession]
+) -> set[UserId]:
+    """The owners whose name or role the group's access rules need: every candidate's when
+    the group lists its users, else those of sessions above the group's max_user_priority
+    (none in a group whose sessions keep to it, so a usual pass reads no user)."""
+    if options.allowed_users is not None:
+        return {s.owner_id for s in candidates}
+    ceiling = options.max_user_priority
+    return {s.owner_id for s in candidates if s.priority > ceiling}
 
 
 def pages_queue(options: ResourceGroupOptions) -> bool:

@@ -72,6 +72,14 @@ class OwnerUsage:
 
 
 @record
+class OwnerAccess:
+    """Who owns a session, as a group's access rules judge them."""
+
+    name: str
+    is_admin: bool
+
+
+@record
 class DependencyState:
     """Where a session's dependency stands."""
 
@@ -100,6 +108,9 @@ class GroupSnapshot:
     more_queued: bool = False
     # Per throttled job array among the candidates: how many of its elements hold resources.
     array_active: dict[SessionId, int] = field(default_factory=dict)
+    # The owners the group's access rules must judge (`snapshot.owners_to_judge`): all of the
+    # candidates' when the group lists its users, else those asking above max_user_priority.
+    owners: dict[UserId, OwnerAccess] = field(default_factory=dict)
 
 
 class VerdictKind(StrEnum):

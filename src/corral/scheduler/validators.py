@@ -23,6 +23,7 @@ from corral.scheduler.types import (
     DependencyState,
     GroupSnapshot,
     Int64Array,
+    OwnerAccess,
     OwnerUsage,
     Verdict,
     VerdictKind,
@@ -38,6 +39,9 @@ QUOTA_EXCEEDED = FailureCause.QUOTA_EXCEEDED
 OWNER_SESSION_LIMIT = "owner_session_limit"
 OWNER_SLOT_LIMIT = "owner_slot_limit"
 ARRAY_THROTTLE = "array_throttle"
+# A group's access rules changed after the session was queued (submission checks them too).
+ACCESS_DENIED = "access_denied"
+PRIORITY_NOT_ALLOWED = "priority_not_allowed"
 
 
 @dataclass(slots=True)
@@ -103,6 +107,34 @@ def validate(session: PendingSession, request: Request, ctx: ValidationContext) 
         verdict = validator(session, request, ctx)
         if verdict is not None:
             return verdict
+    return None
+
+
+def check_access(
+    session: PendingSession, request: Request, ctx: ValidationContext
+) -> Verdict | None:
+    """The group's access rules, as they are now: a session queued before its owner was taken
+    off the group's users, or before its max_user_priority fell below the session's priority,
+    waits (it is not failed: the rule may change back, and its owner sees why in its reason).
+    """
+    options = ctx.snapshot.options
+    if options.allowed_users is None and session.priority <= options.max_user_priority:
+        return None
+    owner = ctx.snapshot.owners.get(session.owner_id) or OwnerAccess(str(session.owner_id), False)
+    refused = options.access_refusal(ctx.group, owner.name, owner.is_admin)
+    if refused is not None:
+        return _wait(
+            ACCESS_DENIED,
+            f"{refused}; it waits until an admin opens the group to its owner, "
+            "or until it is cancelled",
+        )
+    refused = options.priority_refusal(ctx.group, session.priority, owner.is_admin)
+    if refused is not None:
+        return _wait(
+            PRIORITY_NOT_ALLOWED,
+            f"{refused}; it waits until an admin raises max_user_priority, or until it is "
+            f"cancelled (submit it again at priority {options.max_user_priority} or less)",
+        )
     return None
 
 
@@ -276,6 +308,7 @@ def check_array_throttle(
 
 
 VALIDATORS: tuple[Validator, ...] = (
+    check_access,
     check_dependencies,
     check_agents_joined,
     check_known_slots,

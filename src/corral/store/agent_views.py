@@ -1,4 +1,5 @@
-"""Agents as users and admins see them: listing with slot ledger and kernel count; drain."""
+"""Agents as users and admins see them: listing with slot ledger and kernel count; drain;
+removal of agents that left."""
 
 from __future__ import annotations
 
@@ -14,13 +15,19 @@ from corral.domain.record import record
 from corral.domain.status import KERNEL_NON_TERMINAL
 from corral.domain.types import AgentId
 from corral.store._sql import in_values
-from corral.store.agent_kernels import on_agents
+from corral.store.agent_kernels import on_agent, on_agents
+from corral.store.agents import AGENT_ALIVE
 from corral.store.database import Database
 from corral.store.events import append_events
 from corral.store.tables import agent_slots, agents, kernels
 
 AGENT_DRAINED = "agent.drained"
 AGENT_UNDRAINED = "agent.undrained"
+AGENT_REMOVED = "agent.removed"
+
+
+class AgentInUseError(ValueError):
+    """The agent cannot be removed: it is ALIVE, or kernels on it have not ended."""
 
 
 @record
@@ -112,6 +119,49 @@ async def set_schedulable(
             created_at=now,
         )
         return True, await append_events(conn, [event], now)
+
+
+async def remove_agent(db: Database, agent_id: AgentId, now: datetime) -> list[Event] | None:
+    """Delete an agent that left (LOST or TERMINATED) and has no kernel that has not ended,
+    with its slot ledger; the `agent.removed` event (None: no such agent).
+
+    AgentInUseError for an ALIVE agent (it would only register again) or one with live
+    kernels (a lost agent's unstarted kernels are still being placed elsewhere). Its ended
+    kernels keep its id, as history.
+    """
+    async with db.transaction() as conn:
+        row = (
+            await conn.execute(
+                sa.select(agents.c.status).where(agents.c.id == agent_id).with_for_update()
+            )
+        ).first()
+        if row is None:
+            return None
+        if row[0] == AGENT_ALIVE:
+            raise AgentInUseError(
+                f"agent {agent_id} is ALIVE; stop it, and remove it once it is LOST (no "
+                "heartbeat for the manager's heartbeat_timeout_s); `corral agent drain` keeps "
+                "new work off it meanwhile"
+            )
+        live = await conn.scalar(
+            sa.select(sa.func.count())
+            .select_from(kernels)
+            .where(on_agent(agent_id), kernels.c.status.in_([s.value for s in KERNEL_NON_TERMINAL]))
+        )
+        if live:
+            raise AgentInUseError(
+                f"agent {agent_id} still has {live} kernel(s) that have not ended (its sessions "
+                "are being placed elsewhere or failed); try again once they have"
+            )
+        await conn.execute(agents.delete().where(agents.c.id == agent_id))
+        event = Event(
+            kind=AGENT_REMOVED,
+            entity_type="agent",
+            entity_id=agent_id,
+            payload={"status": row[0]},
+            created_at=now,
+        )
+        return await append_events(conn, [event], now)
 
 
 async def _views(conn: AsyncConnection, db: Database, rows: Sequence[Any]) -> list[AgentView]:

@@ -24,6 +24,12 @@ from corral.store.tables import sessions
 
 SESSION_STATUS_CHANGED = "session.status_changed"
 TOKEN_REVOKED = "token.revoked"  # an API token was deleted: every manager forgets it
+# A user was removed (their tokens with them) or their role changed: every manager forgets
+# what it kept of tokens, as for a revocation.
+USER_REMOVED = "user.removed"
+USER_ROLE_CHANGED = "user.role_changed"
+# The kinds after which a manager's token cache may hold a token that no longer means the same.
+TOKEN_CHANGES = (TOKEN_REVOKED, USER_REMOVED, USER_ROLE_CHANGED)
 
 _c = events_table.c
 

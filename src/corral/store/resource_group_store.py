@@ -38,6 +38,7 @@ __all__ = [
     "UnknownResourceGroupError",
     "create_group",
     "delete_group",
+    "drop_allowed_user",
     "get_group",
     "list_groups",
     "merge_patch",
@@ -205,6 +206,30 @@ async def delete_group(db: Database, name: str, now: datetime) -> list[Event]:
             "scheduled to a group without agents)",
         ) from exc
     forget_group_options(db)
+    return events
+
+
+async def drop_allowed_user(conn: AsyncConnection, user: str, now: datetime) -> list[Event]:
+    """Take `user` off every group's `allowed_users`, in the caller's transaction (a user being
+    removed: a later user of the same name must not inherit their access); the events of the
+    groups changed. The caller forgets the kept options after its commit."""
+    rows = await conn.execute(sa.select(*_COLUMNS).with_for_update())
+    events: list[Event] = []
+    for row in rows.all():
+        current = _record(row)
+        listed = current.options.get("allowed_users")
+        if not isinstance(listed, list) or user not in listed:
+            continue
+        options = {**current.options, "allowed_users": [n for n in listed if n != user]}
+        await conn.execute(
+            resource_groups.update()
+            .where(resource_groups.c.name == current.name)
+            .values(options=options)
+        )
+        changed = ResourceGroupRecord(
+            current.name, current.description, options, current.created_at
+        )
+        events += await _append(conn, GROUP_UPDATED, changed, now)
     return events
 
 

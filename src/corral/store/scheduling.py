@@ -36,6 +36,7 @@ from corral.store.tables import (
     resource_groups,
     session_dependencies,
     sessions,
+    users,
 )
 
 # The statements of a pass are built once and run directly (see `_direct`); the values,
@@ -413,3 +414,20 @@ async def read_array_active(
         return {}
     rows = await _ARRAY_ACTIVE.rows(conn, {"ids": payload(dialect, array_ids)})
     return {SessionId(array_id): int(count) for array_id, count in rows}
+
+
+_OWNERS = DirectStatement(
+    lambda dialect: sa.select(users.c.id, users.c.name, users.c.role).where(
+        in_param(dialect, users.c.id, "ids")
+    )
+)
+
+
+async def read_owners(
+    conn: AsyncConnection, dialect: Dialect, owner_ids: Collection[UserId]
+) -> dict[UserId, tuple[str, str]]:
+    """Each owner's name and role (an owner that does not exist is left out)."""
+    if not owner_ids:
+        return {}
+    rows = await _OWNERS.rows(conn, {"ids": payload(dialect, owner_ids)})
+    return {UserId(owner): (name, role) for owner, name, role in rows}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from datetime import datetime
 
 import sqlalchemy as sa
@@ -74,3 +75,14 @@ async def list_tokens(
         query = query.where(c.id > after_id)
     async with db.read() as conn:
         return [TokenRecord(*row) for row in await conn.execute(query)]
+
+
+async def unknown_user_names(db: Database, names: Collection[str]) -> list[str]:
+    """Those of `names` no user has, sorted."""
+    if not names:
+        return []
+    async with db.read() as conn:
+        known = set(
+            await conn.scalars(sa.select(users.c.name).where(users.c.name.in_(list(names))))
+        )
+    return sorted(set(names) - known)

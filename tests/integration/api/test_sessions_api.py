@@ -111,7 +111,7 @@ async def test_a_kernel_asking_more_than_max_kernel_slots_is_422(world: ApiWorld
 async def test_the_created_session_is_answered_as_a_read_shows_it(world: ApiWorld) -> None:
     """The create answer (built from what was written) is what a GET then reads back."""
     created = await create(
-        world, world.alice, name="train", cluster_size=2, priority=5, env={"A": "1"}
+        world, world.alice, name="train", cluster_size=2, priority=-5, env={"A": "1"}
     )
     assert created.status_code == 201, created.text
     body = created.json()

@@ -70,6 +70,7 @@ async def test_free_capacity_is_filled_across_pages_in_queue_order(db: Database)
     """Five free cores, ten one-core sessions of mixed priority: one pass reads pages until the
     sixth session in queue order waits, and places exactly the first five."""
     c = await paged_cluster(db, cpu=5)
+    await set_group_options(db, "default", {"max_user_priority": 2})
     queued = [await c.submit() for _ in range(10)]
     priority = dict(zip(queued, [0, 2, 0, 1, 2, 0, 1, 0, 2, 1], strict=True))
     for sid, level in priority.items():

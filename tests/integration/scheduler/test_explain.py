@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from corral.domain.status import SessionStatus
-from corral.domain.types import SessionId
+from corral.domain.types import ADMIN_ROLE, SessionId
 from corral.scheduler.explain import SessionNotFoundError, explain
 from corral.scheduler.planner import NO_CAPACITY, WAITING_BEHIND
 from corral.scheduler.scheduler import schedule_group
@@ -47,7 +47,7 @@ async def footprint(db: Database, ids: Collection[SessionId]) -> tuple[Any, ...]
 
 async def test_session_that_fits_is_explained_as_placed(db: Database) -> None:
     """A session that fits now is `placed` at its position, and explaining it places nothing."""
-    owner = await add_user(db)
+    owner = await add_user(db, ADMIN_ROLE)  # sessions above max_user_priority
     await add_agents(db, [{"cpu": 4000}])
     first, second = await add_session_ids(db, owner, 2)
     await update_sessions(db, [first], priority=1)
@@ -66,7 +66,7 @@ async def test_session_that_fits_is_explained_as_placed(db: Database) -> None:
 
 async def test_session_behind_a_large_head_is_blocked_and_names_it(db: Database) -> None:
     """Under strict ordering a small session is `blocked`, naming the head that does not fit."""
-    owner = await add_user(db)
+    owner = await add_user(db, ADMIN_ROLE)  # sessions above max_user_priority
     await add_agents(db, [{"cpu": 4000}])
     [holder] = await add_session_ids(db, owner, 1)
     assert (await schedule_group(db, "default", NOW)).committed.placed == [holder]
@@ -88,7 +88,7 @@ async def test_session_behind_a_large_head_is_blocked_and_names_it(db: Database)
 
 async def test_session_waiting_for_a_dependency_says_which(db: Database) -> None:
     """A session whose dependency has not ended is `waiting` with code dependency_pending."""
-    owner = await add_user(db)
+    owner = await add_user(db, ADMIN_ROLE)  # sessions above max_user_priority
     await add_agents(db, [{"cpu": 4000}])
     [dependency] = await add_session_ids(db, owner, 1)
     dependant = await add_dependent(db, owner, [dependency])

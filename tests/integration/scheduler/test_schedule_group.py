@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from corral.domain.outcome import SessionResult
 from corral.domain.status import KernelStatus, SessionStatus
-from corral.domain.types import AgentId, SessionId
+from corral.domain.types import ADMIN_ROLE, AgentId, SessionId
 from corral.scheduler.planner import NO_CAPACITY, WAITING_BEHIND
 from corral.scheduler.scheduler import schedule_group
 from corral.scheduler.types import Outcome, QueuePage
@@ -67,7 +67,7 @@ async def statuses(db: Database, ids: Collection[SessionId]) -> dict[SessionId, 
 
 async def test_pass_places_what_fits_and_commits_it(db: Database) -> None:
     """Placed sessions and kernels are SCHEDULED on agents, charged in the ledger, with history."""
-    owner = await add_user(db)
+    owner = await add_user(db, ADMIN_ROLE)  # sessions above max_user_priority
     agents = await add_agents(db, [{"cpu": 4000}, {"cpu": 4000}])
     pair, single, left_out = await add_sessions(
         db, owner, [(2, {"cpu": 3000}), (1, {"cpu": 1000}), (1, {"cpu": 2000})]
@@ -176,7 +176,7 @@ async def test_selector_is_read_from_group_options(
 async def test_ordering_is_read_from_group_options(db: Database, ordering: str) -> None:
     """Strict ordering holds small sessions behind a head that does not fit; best effort not."""
     await set_group_options(db, "default", {"ordering": ordering})
-    owner = await add_user(db)
+    owner = await add_user(db, ADMIN_ROLE)  # sessions above max_user_priority
     await add_agents(db, [{"cpu": 4000}])
     [holder] = await add_session_ids(db, owner, 1)
     assert (await schedule_group(db, "default", NOW)).committed.placed == [holder]
@@ -290,7 +290,7 @@ async def test_session_runs_once_its_dependency_terminated_successfully(db: Data
 
 async def test_handler_result_sorts_every_outcome_with_a_reason(db: Database) -> None:
     """Placed: successes; failed: failures (permanent); waiting, blocked: skipped; all noted."""
-    owner = await add_user(db)
+    owner = await add_user(db, ADMIN_ROLE)  # sessions above max_user_priority
     await add_agents(db, [{"cpu": 4000}])
     placed, too_large, head, behind = await add_sessions(
         db, owner, [(1, {"cpu": 1000}), (1, {"cpu": 8000}), (1, {"cpu": 4000}), (1, {"cpu": 1000})]
@@ -402,7 +402,7 @@ async def test_kernels_asking_different_amounts_are_each_placed_by_their_own_req
     so that kernel 1 asks six times what kernel 0 asks (and its row no longer names a request
     for all of its kernels).
     """
-    owner = await add_user(db)
+    owner = await add_user(db, ADMIN_ROLE)  # sessions above max_user_priority
     agents = await add_agents(db, [{"cpu": 7000}, {"cpu": 7000}])
     [mixed, uniform] = await add_sessions(db, owner, [(2, {"cpu": 1000}), (2, {"cpu": 1000})])
     await ask_of_kernel(db, mixed.id, 1, {"cpu": 6000})

@@ -15,7 +15,7 @@ from corral.domain.outcome import DependencyKind
 from corral.domain.results import SchedulingResult, TransitionStatus
 from corral.domain.session import MilliSlots, NewSession, SessionWithKernels
 from corral.domain.status import KernelStatus, SessionStatus
-from corral.domain.types import AgentId, SessionId, UserId
+from corral.domain.types import USER_ROLE, AgentId, SessionId, UserId
 from corral.store.agents import NewAgent, insert_agents, read_ledger
 from corral.store.database import Database
 from corral.store.group_options import forget_group_options
@@ -70,12 +70,12 @@ def on(change: StatusChange, session_ids: Sequence[SessionId]) -> StatusChange:
     return dataclasses.replace(change, session_ids=tuple(session_ids))
 
 
-async def add_user(db: Database) -> UserId:
-    """A fresh user to own sessions."""
+async def add_user(db: Database, role: str = USER_ROLE) -> UserId:
+    """A fresh user to own sessions (an admin's may have any priority in any group)."""
     user_id = UserId(uuid.uuid4())
     async with db.transaction() as conn:
         await conn.execute(
-            users.insert().values(id=user_id, name=f"u-{user_id.hex}", role="user", created_at=NOW)
+            users.insert().values(id=user_id, name=f"u-{user_id.hex}", role=role, created_at=NOW)
         )
     return user_id
 

@@ -15,6 +15,7 @@ import numpy as np
 from corral.domain.outcome import DependencyKind
 from corral.domain.resource_group import ResourceGroupOptions
 from corral.domain.session import PendingSession
+from corral.domain.spec import MAX_PRIORITY
 from corral.domain.status import SessionStatus
 from corral.domain.types import AgentId, SessionId, UserId
 from corral.scheduler.types import (
@@ -22,10 +23,13 @@ from corral.scheduler.types import (
     DependencyState,
     GroupSnapshot,
     Int64Array,
+    OwnerAccess,
     OwnerUsage,
 )
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
+# A group whose users may give any priority (the default lets only admins go above 0).
+ANY_PRIORITY = ResourceGroupOptions(max_user_priority=MAX_PRIORITY)
 CPU = 1000  # one cpu in milli-units
 GIB = 1024**3 * 1000  # one GiB of memory in milli-units
 
@@ -155,17 +159,20 @@ def snapshot(
     group: str = "default",
     now: float | datetime = 3600,
     array_active: Mapping[int, int] | None = None,
+    owners: Mapping[int, OwnerAccess] | None = None,
 ) -> GroupSnapshot:
-    """A snapshot of one resource group (default: no agents, nobody holding anything)."""
+    """A snapshot of one resource group (default: no agents, nobody holding anything, and
+    options that let users give any priority: these tests are about order, not access)."""
     return GroupSnapshot(
         group=group,
-        options=options or ResourceGroupOptions(),
+        options=options or ANY_PRIORITY,
         pending=list(pending),
         agents=agents if agents is not None else AgentPool.empty(),
         usage={user(owner): u for owner, u in (usage or {}).items()},
         dependencies={sid: list(deps) for sid, deps in (dependencies or {}).items()},
         now=at(now),
         array_active={session_id(a): n for a, n in (array_active or {}).items()},
+        owners={user(owner): access for owner, access in (owners or {}).items()},
     )
 
 

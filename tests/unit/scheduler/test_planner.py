@@ -54,13 +54,14 @@ def _plan(
     deps: Mapping[str, Sequence[DependencyState]] | None = None,
     **options: object,
 ) -> Plan:
-    """Place `pending` on `agents` with the given group options and dependencies by name."""
+    """Place `pending` on `agents` with the given group options (users may give any priority
+    unless they say otherwise) and dependencies by name."""
     by_name = {s.name: s.id for s in pending}
     return place_sessions(
         snapshot(
             pending=pending,
             agents=agents,
-            options=ResourceGroupOptions.model_validate(options),
+            options=ResourceGroupOptions.model_validate({"max_user_priority": 100, **options}),
             dependencies={by_name[n]: list(d) for n, d in (deps or {}).items()},
         )
     )
@@ -272,6 +273,18 @@ def test_higher_priority_blocks_lower_priority_under_strict_ordering() -> None:
     plan = _plan(pending, cpu_pool({"a": 4}))
     assert plan.order == [pending[1].id, pending[0].id]
     assert _outcomes(plan, pending)["old-low"] == (BLOCKED, WAITING_BEHIND)
+
+
+def test_a_session_its_group_no_longer_admits_holds_nobody_back() -> None:
+    """Under strict ordering, a high-priority session above max_user_priority waits for itself
+    while the rest of the queue is placed."""
+    pending = [_s("raised", 0, priority=50), _s("plain", 1)]
+    plan = _plan(pending, cpu_pool({"a": 4}), max_user_priority=0)
+    assert plan.order == [pending[0].id, pending[1].id]
+    assert _outcomes(plan, pending) == {
+        "raised": (WAITING, v.PRIORITY_NOT_ALLOWED),
+        "plain": (PLACED, ""),
+    }
 
 
 # --- dependencies and owner limits within one pass -------------------------------------------

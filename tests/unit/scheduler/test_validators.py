@@ -1,4 +1,5 @@
-"""Validators: dependencies, agents, slots, could-ever-fit, array throttle and owner limits."""
+"""Validators: access, dependencies, agents, slots, could-ever-fit, array throttle and owner
+limits."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from corral.scheduler.types import (
     AgentPool,
     DependencyState,
     GroupSnapshot,
+    OwnerAccess,
     OwnerUsage,
     Verdict,
     VerdictKind,
@@ -63,8 +65,10 @@ def _kind_code(verdict: Verdict | None) -> tuple[VerdictKind, str] | None:
 
 
 def test_validators_run_in_the_documented_order() -> None:
-    """Dependencies, agents joined, known slots, could-ever-fit, array throttle, owner limits."""
+    """Access, dependencies, agents joined, known slots, could-ever-fit, array throttle, owner
+    limits."""
     assert [validator.__name__ for validator in VALIDATORS] == [
+        "check_access",
         "check_dependencies",
         "check_agents_joined",
         "check_known_slots",
@@ -427,6 +431,67 @@ def test_live_usage_can_be_edited_directly() -> None:
     )
 
 
+# --- access: the group's users and max_user_priority, as they are now ------------------------
+
+ALICE, BOB, ROOT = OwnerAccess("alice", False), OwnerAccess("bob", False), OwnerAccess("root", True)
+LISTED = ResourceGroupOptions(allowed_users=("alice",))
+
+
+@pytest.mark.parametrize(
+    ("options", "owner", "priority", "expected"),
+    [
+        pytest.param(ResourceGroupOptions(), BOB, 0, None, id="open-group"),
+        pytest.param(LISTED, ALICE, 0, None, id="listed-user"),
+        pytest.param(LISTED, BOB, 0, v.ACCESS_DENIED, id="user-not-listed"),
+        pytest.param(LISTED, ROOT, 0, None, id="admins-always-may"),
+        pytest.param(ResourceGroupOptions(allowed_users=()), ALICE, 0, v.ACCESS_DENIED, id="none"),
+        pytest.param(ResourceGroupOptions(), BOB, -5, None, id="lower-priority"),
+        pytest.param(ResourceGroupOptions(), BOB, 1, v.PRIORITY_NOT_ALLOWED, id="above-max"),
+        pytest.param(ResourceGroupOptions(), ROOT, 100, None, id="admin-above-max"),
+        pytest.param(
+            ResourceGroupOptions(max_user_priority=10), BOB, 10, None, id="at-a-raised-max"
+        ),
+        pytest.param(LISTED, BOB, 50, v.ACCESS_DENIED, id="access-before-priority"),
+    ],
+)
+def test_access(
+    options: ResourceGroupOptions, owner: OwnerAccess, priority: int, expected: str | None
+) -> None:
+    """A session its group's rules no longer admit waits (it is not failed), naming the rule."""
+    s = session(owner=7, priority=priority)
+    verdict = _check(s, snapshot(agents=_agents(), options=options, owners={7: owner}))
+    if expected is None:
+        assert verdict is None
+    else:
+        assert verdict is not None and (verdict.kind, verdict.code) == (WAIT, expected)
+
+
+def test_access_messages_say_why_and_what_happens_next() -> None:
+    """The reasons name the group, the owner or the priority, and that the session waits."""
+    denied = _check(
+        session(owner=7),
+        snapshot(agents=_agents(), options=LISTED, owners={7: BOB}, group="gpu"),
+    )
+    assert denied is not None
+    assert "resource group 'gpu' is open to listed users only, and 'bob'" in denied.message
+    assert "waits until an admin opens the group" in denied.message
+    high = _check(
+        session(owner=7, priority=30),
+        snapshot(agents=_agents(), options=ResourceGroupOptions(), owners={7: BOB}),
+    )
+    assert high is not None
+    assert "priority 30 is above 0, the max_user_priority" in high.message
+    assert "submit it again at priority 0 or less" in high.message
+
+
+def test_an_owner_the_snapshot_lacks_is_judged_a_plain_user() -> None:
+    """Where the rules apply and the owner is unknown, the session is not let through."""
+    verdict = _check(
+        session(owner=9, priority=5), snapshot(agents=_agents(), options=ResourceGroupOptions())
+    )
+    assert verdict is not None and verdict.code == v.PRIORITY_NOT_ALLOWED
+
+
 # --- order between validators ----------------------------------------------------------------
 
 
@@ -494,6 +559,8 @@ def test_codes_are_stable_strings() -> None:
         v.QUOTA_EXCEEDED,
         v.OWNER_SESSION_LIMIT,
         v.OWNER_SLOT_LIMIT,
+        v.ACCESS_DENIED,
+        v.PRIORITY_NOT_ALLOWED,
     } == {
         "dependency_missing",
         "dependency_failed",
@@ -504,4 +571,6 @@ def test_codes_are_stable_strings() -> None:
         "quota_exceeded",
         "owner_session_limit",
         "owner_slot_limit",
+        "access_denied",
+        "priority_not_allowed",
     }
