@@ -136,7 +136,7 @@ async def test_uploads_no_session_names_are_purged_after_their_bound(
     try:
         assert daemon.parts is not None
         db = daemon.parts.db
-        token = await admin_token(db)
+        token, _ = await admin_token(db, tmp_path / "admin-token", None)
         used, unused = tmp_path / "used", tmp_path / "unused"
         for folder in (used, unused):
             folder.mkdir()
