@@ -11,10 +11,12 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 
+from corral._tls import untrusted_certificate, untrusted_hint, verifying_context
 from corral.agent.endpoints import Endpoint
 from corral.agent.protocol import (
     AssignmentMessage,
@@ -96,6 +98,8 @@ class HttpManagerClient:
     next one at once (each at most once per call; then ManagerUnavailableError, and the caller
     backs off). While on another than the first, the first is tried again with the next call
     once `failback_after_s` passed since it last failed: the agent returns to it once it is back.
+    An https manager's certificate is verified against `ca_file`, else the system's store; for
+    an endpoint reached by one address of its name, against that name.
     """
 
     def __init__(
@@ -105,6 +109,7 @@ class HttpManagerClient:
         timeout_s: float = 10.0,
         failback_after_s: float = FAILBACK_AFTER_S,
         clock: Callable[[], float] = time.monotonic,
+        ca_file: str | Path | None = None,
     ) -> None:
         if isinstance(managers, str):
             managers = [managers]
@@ -117,13 +122,19 @@ class HttpManagerClient:
         self.endpoints = tuple(endpoints)
         # Connecting to a manager that is gone should fail fast, so the next one is tried.
         timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, CONNECT_TIMEOUT_S))
+        verify = verifying_context(ca_file)
         self._http = [
             httpx.AsyncClient(
                 base_url=e.url,
                 timeout=timeout,
                 headers={"Host": e.host} if e.host is not None else None,
+                verify=verify,
             )
             for e in endpoints
+        ]
+        # An address of a name: TLS names (SNI) and verifies the name, not the address.
+        self._extensions = [
+            {"sni_hostname": e.host} if e.host is not None else None for e in endpoints
         ]
         self.current = 0  # index of the manager calls go to first
         self._first_failed_at: float | None = None  # clock() when the first manager last failed
@@ -236,9 +247,16 @@ class HttpManagerClient:
                     params=params,
                     headers={"Authorization": f"Bearer {bearer}"},
                     timeout=timeout_s if timeout_s is not None else self._timeout_s,
+                    extensions=self._extensions[index],
                 )
             except httpx.HTTPError as exc:
-                failures.append(f"{self.endpoints[index]}: {type(exc).__name__}: {exc}")
+                endpoint = self.endpoints[index]
+                untrusted = untrusted_certificate(exc)
+                failures.append(
+                    f"{endpoint}: {type(exc).__name__}: {exc}"
+                    if untrusted is None
+                    else f"{endpoint}: {untrusted_hint(endpoint.url, untrusted)}"
+                )
                 self._failed(index)
                 continue
             if response.status_code >= 500:

@@ -41,7 +41,9 @@ from corral.manager.wire import (
 from corral.store.agent_registry import AgentCapacityError
 from corral.store.kernel_logs import UploadRefusedError
 
-router = APIRouter(prefix="/v1/agents", tags=["agents"])
+# Tagged apart from the admins' `/v1/agents` routes (tag "agents"): what agents call, not users.
+AGENT_PROTOCOL_TAG = "agent-protocol"
+router = APIRouter(prefix="/v1/agents", tags=[AGENT_PROTOCOL_TAG])
 
 MAX_WAIT_S = 120.0
 
@@ -74,6 +76,7 @@ Agent = Annotated[AgentId, Depends(authenticated)]
     "/register",
     response_model=RegisterResponse,
     responses={201: {"model": RegisterResponse, "description": "A new agent joined"}},
+    operation_id="register_agent",
 )
 async def register(
     body: RegisterRequest, agents: Controller, token: Bearer, response: Response
@@ -100,13 +103,19 @@ async def register(
     return register_response(registration, agents.timings)
 
 
-@router.post("/{agent_id}/heartbeat", response_model=HeartbeatResponse)
+@router.post(
+    "/{agent_id}/heartbeat", response_model=HeartbeatResponse, operation_id="agent_heartbeat"
+)
 async def heartbeat(agent_id: Agent, agents: Controller) -> HeartbeatResponse:
     """I am alive; the answer says whether the manager still counts on me."""
     return HeartbeatResponse(status=await agents.heartbeat(agent_id))
 
 
-@router.get("/{agent_id}/assignments", response_model=AssignmentMessage)
+@router.get(
+    "/{agent_id}/assignments",
+    response_model=AssignmentMessage,
+    operation_id="get_agent_assignments",
+)
 async def assignments(
     request: Request,
     agent_id: Agent,
@@ -141,7 +150,9 @@ async def assignments(
     return Response(body, media_type="application/json")
 
 
-@router.post("/{agent_id}/reports", response_model=ReportAccepted)
+@router.post(
+    "/{agent_id}/reports", response_model=ReportAccepted, operation_id="send_agent_reports"
+)
 async def reports(agent_id: Agent, body: ReportBatch, agents: Controller) -> ReportAccepted:
     """Kernel progress, in order; each report applied as far as it is legal. A re-sent or
     passed status is acknowledged as already applied; an impossible one is refused alone,
@@ -149,7 +160,7 @@ async def reports(agent_id: Agent, body: ReportBatch, agents: Controller) -> Rep
     return report_accepted(await agents.report(agent_id, kernel_reports(body.reports)))
 
 
-@router.post("/{agent_id}/logs", status_code=204)
+@router.post("/{agent_id}/logs", status_code=204, operation_id="send_agent_logs")
 async def logs(agent_id: Agent, body: LogBatch, agents: Controller) -> Response:
     """Log chunks of the agent's kernels; re-sent chunks are ignored."""
     try:
@@ -163,6 +174,7 @@ async def logs(agent_id: Agent, body: LogBatch, agents: Controller) -> Response:
     "/{agent_id}/kernels/{kernel_id}/upload",
     response_class=Response,
     responses={200: {"content": {"application/gzip": {}}, "description": "the upload, tar.gz"}},
+    operation_id="get_kernel_upload",
 )
 async def kernel_upload(agent_id: Agent, kernel_id: uuid.UUID, agents: Controller) -> Response:
     """The upload a kernel of this agent unpacks before it starts (its session's `upload`)."""
@@ -177,7 +189,7 @@ async def kernel_upload(agent_id: Agent, kernel_id: uuid.UUID, agents: Controlle
     return Response(data, media_type="application/gzip")
 
 
-@router.post("/{agent_id}/outputs", status_code=204)
+@router.post("/{agent_id}/outputs", status_code=204, operation_id="send_agent_outputs")
 async def outputs(agent_id: Agent, body: OutputBatch, agents: Controller) -> Response:
     """Output files of the agent's kernels."""
     try:

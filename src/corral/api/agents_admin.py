@@ -67,7 +67,11 @@ class AgentOut(BaseModel):
     kernels: int = Field(description="how many kernels on the agent have not ended")
 
 
-@router.get("", response_model=Page[AgentOut])
+class AgentPage(Page[AgentOut]):
+    """A page of agents; `next_cursor` fetches the next one."""
+
+
+@router.get("", response_model=AgentPage, operation_id="list_agents")
 async def agents_list(
     request: Request,
     user: CurrentUser,
@@ -96,8 +100,8 @@ async def agents_list(
         except (ValueError, TypeError) as exc:
             quarantine.skipped(LISTING, agent.id, exc)
 
-    def listed(shown: list[AgentOut]) -> Page[AgentOut]:
-        return Page[AgentOut](items=shown, next_cursor=page.next_cursor)
+    def listed(shown: list[AgentOut]) -> AgentPage:
+        return AgentPage(items=shown, next_cursor=page.next_cursor)
 
     body, unencodable = json_without_unencodable(items, listed)
     for item in unencodable:
@@ -105,25 +109,25 @@ async def agents_list(
     return Response(body, media_type="application/json")
 
 
-@router.get("/{agent_id}", response_model=AgentOut)
+@router.get("/{agent_id}", response_model=AgentOut, operation_id="get_agent")
 async def agent_get(agent_id: str, user: CurrentUser, db: Db) -> AgentOut:
     """One agent; 404 if there is no such agent."""
     return agent_out(await _existing(db, agent_id))
 
 
-@router.post("/{agent_id}/drain", response_model=AgentOut)
+@router.post("/{agent_id}/drain", response_model=AgentOut, operation_id="drain_agent")
 async def agent_drain(agent_id: str, admin: AdminUser, db: Db, request: Request) -> AgentOut:
     """Place no new kernels on the agent (its kernels keep running); idempotent."""
     return await _set_schedulable(request, db, agent_id, False, admin.name)
 
 
-@router.post("/{agent_id}/undrain", response_model=AgentOut)
+@router.post("/{agent_id}/undrain", response_model=AgentOut, operation_id="undrain_agent")
 async def agent_undrain(agent_id: str, admin: AdminUser, db: Db, request: Request) -> AgentOut:
     """Let the scheduler place kernels on the agent again; idempotent."""
     return await _set_schedulable(request, db, agent_id, True, admin.name)
 
 
-@router.delete("/{agent_id}", status_code=204)
+@router.delete("/{agent_id}", status_code=204, operation_id="delete_agent")
 async def agent_remove(agent_id: str, admin: AdminUser, db: Db, request: Request) -> Response:
     """Remove an agent that left (LOST or TERMINATED) and runs nothing; 409 otherwise."""
     context: ApiContext = request.app.state.context

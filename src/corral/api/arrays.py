@@ -160,6 +160,7 @@ async def _visible_array(db: Any, user: Principal, ref: str) -> ArrayTarget:
     responses={
         200: {"model": ArrayOut, "description": "Created before: the array of this `creation_id`"}
     },
+    operation_id="create_array",
 )
 async def create_array(
     spec: ArraySpec, user: CurrentUser, request: Request, response: Response
@@ -186,7 +187,7 @@ async def create_array(
     )
 
 
-@router.get("/{array}", response_model=ArrayView)
+@router.get("/{array}", response_model=ArrayView, operation_id="get_array")
 async def get_array(array: ArrayRef, user: CurrentUser, db: Db) -> ArrayView:
     """The array as a whole: its spec, its elements per state, and every element."""
     target = await _visible_array(db, user, array)
@@ -213,7 +214,7 @@ async def get_array(array: ArrayRef, user: CurrentUser, db: Db) -> ArrayView:
     )
 
 
-@router.post("/{array}/terminate", response_model=ArrayTerminateOut)
+@router.post("/{array}/terminate", response_model=ArrayTerminateOut, operation_id="terminate_array")
 async def terminate_array(
     array: ArrayRef, user: CurrentUser, db: Db, request: Request
 ) -> ArrayTerminateOut:
@@ -236,7 +237,7 @@ async def terminate_array(
     )
 
 
-@router.delete("/{array}", response_model=ArrayRemoveOut)
+@router.delete("/{array}", response_model=ArrayRemoveOut, operation_id="delete_array")
 async def remove_array(array: ArrayRef, user: CurrentUser, db: Db) -> ArrayRemoveOut:
     """Remove every element of an ended array, with their logs and history: all or none (409
     while an element has not ended)."""

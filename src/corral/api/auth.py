@@ -12,7 +12,8 @@ import time
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from corral.api.problems import Problem
 from corral.domain.types import utcnow
@@ -37,10 +38,22 @@ async def database(request: Request) -> Database:
     return db
 
 
-async def bearer(authorization: Annotated[str | None, Header()] = None) -> str:
+# The OpenAPI document's security scheme ("HTTPBearer"): every route that needs a token says so
+# there, rather than as an `Authorization` header parameter. A missing or malformed header is our
+# own 401 problem below, not FastAPI's 403.
+BEARER_SCHEME = HTTPBearer(
+    auto_error=False,
+    description="a user's token, or for the agent protocol the join token to register, then "
+    "the agent's own",
+)
+
+
+async def bearer(
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER_SCHEME)],
+) -> str:
     """The request's bearer token; 401 without one."""
-    scheme, _, token = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = credentials.credentials if credentials is not None else ""
+    if not token.strip():
         raise Problem(
             401,
             "unauthenticated",

@@ -68,18 +68,33 @@ class EventOut(BaseModel):
     created_at: datetime
 
 
+class EventPage(Page[EventOut]):
+    """A page of events; `next_cursor` fetches the next one."""
+
+
 _STREAM_DOC: dict[int | str, dict[str, Any]] = {
     200: {
-        "description": "follow=true: a text/event-stream of `id:`, `event: <kind>` and "
-        "`data: <event as JSON>` frames, with `: keep-alive` comments while idle; "
+        "description": "follow=true (the default): a Server-Sent Events stream; "
         "follow=false: a JSON page of events",
-        "model": Page[EventOut],
-        "content": {SSE_MEDIA_TYPE: {"schema": {"type": "string"}}},
+        "model": EventPage,
+        "content": {
+            SSE_MEDIA_TYPE: {
+                "schema": {
+                    "type": "string",
+                    "description": "Server-Sent Events: per event an `id: <event id>`, an "
+                    "`event: <kind>` and a `data: <the event as JSON, as in EventOut>` line, "
+                    "then a blank line; a `: keep-alive` comment while idle. A reconnecting "
+                    "client sends `Last-Event-ID` and gets what it missed.",
+                },
+                "example": 'id: 42\nevent: session.status_changed\ndata: {"id": 42, '
+                '"kind": "session.status_changed", ...}\n\n',
+            }
+        },
     }
 }
 
 
-@router.get("/v1/events", response_model=None, responses=_STREAM_DOC)
+@router.get("/v1/events", response_model=None, responses=_STREAM_DOC, operation_id="list_events")
 async def events(
     request: Request,
     user: CurrentUser,
@@ -267,8 +282,8 @@ def _quarantine(request: Request) -> Quarantine:
 def _page_response(request: Request, rows: Sequence[Event], next_cursor: str | None) -> Response:
     """A page of events as JSON; an event that cannot be encoded is left out, logged once."""
 
-    def page(items: list[EventOut]) -> Page[EventOut]:
-        return Page[EventOut](items=items, next_cursor=next_cursor)
+    def page(items: list[EventOut]) -> EventPage:
+        return EventPage(items=items, next_cursor=next_cursor)
 
     quarantine = _quarantine(request)
     items: list[EventOut] = []

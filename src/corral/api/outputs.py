@@ -45,7 +45,7 @@ class OutputsOut(BaseModel):
     items: list[OutputFileOut]
 
 
-@router.get("/{session_id}/outputs", response_model=OutputsOut)
+@router.get("/{session_id}/outputs", response_model=OutputsOut, operation_id="list_session_outputs")
 async def list_outputs(session_id: uuid.UUID, user: CurrentUser, db: Db) -> OutputsOut:
     """The files the session's kernels left in CORRAL_OUTPUT_DIR (uploaded once each ended)."""
     found = await _visible(db, user, session_id)
@@ -68,6 +68,7 @@ async def list_outputs(session_id: uuid.UUID, user: CurrentUser, db: Db) -> Outp
     "/{session_id}/outputs/archive",
     response_class=Response,
     responses={200: {"content": {ARCHIVE_TYPE: {}}, "description": "every output, as tar.gz"}},
+    operation_id="download_session_outputs",
 )
 async def download_outputs(session_id: uuid.UUID, user: CurrentUser, db: Db) -> Response:
     """Every output file of the session as one tar.gz (`kernel-<index>/` folders if several)."""
@@ -89,6 +90,7 @@ async def download_outputs(session_id: uuid.UUID, user: CurrentUser, db: Db) -> 
     "/{session_id}/outputs/{kernel}/{name:path}",
     response_class=Response,
     responses={200: {"content": {"application/octet-stream": {}}, "description": "the file"}},
+    operation_id="download_session_output",
 )
 async def download_output(
     session_id: uuid.UUID,

@@ -50,6 +50,10 @@ class ResourceGroupOut(BaseModel):
     created_at: datetime
 
 
+class ResourceGroupPage(Page[ResourceGroupOut]):
+    """A page of resource groups; `next_cursor` fetches the next one."""
+
+
 class ResourceGroupCreate(BaseModel):
     """A new resource group."""
 
@@ -69,17 +73,17 @@ class ResourceGroupPatch(BaseModel):
     )
 
 
-@router.get("", response_model=Page[ResourceGroupOut])
+@router.get("", response_model=ResourceGroupPage, operation_id="list_resource_groups")
 async def groups_list(
     user: CurrentUser, db: Db, limit: Limit = 100, cursor: Cursor = None
-) -> Page[ResourceGroupOut]:
+) -> ResourceGroupPage:
     """Resource groups by name."""
     rows = await list_groups(db, after_name=decode_cursor(LISTING, cursor, str), limit=limit + 1)
     page = page_of(LISTING, rows, limit, lambda g: g.name)
-    return Page[ResourceGroupOut](items=[_out(g) for g in page.items], next_cursor=page.next_cursor)
+    return ResourceGroupPage(items=[_out(g) for g in page.items], next_cursor=page.next_cursor)
 
 
-@router.get("/{name}", response_model=ResourceGroupOut)
+@router.get("/{name}", response_model=ResourceGroupOut, operation_id="get_resource_group")
 async def group_get(name: GroupName, user: CurrentUser, db: Db) -> ResourceGroupOut:
     """One resource group; 404 if there is no such group."""
     group = await get_group(db, name)
@@ -88,7 +92,9 @@ async def group_get(name: GroupName, user: CurrentUser, db: Db) -> ResourceGroup
     return _out(group)
 
 
-@router.post("", response_model=ResourceGroupOut, status_code=201)
+@router.post(
+    "", response_model=ResourceGroupOut, status_code=201, operation_id="create_resource_group"
+)
 async def group_create(
     body: ResourceGroupCreate, admin: AdminUser, db: Db, request: Request
 ) -> ResourceGroupOut:
@@ -105,7 +111,7 @@ async def group_create(
     return _out(group)
 
 
-@router.patch("/{name}", response_model=ResourceGroupOut)
+@router.patch("/{name}", response_model=ResourceGroupOut, operation_id="update_resource_group")
 async def group_update(
     name: GroupName, body: ResourceGroupPatch, admin: AdminUser, db: Db, request: Request
 ) -> ResourceGroupOut:
@@ -132,7 +138,7 @@ async def group_update(
     return _out(group)
 
 
-@router.delete("/{name}", status_code=204)
+@router.delete("/{name}", status_code=204, operation_id="delete_resource_group")
 async def group_delete(name: GroupName, admin: AdminUser, db: Db, request: Request) -> Response:
     """Delete an unused group; 409 for `default` or a group with agents or live sessions."""
     context: ApiContext = request.app.state.context

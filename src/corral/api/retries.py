@@ -50,7 +50,7 @@ def _out(switch: RetrySwitch, request: Request) -> RetriesOut:
     )
 
 
-@router.get("", response_model=RetriesOut)
+@router.get("", response_model=RetriesOut, operation_id="get_retries")
 async def retries_get(user: CurrentUser, db: Db, request: Request) -> RetriesOut:
     """Whether automatic retries are paused cluster-wide, and the default policy."""
     async with db.read() as conn:
@@ -58,7 +58,7 @@ async def retries_get(user: CurrentUser, db: Db, request: Request) -> RetriesOut
     return _out(switch, request)
 
 
-@router.put("", response_model=RetriesOut)
+@router.put("", response_model=RetriesOut, operation_id="set_retries")
 async def retries_put(
     body: RetriesChange, admin: AdminUser, db: Db, request: Request
 ) -> RetriesOut:

@@ -56,7 +56,7 @@ class _Shown:
         return out
 
 
-@router.get("/{session_id}/logs", response_class=PlainTextResponse)
+@router.get("/{session_id}/logs", response_class=PlainTextResponse, operation_id="get_session_logs")
 async def session_logs(
     session_id: SessionRef,
     user: CurrentUser,

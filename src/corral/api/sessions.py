@@ -374,6 +374,7 @@ async def _visible(db: Any, user: Principal, ref: str | uuid.UUID) -> dict[str, 
             "description": "Created before: the session of this `creation_id`",
         }
     },
+    operation_id="create_session",
 )
 async def create_session(
     spec: SessionSpec, user: CurrentUser, db: Db, request: Request, response: Response
@@ -401,7 +402,7 @@ def _as_shown(written: Mapping[str, Any], owner: str) -> dict[str, Any]:
     return row
 
 
-@router.get("", response_model=SessionPage)
+@router.get("", response_model=SessionPage, operation_id="list_sessions")
 async def list_sessions_route(
     request: Request,
     user: CurrentUser,
@@ -480,7 +481,7 @@ def _moment(field: str, value: str) -> datetime:
         ) from None
 
 
-@router.get("/{session_id}", response_model=SessionOut)
+@router.get("/{session_id}", response_model=SessionOut, operation_id="get_session")
 async def get_session_route(
     request: Request, session_id: SessionRef, user: CurrentUser, db: Db
 ) -> Response:
@@ -505,7 +506,9 @@ async def get_session_route(
     return Response(body, media_type="application/json")
 
 
-@router.get("/{session_id}/attempts", response_model=AttemptsOut)
+@router.get(
+    "/{session_id}/attempts", response_model=AttemptsOut, operation_id="list_session_attempts"
+)
 async def attempts_route(session_id: SessionRef, user: CurrentUser, db: Db) -> AttemptsOut:
     """The attempts of the session's retry chain, oldest first, each with how it ended."""
     found = await _visible(db, user, session_id)
@@ -546,7 +549,9 @@ async def _retry_state(db: Any, session_id: uuid.UUID, chain: list[Attempt]) -> 
     return retry_state(links[at], child, paused=paused, now=utcnow())
 
 
-@router.post("/{session_id}/terminate", response_model=TerminateOut)
+@router.post(
+    "/{session_id}/terminate", response_model=TerminateOut, operation_id="terminate_session"
+)
 async def terminate_session(
     session_id: SessionRef, user: CurrentUser, db: Db, request: Request
 ) -> TerminateOut:
@@ -574,7 +579,7 @@ async def terminate_session(
     )
 
 
-@router.get("/{session_id}/history", response_model=HistoryOut)
+@router.get("/{session_id}/history", response_model=HistoryOut, operation_id="get_session_history")
 async def history(session_id: SessionRef, user: CurrentUser, db: Db) -> HistoryOut:
     """The session's scheduling history: every phase, its result and attempts."""
     found = await _visible(db, user, session_id)
@@ -583,7 +588,7 @@ async def history(session_id: SessionRef, user: CurrentUser, db: Db) -> HistoryO
     )
 
 
-@router.get("/{session_id}/explain", response_model=ExplanationOut)
+@router.get("/{session_id}/explain", response_model=ExplanationOut, operation_id="explain_session")
 async def explain_route(session_id: SessionRef, user: CurrentUser, db: Db) -> ExplanationOut:
     """Why a pending session waits: its place in the queue and the scheduler's reason."""
     found = await _visible(db, user, session_id)
@@ -594,7 +599,7 @@ async def explain_route(session_id: SessionRef, user: CurrentUser, db: Db) -> Ex
     return ExplanationOut.model_validate(result.as_json() | {"number": found["number"]})
 
 
-@router.delete("/{session_id}", status_code=204)
+@router.delete("/{session_id}", status_code=204, operation_id="delete_session")
 async def remove_session(session_id: SessionRef, user: CurrentUser, db: Db) -> Response:
     """Remove an ended session with its kernels, history, logs and outputs."""
     found = await _visible(db, user, session_id)

@@ -48,7 +48,7 @@ def _out(info: UploadInfo) -> UploadOut:
     return UploadOut(digest=info.digest, size_bytes=info.size_bytes, created_at=info.created_at)
 
 
-@router.get("/{digest}", response_model=UploadOut)
+@router.get("/{digest}", response_model=UploadOut, operation_id="get_upload")
 async def get_upload(digest: Digest, user: CurrentUser, db: Db) -> UploadOut:
     """Whether the caller uploaded this archive already (404: not yet, send it); asking
     keeps an upload no session names for the manager's `unused_upload_hours` from now."""
@@ -72,6 +72,7 @@ async def get_upload(digest: Digest, user: CurrentUser, db: Db) -> UploadOut:
             },
         }
     },
+    operation_id="put_upload",
 )
 async def put_upload(
     digest: Digest, user: CurrentUser, db: Db, request: Request, response: Response

@@ -68,6 +68,10 @@ class UserOut(BaseModel):
     created_at: datetime
 
 
+class UserPage(Page[UserOut]):
+    """A page of users; `next_cursor` fetches the next one."""
+
+
 class UserCreate(BaseModel):
     """A new user."""
 
@@ -105,6 +109,10 @@ class TokenOut(BaseModel):
     last_used_at: datetime | None
 
 
+class TokenPage(Page[TokenOut]):
+    """A page of tokens; `next_cursor` fetches the next one."""
+
+
 class IssuedTokenOut(BaseModel):
     """A token just created: `token` is the secret, shown this once and never again."""
 
@@ -116,25 +124,25 @@ class IssuedTokenOut(BaseModel):
     expires_at: datetime | None
 
 
-@router.get("/v1/me", response_model=Me)
+@router.get("/v1/me", response_model=Me, operation_id="get_me")
 async def me(user: CurrentUser) -> Me:
     """The user the bearer token belongs to."""
     return Me(id=user.user_id, name=user.name, role=cast(Role, user.role))
 
 
-@router.get("/v1/users", response_model=Page[UserOut])
+@router.get("/v1/users", response_model=UserPage, operation_id="list_users")
 async def users_list(
     admin: AdminUser, db: Db, limit: Limit = 100, cursor: Cursor = None
-) -> Page[UserOut]:
+) -> UserPage:
     """Users by name."""
     rows = await list_user_records(
         db, after_name=decode_cursor(USERS_LISTING, cursor, str), limit=limit + 1
     )
     page = page_of(USERS_LISTING, rows, limit, lambda u: u.name)
-    return Page[UserOut](items=[_user_out(u) for u in page.items], next_cursor=page.next_cursor)
+    return UserPage(items=[_user_out(u) for u in page.items], next_cursor=page.next_cursor)
 
 
-@router.post("/v1/users", response_model=UserOut, status_code=201)
+@router.post("/v1/users", response_model=UserOut, status_code=201, operation_id="create_user")
 async def user_create(body: UserCreate, admin: AdminUser, db: Db) -> UserOut:
     """Create a user (no token yet: issue one with `POST /v1/users/{name}/tokens`)."""
     try:
@@ -145,7 +153,7 @@ async def user_create(body: UserCreate, admin: AdminUser, db: Db) -> UserOut:
     return _user_out(await _existing(db, body.name))
 
 
-@router.patch("/v1/users/{name}", response_model=UserOut)
+@router.patch("/v1/users/{name}", response_model=UserOut, operation_id="update_user")
 async def user_update(
     name: UserName, body: UserPatch, admin: AdminUser, db: Db, request: Request
 ) -> UserOut:
@@ -162,7 +170,7 @@ async def user_update(
     return _user_out(await _existing(db, name))
 
 
-@router.delete("/v1/users/{name}", status_code=204)
+@router.delete("/v1/users/{name}", status_code=204, operation_id="delete_user")
 async def user_delete(name: UserName, admin: AdminUser, db: Db, request: Request) -> Response:
     """Remove a user who owns no session, with their tokens and uploads; 409 when they own
     sessions or are the last admin."""
@@ -191,10 +199,10 @@ async def user_delete(name: UserName, admin: AdminUser, db: Db, request: Request
     return Response(status_code=204)
 
 
-@router.get("/v1/users/{name}/tokens", response_model=Page[TokenOut])
+@router.get("/v1/users/{name}/tokens", response_model=TokenPage, operation_id="list_user_tokens")
 async def tokens_list(
     name: UserName, user: CurrentUser, db: Db, limit: Limit = 100, cursor: Cursor = None
-) -> Page[TokenOut]:
+) -> TokenPage:
     """The user's tokens (without their secrets), by id: one's own, or anyone's for admins."""
     owner = await _token_owner(db, user, name)
     after = decode_cursor(TOKENS_LISTING, cursor, str)
@@ -202,10 +210,15 @@ async def tokens_list(
         db, owner.id, after_id=None if after is None else _token_id(after), limit=limit + 1
     )
     page = page_of(TOKENS_LISTING, rows, limit, lambda t: str(t.id))
-    return Page[TokenOut](items=[_token_out(t) for t in page.items], next_cursor=page.next_cursor)
+    return TokenPage(items=[_token_out(t) for t in page.items], next_cursor=page.next_cursor)
 
 
-@router.post("/v1/users/{name}/tokens", response_model=IssuedTokenOut, status_code=201)
+@router.post(
+    "/v1/users/{name}/tokens",
+    response_model=IssuedTokenOut,
+    status_code=201,
+    operation_id="create_user_token",
+)
 async def token_create(
     name: UserName, body: TokenCreate, user: CurrentUser, db: Db, request: Request
 ) -> IssuedTokenOut:
@@ -232,7 +245,7 @@ async def token_create(
     )
 
 
-@router.delete("/v1/tokens/{token_id}", status_code=204)
+@router.delete("/v1/tokens/{token_id}", status_code=204, operation_id="revoke_token")
 async def token_revoke(
     token_id: uuid.UUID, user: CurrentUser, db: Db, request: Request
 ) -> Response:

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 import typer
 
 from corral._logging import configure_logging
+from corral._tls import CA_FILE_VARIABLE, TlsConfigError
 from corral.agent.client import FAILBACK_AFTER_S, HttpManagerClient
 from corral.agent.daemon import AgentConfig, AgentDaemon
 from corral.agent.devices import DeviceAllocator, detect_gpus
@@ -74,6 +75,14 @@ def agent_command(
     token: Annotated[
         str | None,
         typer.Option(envvar="CORRAL_AGENT_TOKEN", help="The join token (or the agent's own)."),
+    ] = None,
+    ca_file: Annotated[
+        Path | None,
+        typer.Option(
+            envvar=CA_FILE_VARIABLE,
+            help="The CA certificate (PEM) an https manager's certificate is verified against "
+            "(default: the system's store).",
+        ),
     ] = None,
     slots: Annotated[
         str, typer.Option(help="`auto`, or e.g. cpu=8,mem=32Gi,cuda.device=2")
@@ -180,7 +189,10 @@ def agent_command(
     configure_logging(log_level)
     chosen = _runtime(runtime, images, python, profile, sim_seed, config.data_dir)
     devices = DeviceAllocator(int(capacity.get("cuda.device", 0)))
-    client = HttpManagerClient(managers, failback_after_s=failback_after)
+    try:
+        client = HttpManagerClient(managers, failback_after_s=failback_after, ca_file=ca_file)
+    except TlsConfigError as exc:
+        fail(f"--ca-file: {exc}")
     asyncio.run(_run(config, client, chosen, devices))
 
 

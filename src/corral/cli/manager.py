@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import ssl
 from pathlib import Path
 from typing import Annotated
 
@@ -25,6 +26,15 @@ def manager_command(
     ] = None,
     host: Annotated[str, typer.Option(help="Address the API listens on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free).")] = 8470,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(
+            help="Serve HTTPS with this certificate (PEM, the chain after it); needs --tls-key."
+        ),
+    ] = None,
+    tls_key: Annotated[
+        Path | None, typer.Option(help="The private key (PEM) of --tls-cert.")
+    ] = None,
     join_token: Annotated[
         str | None,
         typer.Option(
@@ -38,6 +48,8 @@ def manager_command(
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR.")] = "INFO",
 ) -> None:
     """Run a manager until Ctrl-C / SIGTERM."""
+    if (tls_cert is None) != (tls_key is None):
+        fail("--tls-cert and --tls-key go together: give the certificate and its key, or neither")
     settings = settings_from_flags(
         database_url=database, redis_url=redis, heartbeat_timeout_s=heartbeat_timeout
     )
@@ -52,6 +64,8 @@ def manager_command(
         redis_url=settings.redis_url,
         host=host,
         port=port,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
         join_token=token,
         timings=AgentTimings(
             heartbeat_timeout_s=settings.heartbeat_timeout_s,
@@ -84,7 +98,7 @@ def manager_command(
 
     try:
         run_manager(config, on_ready)
-    except OSError as exc:
+    except (OSError, ssl.SSLError) as exc:
         fail(str(exc))
 
 

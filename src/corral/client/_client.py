@@ -22,10 +22,16 @@ import httpx
 import pydantic
 
 from corral import package_version
+from corral._tls import TlsConfigError, untrusted_certificate, untrusted_hint, verifying_context
 from corral.client._cluster import ClusterCalls
 from corral.client._paging import every_item
 from corral.client._sse import parse_sse
-from corral.client.config import ClientConfig, check_url, load_client_config
+from corral.client.config import (
+    ClientConfig,
+    ClientConfigError,
+    check_url,
+    load_client_config,
+)
 from corral.client.errors import (
     CorralError,
     FieldError,
@@ -71,7 +77,8 @@ class Client(ClusterCalls):
 
     Every method raises a `CorralError` subclass for an error answer or an unreachable server.
     `transport` replaces the network (tests pass an `httpx.MockTransport` or an
-    `httpx.ASGITransport` over the app).
+    `httpx.ASGITransport` over the app). An https server's certificate is verified against
+    `ca_file`, else the system's store.
     """
 
     def __init__(
@@ -81,10 +88,16 @@ class Client(ClusterCalls):
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         transport: httpx.AsyncBaseTransport | None = None,
+        ca_file: str | Path | None = None,
     ) -> None:
         self.url = check_url(url)
         self.timeout_s = timeout_s
+        try:
+            verify = verifying_context(ca_file)
+        except TlsConfigError as exc:
+            raise ClientConfigError(str(exc)) from exc
         self._http = httpx.AsyncClient(
+            verify=verify,
             base_url=self.url,
             headers={
                 "Authorization": f"Bearer {token}",
@@ -100,7 +113,7 @@ class Client(ClusterCalls):
     ) -> Client:
         """A client of the configured server (see `corral.client.config`)."""
         config = config or load_client_config()
-        return cls(config.url, config.token, timeout_s=timeout_s)
+        return cls(config.url, config.token, timeout_s=timeout_s, ca_file=config.ca_file)
 
     async def __aenter__(self) -> Client:
         return self
@@ -512,6 +525,9 @@ class Client(ClusterCalls):
             return UnreachableError(
                 f"{self.url} did not answer within {self.timeout_s:g} s ({type(exc).__name__})"
             )
+        reason = untrusted_certificate(exc)
+        if reason is not None:
+            return UnreachableError(untrusted_hint(self.url, reason))
         return UnreachableError(
             f"cannot reach corral at {self.url}: {exc or type(exc).__name__}; is the "
             "manager running (`corral up`), and is the URL right?"

@@ -1,7 +1,9 @@
 """Where the SDK and the CLI find the server: `config.toml`, overridden by the environment.
 
 The file is `$XDG_CONFIG_HOME/corral/config.toml` (else `~/.config/corral/config.toml`) with
-`url` and `token`; `CORRAL_URL` and `CORRAL_TOKEN` override each key. `corral up` writes it.
+`url`, `token` and optionally `ca_file` (the CA that signed an https manager's certificate, when
+not one of the system's); `CORRAL_URL`, `CORRAL_TOKEN` and `CORRAL_CA_FILE` override each key.
+`corral up` writes it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from corral._private_file import write_private
+from corral._tls import CA_FILE_VARIABLE
 from corral.domain.record import record
 
 URL_VARIABLE = "CORRAL_URL"
@@ -28,10 +31,12 @@ class ClientConfigError(Exception):
 
 @record
 class ClientConfig:
-    """The server to talk to and the bearer token to show it."""
+    """The server to talk to, the bearer token to show it, and the CA to trust (None: the
+    system's store)."""
 
     url: str
     token: str = field(repr=False)
+    ca_file: str | None = None
 
 
 def client_config_path(environ: Mapping[str, str] | None = None) -> Path:
@@ -46,7 +51,8 @@ def client_config_path(environ: Mapping[str, str] | None = None) -> Path:
 def load_client_config(
     path: Path | None = None, environ: Mapping[str, str] | None = None
 ) -> ClientConfig:
-    """The configured server: the file's `url` and `token`, each overridden by its variable."""
+    """The configured server: the file's `url`, `token` and `ca_file`, each overridden by its
+    variable."""
     env = os.environ if environ is None else environ
     path = path or client_config_path(env)
     stored = _read(path)
@@ -60,7 +66,8 @@ def load_client_config(
         )
     if not token:
         raise ClientConfigError(f"no token for {url}: set {TOKEN_VARIABLE} or `token` in {path}")
-    return ClientConfig(check_url(url), token)
+    ca_file = env.get(CA_FILE_VARIABLE) or stored.get("ca_file") or None
+    return ClientConfig(check_url(url), token, ca_file)
 
 
 def check_url(url: str) -> str:
@@ -90,7 +97,7 @@ def _read(path: Path) -> dict[str, str]:
         return {}
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ClientConfigError(f"cannot read {path}: {exc}; fix or remove the file") from exc
-    for key in ("url", "token"):
+    for key in ("url", "token", "ca_file"):
         if key in data and not isinstance(data[key], str):
             raise ClientConfigError(f"{path}: `{key}` must be a string")
     return {key: value for key, value in data.items() if isinstance(value, str)}

@@ -110,32 +110,78 @@ class SessionSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str | None = None
-    type: SessionType = SessionType.BATCH
-    image: str
+    name: str | None = Field(
+        default=None,
+        description=f"a name to find the session by; {NAME_RULE}",
+    )
+    type: SessionType = Field(
+        default=SessionType.BATCH,
+        description="BATCH runs its command to its end; INTERACTIVE and INFERENCE run until "
+        "terminated",
+    )
+    image: str = Field(description="the image the kernels run, like 'python'")
     # Validated even when defaulted, because a BATCH session must not fall back to no command.
-    command: list[str] = Field(default_factory=list, validate_default=True)
-    env: dict[str, str] = Field(default_factory=dict)
-    resources: ResourceSlots = DEFAULT_RESOURCES  # per kernel
-    cluster_mode: ClusterMode = ClusterMode.SINGLE_NODE
-    cluster_size: int = Field(default=1, ge=1, le=MAX_CLUSTER_SIZE)
-    priority: int = Field(default=0, ge=MIN_PRIORITY, le=MAX_PRIORITY)  # higher runs first
-    resource_group: str = "default"
-    # Sessions that must end (successfully, for afterok) before this one may be scheduled.
-    dependencies: list[DependencyEntry] = Field(default_factory=list)
-    starts_at: datetime | None = None
-    # Wall-time limit in seconds once it runs (None: its resource group's default, if any).
-    time_limit_s: int | None = Field(default=None, ge=1, le=MAX_TIME_LIMIT_S)
-    # Where the kernels start: a directory on the agents (the submitting one, by `corral run`);
-    # kernels start in their own directory where it does not exist.
-    workdir: str | None = None
-    # The sha256 of a directory the owner uploaded (`PUT /v1/uploads/{digest}`): unpacked into
-    # each kernel's own directory, where the kernel then starts (instead of `workdir`).
-    upload: str | None = None
-    creation_id: str | None = None  # idempotency key: a repeated request returns the same session
-    # Retry on failure (BATCH only; spec document 5): the fields given here win over the
-    # resource group's and the cluster's defaults.
-    retry_policy: RetryPolicy | None = None
+    command: list[str] = Field(
+        default_factory=list,
+        validate_default=True,
+        description="the program and its arguments, like ['python', 'train.py'] (BATCH: needed)",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description=f"environment variables of the kernels ({RESERVED_ENV_PREFIX}* is reserved)",
+    )
+    resources: ResourceSlots = DEFAULT_RESOURCES  # per kernel (described by its type)
+    cluster_mode: ClusterMode = Field(
+        default=ClusterMode.SINGLE_NODE,
+        description="whether the kernels share one agent or may spread over several",
+    )
+    cluster_size: int = Field(
+        default=1, ge=1, le=MAX_CLUSTER_SIZE, description="how many kernels the session runs"
+    )
+    priority: int = Field(
+        default=0,
+        ge=MIN_PRIORITY,
+        le=MAX_PRIORITY,
+        description="higher runs first; past the group's max_user_priority, admins only",
+    )
+    resource_group: str = Field(
+        default="default", description="the resource group whose agents run the session"
+    )
+    dependencies: list[DependencyEntry] = Field(
+        default_factory=list,
+        description="sessions that must end (successfully, for afterok) before this one is "
+        "scheduled: session ids, or {'session': id, 'kind': 'afterany'}",
+    )
+    starts_at: datetime | None = Field(
+        default=None, description="not scheduled before this time (null: as soon as possible)"
+    )
+    time_limit_s: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_TIME_LIMIT_S,
+        description="wall-time limit in seconds once it runs (null: the resource group's "
+        "default, if any)",
+    )
+    workdir: str | None = Field(
+        default=None,
+        description="where the kernels start: a directory on the agents (the submitting one, "
+        "by `corral run`); kernels start in their own directory where it does not exist",
+    )
+    upload: str | None = Field(
+        default=None,
+        description="the sha256 of a directory the owner uploaded (PUT /v1/uploads/{digest}): "
+        "unpacked into each kernel's own directory, where the kernel then starts",
+    )
+    creation_id: str | None = Field(
+        default=None,
+        description="idempotency key: the same request again returns the same session; the "
+        "same key with another body is a 409",
+    )
+    retry_policy: RetryPolicy | None = Field(
+        default=None,
+        description="retry on failure (BATCH only): the fields given win over the resource "
+        "group's and the cluster's defaults",
+    )
 
     @field_validator("retry_policy")
     @classmethod

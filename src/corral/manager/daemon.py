@@ -21,6 +21,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import uvicorn
 
@@ -71,6 +72,9 @@ class ManagerConfig:
     redis_url: str | None = None
     host: str = "127.0.0.1"
     port: int = 8470  # 0: any free port (see `ManagerDaemon.url` once ready)
+    # HTTPS with this certificate (PEM, its chain after it) and key; both or neither.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
     join_token: str | None = None
     prefix: str = "corral"
     timings: AgentTimings = field(default_factory=AgentTimings)
@@ -119,7 +123,8 @@ class ManagerDaemon:
         if self._sock is None:
             raise RuntimeError("the manager is not listening yet; await `ready` first")
         host, port = self._sock.getsockname()[:2]
-        return f"http://{host}:{port}"
+        scheme = "https" if self.config.tls_cert is not None else "http"
+        return f"{scheme}://{host}:{port}"
 
     async def run(self) -> None:
         """Run until stop() or until a component dies (its error is re-raised)."""
@@ -221,16 +226,18 @@ class ManagerDaemon:
                 token_ttl_s=config.token_ttl_s,
             )
         )
-        self._sock = _bind(config.host, config.port)
-        server = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                log_level="warning",
-                lifespan="off",
-                access_log=False,
-                timeout_graceful_shutdown=max(1, int(config.grace_period_s)),
-            )
+        served = uvicorn.Config(
+            app,
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+            timeout_graceful_shutdown=max(1, int(config.grace_period_s)),
+            ssl_certfile=config.tls_cert,
+            ssl_keyfile=config.tls_key,
         )
+        _load_tls(served, config)
+        self._sock = _bind(config.host, config.port)
+        server = uvicorn.Server(served)
         self._server = server
         components = {
             asyncio.create_task(orchestrator.run(), name="manager-orchestrator"),
@@ -309,6 +316,20 @@ def _sweep_loop(agents: AgentController, buses: Buses, config: ManagerConfig) ->
     return DualLoop(
         task, buses.hints, buses.locks, short_interval_s=every_s, long_interval_s=every_s
     )
+
+
+def _load_tls(served: uvicorn.Config, config: ManagerConfig) -> None:
+    """Load the server's config now, its certificate and key with it: a bad one fails the start
+    with a message naming the files, before the manager says it listens."""
+    try:
+        served.load()
+    except OSError as exc:  # ssl.SSLError and a missing file alike
+        if config.tls_cert is None:
+            raise
+        raise OSError(
+            f"cannot serve TLS with certificate {str(config.tls_cert)!r} and key "
+            f"{str(config.tls_key)!r}: {exc}; give a PEM certificate and its private key"
+        ) from exc
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -111,3 +111,24 @@ async def test_from_config_builds_a_client_of_the_configured_server() -> None:
     assert "very-secret" not in repr(config)
     async with Client.from_config(config) as client:
         assert client.url == "http://h:1"
+
+
+def test_the_ca_file_comes_from_the_file_and_the_environment_wins(tmp_path: Path) -> None:
+    """`ca_file` in the file, overridden by CORRAL_CA_FILE; neither: None (the system's store)."""
+    path = tmp_path / "config.toml"
+    path.write_text('url = "https://m:8470"\ntoken = "t"\nca_file = "/etc/corral/ca.pem"\n')
+    assert load_client_config(path, environ={}).ca_file == "/etc/corral/ca.pem"
+    env = {"CORRAL_CA_FILE": "/other/ca.pem"}
+    assert load_client_config(path, environ=env).ca_file == "/other/ca.pem"
+    path.write_text('url = "https://m:8470"\ntoken = "t"\n')
+    assert load_client_config(path, environ={}).ca_file is None
+
+
+def test_a_ca_file_that_cannot_be_read_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.pem"
+    with pytest.raises(ClientConfigError, match=re.escape(f"cannot use CA file {str(missing)!r}")):
+        Client("https://m:8470", "t", ca_file=missing)
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    with pytest.raises(ClientConfigError, match=re.escape(f"cannot use CA file {str(garbage)!r}")):
+        Client("https://m:8470", "t", ca_file=garbage)
