@@ -432,13 +432,14 @@ def test_a_torn_journal_line_is_skipped(tmp_path: Path) -> None:
     assert [e["event"] for e in read_journal(path)] == ["boot"]
 
 
-async def test_the_next_agent_adopts_each_journaled_kernel_as_it_ended_once(
+async def test_the_next_agent_adopts_each_journaled_kernel_as_it_ended(
     tmp_path: Path,
 ) -> None:
-    """The next agent finds every kernel its journal shows started and not yet settled, with
-    its placement: one never ended died with its agent (adopted as lost), one that ended is
-    adopted with its exit (the manager may not have heard it), another is discarded. Each is
-    journaled forgotten, so a later agent finds nothing."""
+    """The next agent finds every kernel its journal shows started and not discarded, with its
+    placement: one never ended died with its agent (adopted as lost), one that ended is adopted
+    with its exit (the manager may not have heard it), another is discarded (journaled
+    forgotten). An agent killed again finds the adopted two once more, both ended; discarded,
+    they are gone."""
     path = tmp_path / "journal.jsonl"
     journal = Journal(path)
     dead = SimulatedRuntime(SimulationProfile(run=Latency.fixed(60.0)), journal=journal)
@@ -465,6 +466,12 @@ async def test_the_next_agent_adopts_each_journaled_kernel_as_it_ended_once(
     assert (await ended.wait()).exit_code == OOM_KILLED.exit_code
     assert (await ended.wait()).failure_cause == OOM_KILLED.failure_cause
     await adoption.discard(left[other])
+    again = {k.kernel_id: k for k in await adoption.find_left(tmp_path / "kernels")}
+    assert set(again) == {KERNEL_ID, exited}
+    lost_again = again[KERNEL_ID].ended  # type: ignore[attr-defined]
+    assert (lost_again.exit_code, lost_again.failure_cause) == (None, KERNEL_LOST_CAUSE)
+    for kernel in again.values():
+        await adoption.discard(kernel)
     assert await adoption.find_left(tmp_path / "kernels") == []
     journal.close()
 

@@ -10,7 +10,7 @@ the kernels' work directories are: the next agent finds here (`left_kernels`) ev
 earlier one started and no agent has settled yet. One never ended was running when its agent
 died, and died with it: it is reported lost. One that ended is reported with its exit (the
 earlier agent may have died before the manager heard it). Either way it is never started again
-for the same placement, and once settled (adopted or discarded) it is marked forgotten.
+for the same placement; once discarded (the manager no longer assigns it) it is marked forgotten.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class JournalEvent(enum.StrEnum):
     BOOT = "boot"  # the agent process started: every kernel of an earlier boot is gone
     START = "start"  # a kernel started (the runtime's start succeeded)
     END = "end"  # a kernel ended: `how` says by itself (exited) or stopped (terminated)
-    FORGOTTEN = "forgotten"  # a later agent settled the kernel: no agent looks at it again
+    FORGOTTEN = "forgotten"  # a later agent discarded the kernel: no agent looks at it again
 
 
 class EndHow(enum.StrEnum):
@@ -83,7 +83,7 @@ class LeftEntry:
 
 
 def left_kernels(path: Path) -> dict[str, LeftEntry]:
-    """The kernels started and not forgotten (kernel id -> what the journal says of it)."""
+    """The kernels started and not discarded (kernel id -> what the journal says of it)."""
     left: dict[str, LeftEntry] = {}
     for line in read_journal(path):
         event, kernel = line.get("event"), line.get("kernel")

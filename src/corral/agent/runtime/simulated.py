@@ -478,8 +478,10 @@ class LeftSimulatedKernel:
 class JournalAdoption:
     """Adoption for the simulated runtime, from its journal. Nothing of a simulated kernel
     outlives its agent: a kernel found running died with it and is adopted as lost (the
-    manager hears `kernel_lost`); one found ended is adopted with its exit. Settled (adopted
-    or discarded), it is journaled forgotten, so it is found once."""
+    manager hears `kernel_lost`; its end is journaled so); one found ended is adopted with its
+    exit. An adopted kernel stays in the record, as the process runtime's records do, so an
+    agent killed again before the manager heard its end finds it once more; a discarded one
+    (the manager no longer assigns it) is journaled forgotten and never found again."""
 
     def __init__(self, runtime: SimulatedRuntime, journal: Journal) -> None:
         self._runtime = runtime
@@ -498,22 +500,20 @@ class JournalAdoption:
 
     async def adopt(self, left: LeftKernel, launch: KernelLaunch) -> SimulatedKernel:
         """The kernel as it ended: with its exit, or lost with its agent."""
-        found = _as_left(left)
-        how = self._settle(found)
-        return SimulatedKernel.ended(self._runtime, launch, how)
+        return SimulatedKernel.ended(self._runtime, launch, self._ended(_as_left(left)))
 
     async def discard(self, left: LeftKernel) -> None:
-        """Not this agent's any more: settled, so no later agent finds it."""
-        self._settle(_as_left(left))
+        """Not this agent's any more: journaled forgotten, so no later agent finds it."""
+        found = _as_left(left)
+        self._ended(found)
+        self._runtime._journal_forgotten(found.kernel_id)
 
-    def _settle(self, left: LeftSimulatedKernel) -> KernelExit:
+    def _ended(self, left: LeftSimulatedKernel) -> KernelExit:
+        """How the kernel ended; one found running is journaled lost first."""
         if left.ended is not None:
-            how = left.ended
-        else:
-            how = LOST
-            self._runtime._journal_end(left.kernel_id, EndHow.LOST, LOST)
-        self._runtime._journal_forgotten(left.kernel_id)
-        return how
+            return left.ended
+        self._runtime._journal_end(left.kernel_id, EndHow.LOST, LOST)
+        return LOST
 
 
 def _exit_of(end: Mapping[str, Any]) -> KernelExit:
