@@ -7,7 +7,7 @@ one `write` to a file opened for appending, so a SIGKILLed agent leaves whole li
 
 It is also the simulated runtime's record for adoption, as the process runtime's records in
 the kernels' work directories are: the next agent finds here (`left_kernels`) every kernel an
-earlier one started and no agent has settled yet. One never ended was running when its agent
+earlier one started and no agent has discarded yet. One never ended was running when its agent
 died, and died with it: it is reported lost. One that ended is reported with its exit (the
 earlier agent may have died before the manager heard it). Either way it is never started again
 for the same placement; once discarded (the manager no longer assigns it) it is marked forgotten.
@@ -76,7 +76,7 @@ def read_journal(path: Path) -> Iterator[Mapping[str, Any]]:
 
 @dataclass
 class LeftEntry:
-    """What the journal says of a kernel an earlier agent started and no agent settled."""
+    """What the journal says of a kernel an earlier agent started and no agent discarded."""
 
     attempt: int  # the placement it started under
     ended: Mapping[str, Any] | None = None  # its END line, if it ended

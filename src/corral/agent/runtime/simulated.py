@@ -467,7 +467,7 @@ class SimulatedRuntime:
 
 @record
 class LeftSimulatedKernel:
-    """A kernel the journal shows an earlier agent started, and no agent has settled."""
+    """A kernel the journal shows an earlier agent started, and no agent has discarded."""
 
     kernel_id: KernelId
     attempt: int  # the placement it started under
@@ -488,7 +488,7 @@ class JournalAdoption:
         self._journal = journal
 
     async def find_left(self, kernels_dir: Path) -> list[LeftKernel]:
-        """The journal's kernels started and not yet settled (`kernels_dir` is not used)."""
+        """The journal's kernels started and not yet discarded (`kernels_dir` is not used)."""
         return [
             LeftSimulatedKernel(
                 KernelId(uuid.UUID(kernel)),
