@@ -20,7 +20,7 @@ from fastapi import APIRouter, Path, Request, Response
 from pydantic import BaseModel
 
 from corral.api.auth import CurrentUser, Db
-from corral.api.problems import Problem, creation_id_conflict, refused_submission
+from corral.api.problems import Problem, ambiguous_ref, creation_id_conflict, refused_submission
 from corral.controller.sessions import (
     CreationIdConflictError,
     SessionController,
@@ -28,7 +28,7 @@ from corral.controller.sessions import (
 )
 from corral.domain.arrays import ArraySpec
 from corral.domain.outcome import SessionResult
-from corral.domain.refs import ARRAY_NOT_FOUND, REF_AMBIGUOUS
+from corral.domain.refs import ARRAY_NOT_FOUND
 from corral.domain.slots import ResourceSlots
 from corral.domain.types import SessionId
 from corral.store.session_refs import (
@@ -141,16 +141,7 @@ async def _visible_array(db: Any, user: Principal, ref: str) -> ArrayTarget:
     except ArrayRefNotFoundError as exc:
         raise Problem(404, ARRAY_NOT_FOUND, "No such array", str(exc)) from exc
     except AmbiguousSessionRefError as exc:
-        raise Problem(
-            409,
-            REF_AMBIGUOUS,
-            "The array reference is ambiguous",
-            str(exc),
-            candidates=[
-                {"number": c.number, "ref": c.ref, "id": str(c.id), "owner": c.owner}
-                for c in exc.candidates
-            ],
-        ) from exc
+        raise ambiguous_ref(exc, "array") from exc
 
 
 @router.post(

@@ -13,6 +13,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from corral.controller.sessions import SubmissionError, SubmissionForbiddenError
 from corral.domain.field_errors import FieldError, describe, field_errors
+from corral.domain.refs import REF_AMBIGUOUS
+from corral.store.session_refs import AmbiguousSessionRefError
 
 PROBLEM_BASE = "https://corral.dev/problems/"
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -100,6 +102,21 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Problem, on_problem)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
+
+
+def ambiguous_ref(exc: AmbiguousSessionRefError, what: str) -> Problem:
+    """409 `session-ambiguous`: a reference to a `what` ("session", "array") that fits several,
+    with the candidates to choose from."""
+    return Problem(
+        409,
+        REF_AMBIGUOUS,
+        f"The {what} reference is ambiguous",
+        str(exc),
+        candidates=[
+            {"number": c.number, "ref": c.ref, "id": str(c.id), "owner": c.owner}
+            for c in exc.candidates
+        ],
+    )
 
 
 def creation_id_conflict(detail: str, fields: Sequence[str], session_id: str) -> Problem:

@@ -22,7 +22,7 @@ from corral.api._pages import (
     unencodable,
 )
 from corral.api.auth import CurrentUser, Db
-from corral.api.problems import Problem, creation_id_conflict, refused_submission
+from corral.api.problems import Problem, ambiguous_ref, creation_id_conflict, refused_submission
 from corral.controller.sessions import (
     CreationIdConflictError,
     SessionController,
@@ -30,7 +30,7 @@ from corral.controller.sessions import (
 )
 from corral.domain.moments import parse_moment
 from corral.domain.outcome import DependencyKind, SessionResult
-from corral.domain.refs import REF_AMBIGUOUS, REF_NAMES_ARRAY
+from corral.domain.refs import REF_NAMES_ARRAY
 from corral.domain.retry.decide import RetryDecision
 from corral.domain.retry.policy import RetryPolicy
 from corral.domain.retry.state import retry_state
@@ -340,16 +340,7 @@ async def _visible(db: Any, user: Principal, ref: str | uuid.UUID) -> dict[str, 
     except SessionRefNotFoundError as exc:
         raise Problem(404, "session-not-found", "No such session", str(exc)) from exc
     except AmbiguousSessionRefError as exc:
-        raise Problem(
-            409,
-            REF_AMBIGUOUS,
-            "The session reference is ambiguous",
-            str(exc),
-            candidates=[
-                {"number": c.number, "ref": c.ref, "id": str(c.id), "owner": c.owner}
-                for c in exc.candidates
-            ],
-        ) from exc
+        raise ambiguous_ref(exc, "session") from exc
     except RefNamesArrayError as exc:
         raise Problem(
             409,
