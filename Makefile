@@ -12,8 +12,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# -n auto: one test process per core (pytest-xdist); each test has its own database, Redis
+# namespace, ports and temporary directory, so they run side by side.
 test: $(STAMP)
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n auto $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests

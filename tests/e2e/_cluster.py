@@ -16,12 +16,13 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Collection
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import sqlalchemy as sa
 
 from corral.controller.agents import AgentTimings
@@ -31,9 +32,12 @@ from corral.domain.types import SessionId, UserId
 from corral.manager.daemon import ManagerConfig, ManagerDaemon
 from corral.store.database import Database
 from corral.store.tables import agents, kernels, sessions, users
+from corral.store.users import create_user, issue_token
 
 JOIN_TOKEN = "e2e-join-token"
-HEARTBEAT_TIMEOUT_S = 4.0  # generous: a busy CI machine must not lose the spared agent
+# Generous: under the parallel suite a loaded machine has starved an agent (or the manager's
+# loop) for over 4 s; a test that waits for a loss passes its own, shorter timeout.
+HEARTBEAT_TIMEOUT_S = 20.0
 DEADLINE_S = 60.0
 _ENDED = frozenset({SessionStatus.TERMINATED, SessionStatus.ERROR, SessionStatus.CANCELLED})
 
@@ -126,11 +130,29 @@ class LiveCluster:
 
     async def submit(self, **spec: Any) -> SessionId:
         """Submit a session as the test user."""
+        return await self.submit_as(self.owner, **spec)
+
+    async def submit_as(self, owner: UserId, **spec: Any) -> SessionId:
+        """Submit a session as `owner` (see add_user)."""
         assert self.manager.parts is not None
         submitted = await self.manager.parts.sessions.enqueue(
-            SessionSpec.model_validate(spec), self.owner
+            SessionSpec.model_validate(spec), owner
         )
         return submitted.session_id
+
+    async def add_user(self, name: str) -> UserId:
+        """Another plain user named `name`."""
+        user = UserId(uuid.uuid4())
+        async with self.db.transaction() as conn:
+            await conn.execute(
+                users.insert(),
+                [{"id": user, "name": name, "role": "user", "created_at": datetime.now(UTC)}],
+            )
+        return user
+
+    def admin_api(self) -> AbstractAsyncContextManager[httpx.AsyncClient]:
+        """An HTTP client of the manager's API, as a new admin user: the path an admin takes."""
+        return _admin_client(self)
 
     async def session(self, session_id: SessionId) -> dict[str, Any]:
         """The session's row."""
@@ -162,6 +184,16 @@ class LiveCluster:
 
         await poll(reached, what=f"session {session_id} to reach {sorted(wanted)}", log=self)
         return row
+
+
+@asynccontextmanager
+async def _admin_client(cluster: LiveCluster) -> AsyncIterator[httpx.AsyncClient]:
+    now = datetime.now(UTC)
+    admin = await create_user(cluster.db, f"admin-{uuid.uuid4().hex[:8]}", "admin", now)
+    token = await issue_token(cluster.db, admin, "e2e", now)
+    headers = {"Authorization": f"Bearer {token.secret}"}
+    async with httpx.AsyncClient(base_url=cluster.manager.url, headers=headers, timeout=30) as c:
+        yield c
 
 
 async def poll(

@@ -15,9 +15,18 @@ from tests.e2e._cli import corral
 class Up:
     """A `corral up` process and the environment of a user on the same machine."""
 
-    def __init__(self, process: subprocess.Popen[str], env: dict[str, str]) -> None:
+    def __init__(
+        self, process: subprocess.Popen[str], env: dict[str, str], said: list[str] | None = None
+    ) -> None:
         self.process = process
         self.env = env
+        self.said = said or []  # what it printed until it was up
+
+    def said_after(self, prefix: str) -> str:
+        """The rest of the first line it printed starting with `prefix` (up to a space or
+        comma): `said_after("admin token: ")` is the admin's token."""
+        line = next(line for line in self.said if line.startswith(prefix))
+        return line[len(prefix) :].split()[0].rstrip(",")
 
     def corral(self, *args: str, timeout_s: float = 90) -> subprocess.CompletedProcess[str]:
         return corral(*args, env=self.env, timeout_s=timeout_s)
@@ -56,7 +65,7 @@ def start_up(tmp_path: Path, *args: str) -> Iterator[Up]:
         )
     assert any(line.startswith("admin token: crl_") for line in seen), seen
     try:
-        yield Up(process, env)
+        yield Up(process, env, seen)
     finally:
         process.send_signal(signal.SIGINT)
         try:

@@ -19,12 +19,33 @@ from tests.e2e._cluster import live_cluster, poll
 
 S, K = SessionStatus, KernelStatus
 
-# Prints what a rank sees of its cluster as one JSON line.
-_WHO_AM_I = (
-    "import json, os; print(json.dumps({k: os.environ[k] for k in ("
-    "'CORRAL_CLUSTER_RANK', 'CORRAL_CLUSTER_SIZE', 'CORRAL_CLUSTER_HOSTS', "
-    "'MASTER_ADDR', 'MASTER_PORT', 'WORLD_SIZE', 'RANK')}))"
-)
+# Prints what a rank sees of its cluster as one JSON line, then meets the other rank at
+# MASTER_ADDR:MASTER_PORT as a distributed job's ranks would: rank 0 listens, rank 1 connects
+# and waits for rank 0's process to end (its end closes the connection). Rank 0 so always ends
+# first, by itself: a session ends when any kernel ends (spec 1's DetectTermination), and a
+# rank 1 ending first would have rank 0 stopped — before it printed, or with a signal's code.
+_WHO_AM_I = """
+import json, os, socket, sys, time
+keys = ('CORRAL_CLUSTER_RANK', 'CORRAL_CLUSTER_SIZE', 'CORRAL_CLUSTER_HOSTS',
+        'MASTER_ADDR', 'MASTER_PORT', 'WORLD_SIZE', 'RANK')
+print(json.dumps({k: os.environ[k] for k in keys}), flush=True)
+master = (os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']))
+if os.environ['RANK'] == '0':
+    server = socket.create_server(master)
+    peer, _ = server.accept()
+    os._exit(0)
+deadline = time.monotonic() + 60
+while True:
+    try:
+        peer = socket.create_connection(master)
+        break
+    except OSError:
+        if time.monotonic() > deadline:
+            sys.exit('rank 0 never listened')
+        time.sleep(0.05)
+while peer.recv(1):
+    pass
+"""
 
 
 async def test_multi_node_ranks_see_one_consistent_cluster(
@@ -106,7 +127,7 @@ async def test_killed_agent_fails_its_sessions_and_spares_the_others(
     database_url: str, tmp_path: Path
 ) -> None:
     """SIGKILL an agent mid-run: its session ends in ERROR (agent_lost); the other runs on."""
-    async with live_cluster(database_url, tmp_path) as cluster:
+    async with live_cluster(database_url, tmp_path, heartbeat_timeout_s=8) as cluster:
         cluster.start_agent("node-a", "cpu=1,mem=1g")
         cluster.start_agent("node-b", "cpu=1,mem=1g")
         await cluster.wait_agents_alive({"node-a", "node-b"})

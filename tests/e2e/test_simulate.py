@@ -106,3 +106,24 @@ def test_with_retries_every_failed_session_is_retried_once_per_attempt(tmp_path:
     assert decisions.get("succeeded", 0) + decisions.get("exhausted", 0) == 100
     assert output["sessions_total"] == output["terminal"] == 100 + retried
     assert by_status.get("ERROR", 0) == retried + decisions.get("exhausted", 0)
+
+
+def test_dashboards_open_on_the_manager_are_counted_and_compared(tmp_path: Path) -> None:
+    """`--dashboards 3 --rounds 2` runs twice without, then with 3 dashboards signed in and
+    following the live stream; the pair of the median loss is reported with both pairs'
+    losses, every session still ends."""
+    output = _simulate(
+        tmp_path, "--agents", "5", "--sessions", "60", "--dashboards", "3", "--rounds", "2"
+    )
+    assert output["terminal"] == 60
+    assert output["invariant_violations"] == 0
+    assert output["dashboards"] == 3
+    events = output["dashboard_events"]
+    assert isinstance(events, int) and events > 0  # each saw the sessions' events
+    with_them = output["lifecycle_sessions_per_s"]
+    without = output["lifecycle_sessions_per_s_without_dashboards"]
+    assert isinstance(with_them, float) and isinstance(without, float)
+    loss = output["dashboards_throughput_loss_pct"]
+    assert loss == round(100 * (without - with_them) / without, 1)
+    losses = output["dashboards_throughput_loss_pct_rounds"]
+    assert isinstance(losses, list) and len(losses) == 2 and loss == min(losses)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -16,6 +18,11 @@ SERVER_MODULES = (
     "fastapi",
     "uvicorn",
     "opentelemetry",
+    "numpy",
+    "alembic",
+    "corral.agent",
+    "corral.manager",
+    "corral.bench",
     "corral.store.database",
     "corral.manager.daemon",
     "corral.agent.daemon",
@@ -47,6 +54,49 @@ def test_the_commands_run_against_a_manager_load_the_client_only() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     assert loaded.stdout.strip() == ""
+
+
+# Not server modules, but what a command that prints no table never needs: rich (tables only)
+# and httpx's own command line (click, rich and pygments, imported with httpx unless barred).
+UNUSED_BY_RUN = ("rich", "httpx._main", "click", "pygments")
+
+# Runs `corral run --detach -- true` as the console script does, against a port nothing listens
+# on, and writes every module the process imported (None: barred) by its exit into argv[1].
+RUN_DETACH_PROBE = """
+import atexit, sys
+out = sys.argv[1]
+names = lambda: "\\n".join(m for m, module in sys.modules.items() if module)
+atexit.register(lambda: open(out, "w").write(names()))
+sys.argv = ["corral", "run", "--detach", "--", "true"]
+from corral.cli import main
+main()
+"""
+
+
+def test_run_detach_imports_neither_the_server_stack_nor_rich(tmp_path: Path) -> None:
+    """`corral run --detach` through its request: no server module, no rich, no httpx CLI."""
+    listing = tmp_path / "modules.txt"
+    env = {
+        **os.environ,
+        "CORRAL_URL": "http://127.0.0.1:9",  # discard port: nothing answers, the call fails
+        "CORRAL_TOKEN": "crl_test",
+        "XDG_CONFIG_HOME": str(tmp_path),
+    }
+    ended = subprocess.run(
+        [sys.executable, "-c", RUN_DETACH_PROBE, str(listing)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert ended.returncode == 1, ended.stderr  # it got as far as the request
+    assert "cannot reach" in ended.stderr or "127.0.0.1:9" in ended.stderr, ended.stderr
+    loaded = set(listing.read_text().split())
+    assert "httpx" in loaded  # the probe saw the request's imports
+    unwanted = (*SERVER_MODULES, *UNUSED_BY_RUN)
+    assert sorted(m for m in loaded if m.startswith(tuple(f"{u}." for u in unwanted))) == []
+    assert sorted(loaded.intersection(unwanted)) == []
 
 
 @pytest.mark.parametrize("name", sorted(_Commands.loaders))

@@ -34,6 +34,7 @@ from corral._private_file import write_private
 from corral.agent.client import ManagerClient, ManagerRejectedError, ManagerUnavailableError
 from corral.agent.devices import DeviceAllocationError, DeviceAllocator
 from corral.agent.kernel_worker import KernelWorker, WorkerSettings
+from corral.agent.ports import free_port
 from corral.agent.protocol import (
     AssignedKernelMessage,
     AssignmentMessage,
@@ -51,8 +52,10 @@ from corral.agent.runtime import (
 from corral.agent.shipper import Backoff, ReportShipper
 from corral.domain.failure_causes import FailureCause
 from corral.domain.record import record
+from corral.domain.restarts import restart_position
 from corral.domain.session import KernelIntent
 from corral.domain.slots import ResourceSlots
+from corral.domain.spec import SessionType
 from corral.domain.status import KERNEL_STARTED, KernelStatus
 from corral.domain.types import Clock, KernelId, SessionId, utcnow
 
@@ -258,7 +261,12 @@ class AgentDaemon:
             self._forget(kernel_id)
         for kernel in assignment.kernels:
             # What the manager shows it has needs no sending again.
-            self.shipper.acknowledge(kernel.id, kernel.attempt, kernel.status)
+            self.shipper.acknowledge(
+                kernel.id,
+                kernel.attempt,
+                kernel.status,
+                restart_position(kernel.restarts, kernel.restarting),
+            )
             worker = self.workers.get(KernelId(kernel.id))
             if worker is not None and worker.attempt != kernel.attempt:
                 # Placed here again after going back to PENDING: a new placement, started
@@ -455,6 +463,8 @@ class AgentDaemon:
             workdir=Path(spec["workdir"]) if spec.get("workdir") else None,
             upload=spec.get("upload") or None,
             attempt=kernel.attempt,
+            owner=kernel.owner,
+            port=free_port() if spec.get("type") == SessionType.INFERENCE.value else None,
         )
 
     # -- shutdown ---------------------------------------------------------------------------

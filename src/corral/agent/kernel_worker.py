@@ -9,6 +9,13 @@ A stop request during any stage is honoured (USER_REQUESTED_ABORT → USER_ABORT
 A worker given `adopt` takes over a kernel an earlier agent started and left running: it goes
 straight to GENERATING without reporting, and supervises the adopted kernel like its own.
 
+The restart policy (`domain.restarts`): a kernel whose process exits non-zero while RUNNING,
+with restarts left under its session's `restart_limit`, goes GENERATING → ERROR → GENERATING
+(the progress machine's own retry edge; GENERATING's error limit is raised by the restart
+limit) and is started again here, its logs continued. Both halves are reported (RUNNING with
+`restarts`, `restarting` then not), and the runtime records which restart it started, so an
+adopting agent counts on from there and never starts one twice.
+
 A failed stage goes to ERROR and back to the same stage while the machine's per-state error
 limit allows, after a backoff; past the limit, or for a failure retrying cannot fix, the kernel
 is aborted and reported failed with the stage's cause. Every move is reported through the one
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import uuid
@@ -32,7 +40,7 @@ from collections.abc import Awaitable, Callable, Collection
 from typing import Any, NoReturn, Protocol, TypeVar
 
 from corral.agent.client import ManagerRejectedError, ManagerUnavailableError
-from corral.agent.progress import KERNEL_STATUS, KernelProgress, Progress
+from corral.agent.progress import DEFAULT_ERROR_LIMITS, KERNEL_STATUS, KernelProgress, Progress
 from corral.agent.protocol import (
     AssignedKernelMessage,
     KernelReportMessage,
@@ -41,6 +49,7 @@ from corral.agent.protocol import (
     encode_bytes,
 )
 from corral.agent.runtime import (
+    KERNEL_LOST_CAUSE,
     LOG_STREAMS,
     KernelExit,
     KernelLaunch,
@@ -148,7 +157,19 @@ class KernelWorker:
         self.kernel_id = kernel.id
         self.attempt = kernel.attempt  # the placement this worker runs; its reports name it
         self.launch = launch
-        self.progress = KernelProgress(black_box=runtime.black_box, clock=clock)
+        # The restart policy: restarts allowed in all, and made so far (the manager's count).
+        self.restart_limit = int(kernel.spec.get("restart_limit") or 0)
+        self.restarts = kernel.restarts
+        # Restarts made for certain: one the manager heard announced (`restarting`) may not
+        # have started before its agent died (an adopting worker counts by the runtime's record).
+        self._restarts_started = kernel.restarts - (1 if kernel.restarting else 0)
+        limits = None
+        if self.restart_limit:
+            # Each restart is one failure of GENERATING: the limit makes room for them all.
+            limits = {P.GENERATING: DEFAULT_ERROR_LIMITS[P.GENERATING] + self.restart_limit}
+        self.progress = KernelProgress(
+            black_box=runtime.black_box, clock=clock, error_limits=limits
+        )
         self._runtime = runtime
         self._shipper = shipper
         self._settings = settings
@@ -272,9 +293,90 @@ class KernelWorker:
                 self._log_resend[stream] = mark.sending
         # The earlier agent's RUNNING report may not have arrived (the manager says CREATING).
         self._emit(KernelStatus.RUNNING, runtime_info=dict(running.info))
+        # Count on from the restarts that started: the runtime's record says which run this is
+        # (an announced restart the earlier agent died before starting is started anew, once);
+        # a restart running on is reported running (acknowledged if that report arrived).
+        restart = int(running.info.get("restart") or 0)
+        self.restarts = max(restart, self._restarts_started)
+        if restart and restart == self.restarts:
+            self._report_restart(restarting=False, runtime_info=dict(running.info))
         return running
 
     async def _supervise(self, running: RunningKernel) -> None:
+        while True:
+            ended = await self._watch(running)
+            if not self._restartable(ended):
+                break
+            running = await self._restart(ended)
+        await self._after_exit(ended)
+
+    def _restartable(self, exit: KernelExit) -> bool:
+        """Whether the restart policy starts the kernel again after `exit`: it exited non-zero
+        (not lost) while GENERATING, with restarts and GENERATING attempts left."""
+        if exit.exit_code in (None, 0) or exit.failure_cause == KERNEL_LOST_CAUSE:
+            return False
+        if self.restarts >= self.restart_limit or self.progress.state is not P.GENERATING:
+            return False
+        failed = self.progress.errors.get(P.GENERATING, 0) + 1  # counting this exit
+        return failed < self.progress.error_limits[P.GENERATING]
+
+    async def _restart(self, exit: KernelExit) -> RunningKernel:
+        """Start the kernel again after a non-zero exit: ERROR → GENERATING, reported twice."""
+        self._exit_code = exit.exit_code
+        cause = exit.failure_cause or NONZERO_EXIT_CAUSE
+        message = exit.message or f"the kernel exited with code {exit.exit_code}"
+        self.progress.fail(cause, message)
+        self.restarts += 1
+        await self._salvage_logs()
+        self._report_restart(
+            restarting=True,
+            exit_code=exit.exit_code,
+            failure_cause=cause,
+            message=f"{message}; restart {self.restarts} of {self.restart_limit}",
+        )
+        logger.info(
+            "kernel.restarting",
+            extra={
+                "kernel_id": str(self.kernel_id),
+                "restart": self.restarts,
+                "limit": self.restart_limit,
+                "exit_code": exit.exit_code,
+            },
+        )
+        failures = self.progress.errors.get(P.GENERATING, 1)
+        delay = self._settings.retry_delay_s * 2 ** min(failures - 1, 16)
+        await self._interruptible(
+            functools.partial(self._sleep, min(delay, self._settings.retry_delay_cap_s))
+        )
+        self.progress.retry()  # ERROR → GENERATING
+        self.launch = dataclasses.replace(self.launch, restart=self.restarts)
+        launch = self.launch
+        running = await self._attempt(lambda: self._runtime.start(launch))
+        self._running = running
+        self._exit_code = None
+        # Its logs continue the earlier run's: an adopting agent ships on from here.
+        with contextlib.suppress(OSError):
+            await running.save_log_marks(
+                {s: LogMark(offset, offset) for s, offset in self._log_offsets.items()}
+            )
+        self._report_restart(restarting=False, runtime_info=dict(running.info))
+        return running
+
+    def _report_restart(self, *, restarting: bool, **fields: Any) -> None:
+        """Report the kernel's current restart: under way (`restarting`) or running again."""
+        self._shipper.report(
+            KernelReportMessage(
+                kernel_id=self.kernel_id,
+                status=KernelStatus.RUNNING,
+                attempt=self.attempt,
+                restarts=self.restarts,
+                restarting=restarting,
+                **fields,
+            )
+        )
+
+    async def _watch(self, running: RunningKernel) -> KernelExit:
+        """Until the kernel's process ends (its logs shipped meanwhile); how it ended."""
         # No log pump when logs are not shipped (`corral simulate`: a task and a timer less
         # for each of its kernels).
         pump = (
@@ -290,7 +392,7 @@ class KernelWorker:
                 pump.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await pump
-        await self._after_exit(ended)
+        return ended
 
     async def _after_exit(self, exit: KernelExit) -> None:
         self._exit_code = exit.exit_code

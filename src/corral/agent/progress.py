@@ -11,6 +11,10 @@ rule, the published library does not. ABORTED → REPORTED_FAILED, ABANDONED, ER
 failed) or USER_REQUESTED_ABORT. USER_REQUESTED_ABORT → USER_ABORT_COMPLETE, ABANDONED or ERROR,
 never back to ABORTED. So ERROR never follows ERROR, and ABANDONED follows only these three.
 
+The kernel restart policy (`domain.restarts`) is this retry edge from GENERATING: a kernel
+that exits non-zero goes GENERATING → ERROR → GENERATING, its error limit raised by the
+session's restart limit (`agent.kernel_worker`).
+
 A limit of N per state means N failed attempts: each ERROR entered from S counts one failure of
 S, and once S has failed N times no move may enter S again. That refuses the retry ERROR → S (an
 ERROR whose origin is ABORTED then has only ABANDONED left) and bounds the loop ABORTED →

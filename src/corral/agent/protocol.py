@@ -30,6 +30,7 @@ from corral.domain.bounds import (
     Text,
     check_json_text,
 )
+from corral.domain.restarts import MAX_RESTART_LIMIT
 from corral.domain.session import KernelIntent
 from corral.domain.slots import ResourceSlots
 from corral.domain.status import KernelStatus
@@ -109,6 +110,10 @@ class AssignedKernelMessage(_Message):
     desired_generation: int
     stage_failure: str | None
     attempt: int = 0  # the placement (bumped by each): the agent's reports name it
+    # The kernel's restarts so far (the session's `restart_limit` bounds them), and whether
+    # the manager knows one under way (`domain.restarts`).
+    restarts: int = 0
+    restarting: bool = False
     # The manager has heard nothing of this started kernel for a while: the agent answers with
     # what it knows (its status, its end, or that it does not know it).
     asked: bool = False
@@ -121,6 +126,8 @@ class AssignedKernelMessage(_Message):
     # index (CORRAL_ARRAY_ID, CORRAL_ARRAY_INDEX).
     array_number: int | None = None
     array_index: int | None = None
+    # The session owner's user name: an agent running kernels as their owners' Unix users maps it.
+    owner: str = ""
 
 
 class AssignmentMessage(_Message):
@@ -145,6 +152,10 @@ class KernelReportMessage(_Message):
     stage_failed: StrictBool = False
     # The placement the report is about, as the assignment named it (None: the current one).
     attempt: StrictInt | None = Field(default=None, ge=0)
+    # With status RUNNING: the kernel's `restarts`-th restart, under way (`restarting`: its
+    # process exited, it is started again) or done (it runs again); `domain.restarts`.
+    restarts: StrictInt | None = Field(default=None, ge=1, le=MAX_RESTART_LIMIT)
+    restarting: StrictBool = False
 
 
 class ReportBatch(_Message):

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 
 from corral.agent.client import ManagerClient, ManagerRejectedError, ManagerUnavailableError
 from corral.agent.protocol import MAX_BATCH, KernelReportMessage, LogChunkMessage, OutputMessage
+from corral.domain.restarts import restart_position
 from corral.domain.status import KERNEL_STAGE, KernelStatus
 
 logger = logging.getLogger(__name__)
@@ -64,8 +65,9 @@ class ReportShipper:
         self._queued = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        # kernel → (its placement, the last status the manager acknowledged of it)
-        self._acked: dict[uuid.UUID, tuple[int | None, KernelStatus]] = {}
+        # kernel → (its placement, the last status the manager acknowledged of it, and how
+        # far its restarts came: `restart_position`, 0 when not known)
+        self._acked: dict[uuid.UUID, tuple[int | None, KernelStatus, int]] = {}
         self._answers: set[int] = set()  # queued reports (by id) that answer a question
         self.sent = 0
 
@@ -77,15 +79,22 @@ class ReportShipper:
         self._idle.clear()
         self._queued.set()
 
-    def acknowledge(self, kernel_id: uuid.UUID, attempt: int | None, status: KernelStatus) -> None:
-        """The manager has the kernel at `status` (its assignment says so): nothing at or
-        before it needs sending."""
+    def acknowledge(
+        self,
+        kernel_id: uuid.UUID,
+        attempt: int | None,
+        status: KernelStatus,
+        restarted: int = 0,
+    ) -> None:
+        """The manager has the kernel at `status` (its assignment says so), its restarts at
+        position `restarted`: nothing at or before it needs sending."""
         known = self._acked.get(kernel_id)
         if known is not None and known[0] == attempt:
-            if KERNEL_STAGE[status] > KERNEL_STAGE[known[1]]:
-                self._acked[kernel_id] = (attempt, status)
+            stage, known_stage = KERNEL_STAGE[status], KERNEL_STAGE[known[1]]
+            if stage > known_stage or (stage == known_stage and restarted > known[2]):
+                self._acked[kernel_id] = (attempt, status, max(restarted, known[2]))
         elif known is None or _later(attempt, known[0]):
-            self._acked[kernel_id] = (attempt, status)
+            self._acked[kernel_id] = (attempt, status, restarted)
 
     def forget(self, kernel_id: uuid.UUID) -> None:
         """The kernel left this agent: drop its delivery state."""
@@ -171,7 +180,10 @@ class ReportShipper:
             return _later(report.attempt, known[0])
         if report.stage_failed:
             return KERNEL_STAGE[report.status] >= KERNEL_STAGE[known[1]]
-        return KERNEL_STAGE[report.status] > KERNEL_STAGE[known[1]]
+        stage, known_stage = KERNEL_STAGE[report.status], KERNEL_STAGE[known[1]]
+        if report.restarts is not None and stage == known_stage:
+            return restart_position(report.restarts, report.restarting) > known[2]
+        return stage > known_stage
 
     def _answered(self, batch: list[KernelReportMessage], refused: dict[str, str]) -> None:
         if refused:
@@ -180,7 +192,10 @@ class ReportShipper:
             )
         for report in batch:
             if not report.stage_failed and str(report.kernel_id) not in refused:
-                self.acknowledge(report.kernel_id, report.attempt, report.status)
+                restarted = 0
+                if report.restarts is not None:
+                    restarted = restart_position(report.restarts, report.restarting)
+                self.acknowledge(report.kernel_id, report.attempt, report.status, restarted)
 
 
 def _later(attempt: int | None, than: int | None) -> bool:

@@ -12,6 +12,7 @@ from corral.api import (
     agents,
     agents_admin,
     arrays,
+    deployments,
     events,
     health,
     outputs,
@@ -26,6 +27,7 @@ from corral.api.metrics import metrics_router
 from corral.api.problems import PROBLEM_RESPONSES, install_problem_handlers
 from corral.api.request_guard import RequestGuard
 from corral.controller.agents import AgentController
+from corral.controller.deployments import DeploymentController
 from corral.controller.sessions import SessionController
 from corral.coordination.loop import DualLoop
 from corral.coordination.metrics import CoordinatorMetrics
@@ -34,6 +36,7 @@ from corral.domain.record import record
 from corral.domain.tokens import DEFAULT_TOKEN_TTL_S
 from corral.infra.events import EventBus
 from corral.store.database import Database
+from corral.web import install as install_web
 
 # Routes whose bodies have a cap of their own: an upload's archive (`upload_max_bytes`), an
 # agent's output files (the agent's `max_output_bytes`).
@@ -57,6 +60,7 @@ class ApiContext:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # any other request body (413 past it)
     # How long a new user token lasts when its request names no expiry (None: for ever).
     token_ttl_s: float | None = DEFAULT_TOKEN_TTL_S
+    deployments: DeploymentController | None = None  # None: one over `db` and the sessions' hints
 
 
 def create_app(context: ApiContext) -> FastAPI:
@@ -69,6 +73,12 @@ def create_app(context: ApiContext) -> FastAPI:
     app.state.token_cache = {}
     app.state.upload_max_bytes = context.upload_max_bytes
     app.state.token_ttl_s = context.token_ttl_s
+    serving = context.deployments
+    if serving is None and context.sessions is not None:
+        serving = DeploymentController(
+            context.db, context.sessions.hints, context.events, clock=context.sessions.clock
+        )
+    app.state.deployments = serving  # None only for a document built without a manager
     install_problem_handlers(app)
     app.add_middleware(
         RequestGuard, max_body_bytes=context.max_request_bytes, uncapped=UNCAPPED_BODIES
@@ -87,7 +97,10 @@ def create_app(context: ApiContext) -> FastAPI:
         retries.router,
         users.router,
         events.router,
+        deployments.router,
+        deployments.serving_router,
     ):
         app.include_router(router, responses=PROBLEM_RESPONSES)
+    install_web(app)
 
     return app

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
@@ -31,7 +32,7 @@ from corral.api._pages import (
     json_without_unencodable,
     page_of,
 )
-from corral.api.auth import CurrentUser, Db
+from corral.api.auth import CurrentUser, Db, bearer, current_user
 from corral.api.problems import Problem
 from corral.controller.sessions import SessionController
 from corral.coordination.quarantine import Quarantine
@@ -50,6 +51,7 @@ logger = logging.getLogger(__name__)
 LISTING = "events"
 SSE_MEDIA_TYPE = "text/event-stream"
 KEEPALIVE_S = 15.0  # an idle stream sends a comment this often, so proxies keep it open
+RECHECK_S = 15.0  # how often a stream asks whether its caller may still read it
 REPLAY_BATCH = 1000
 # Ids sent lately, to send an event both replayed and delivered live only once; a duplicate
 # only ever comes from the short overlap around subscribing or a gap re-read.
@@ -98,6 +100,7 @@ _STREAM_DOC: dict[int | str, dict[str, Any]] = {
 async def events(
     request: Request,
     user: CurrentUser,
+    token: Annotated[str, Depends(bearer)],
     db: Db,
     follow: Annotated[bool, Query(description="false: a JSON page instead of a stream")] = True,
     since: Annotated[
@@ -151,7 +154,22 @@ async def events(
             pass
     except EventBusError as exc:
         raise _unavailable(str(exc)) from exc
-    stream = EventStream(db, bus, owner=owner, entity_id=entity_id, quarantine=_quarantine(request))
+
+    async def allowed() -> bool:
+        try:
+            await current_user(request, token)
+        except Problem:
+            return False
+        return True
+
+    stream = EventStream(
+        db,
+        bus,
+        owner=owner,
+        entity_id=entity_id,
+        quarantine=_quarantine(request),
+        allowed=allowed,
+    )
     return StreamingResponse(
         stream.frames(since),
         media_type=SSE_MEDIA_TYPE,
@@ -170,8 +188,18 @@ class EventStream:
         owner: uuid.UUID | None,
         entity_id: str | None,
         quarantine: Quarantine | None = None,
+        named: bool = True,
+        allowed: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.db = db
+        # Whether the caller may still read (its token or dashboard session not revoked nor
+        # expired), asked every `RECHECK_S`: a stream whose caller may not ends.
+        self.allowed = allowed
+        self.recheck_s = RECHECK_S
+        self._checked = time.monotonic()
+        # False: frames without the `event:` line, so a browser's EventSource hands every one
+        # to `onmessage` (the dashboard); the kind is in the data.
+        self.named = named
         self.bus = bus
         self.quarantine = quarantine  # logs an event it cannot encode, once
         self.owner = owner  # None: an admin's stream, every event
@@ -195,29 +223,48 @@ class EventStream:
                 async for frame in live:
                     yield frame
 
+    async def still_allowed(self) -> bool:
+        """False once the caller may no longer read; asked at most every `recheck_s`."""
+        if self.allowed is None or time.monotonic() - self._checked < self.recheck_s:
+            return True
+        self._checked = time.monotonic()
+        return await self.allowed()
+
     async def _live(self, subscription: Subscription) -> AsyncGenerator[str, None]:
-        pending = asyncio.ensure_future(_next(subscription))
+        pending = asyncio.ensure_future(next_event(subscription))
+        quiet_since = time.monotonic()
         try:
             while True:
-                done, _ = await asyncio.wait({pending}, timeout=KEEPALIVE_S)
+                done, _ = await asyncio.wait({pending}, timeout=min(KEEPALIVE_S, self.recheck_s))
+                if not await self.still_allowed():
+                    return
                 if not done:
-                    yield ": keep-alive\n\n"
+                    if time.monotonic() - quiet_since >= KEEPALIVE_S:
+                        quiet_since = time.monotonic()
+                        yield ": keep-alive\n\n"
                     continue
+                quiet_since = time.monotonic()
                 event = pending.result()
                 if event is None:
                     return
-                pending = asyncio.ensure_future(_next(subscription))
+                pending = asyncio.ensure_future(next_event(subscription))
                 if event.kind == DROPPED_KIND:
-                    gap = event.payload.get("after_id")
-                    logger.info("events.stream_gap", extra={"after_id": gap})
-                    start = self._floor if gap is None else max(int(gap), self._floor)
-                    async with aclosing(self._replay(start)) as replayed:
-                        async for frame in replayed:
+                    async with aclosing(self._gap(event)) as filled:
+                        async for frame in filled:
                             yield frame
                 elif self._visible(event):
                     yield self._frame(event)
         finally:
             pending.cancel()
+
+    async def _gap(self, marker: Event) -> AsyncGenerator[str, None]:
+        """The frames for events the bus dropped (`marker`): read again from the database."""
+        gap = marker.payload.get("after_id")
+        logger.info("events.stream_gap", extra={"after_id": gap})
+        start = self._floor if gap is None else max(int(gap), self._floor)
+        async with aclosing(self._replay(start)) as replayed:
+            async for frame in replayed:
+                yield frame
 
     async def _replay(self, after_id: int) -> AsyncGenerator[str, None]:
         while True:
@@ -242,20 +289,30 @@ class EventStream:
             return False
         return self.entity_id is None or event.entity_id == self.entity_id
 
-    def _frame(self, event: Event) -> str:
-        assert event.id is not None
-        self._seen.add(event.id)
+    def _remember(self, event_id: int) -> None:
+        """Note `event_id` as sent (a replayed event is not sent live again), in a window."""
+        self._seen.add(event_id)
         if len(self._seen) > 2 * SEEN_WINDOW:
             self._seen = set(sorted(self._seen)[-SEEN_WINDOW:])
+
+    def _frame(self, event: Event) -> str:
+        assert event.id is not None
+        self._remember(event.id)
         try:
-            data = event.to_json()
+            data = self._data(event)
         except (TypeError, ValueError) as exc:
             # One event no client can be sent: left out (nothing goes out for it), the stream
             # goes on.
             if self.quarantine is not None:
                 self.quarantine.skipped(LISTING, event.id, exc)
             return ""
+        if not self.named:
+            return f"id: {event.id}\ndata: {data}\n\n"
         return f"id: {event.id}\nevent: {event.kind}\ndata: {data}\n\n"
+
+    def _data(self, event: Event) -> str:
+        """A frame's `data:` text: the whole event as JSON (a subclass may send less)."""
+        return event.to_json()
 
     async def _last_id(self) -> int:
         async with self.db.read() as conn:
@@ -263,7 +320,7 @@ class EventStream:
         return int(last or 0)
 
 
-async def _next(subscription: Subscription) -> Event | None:
+async def next_event(subscription: Subscription) -> Event | None:
     """The next live event; None once the bus closed (StopAsyncIteration cannot cross a task)."""
     try:
         return await anext(subscription)

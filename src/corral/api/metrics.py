@@ -5,12 +5,14 @@ timings only, never a session's name, owner or spec; keep it behind the network'
 if even those are private. Not part of the REST API, so not in the OpenAPI document.
 
 What a scrape returns:
-- read from the database, in one read transaction bounded to 2 s: sessions and agents by status
-  (one GROUP BY each, both served by an index); the same figures from every manager, so
-  aggregate them with `max`, not `sum`. `corral_database_up` is 0 when they could not be read;
+- read from the database, in one read transaction bounded to 2 s: sessions, agents and
+  deployments' routes by status (one GROUP BY each, each served by an index); the same
+  figures from every manager, so aggregate them with `max`, not `sum`. `corral_database_up`
+  is 0 when they could not be read;
 - the coordinator loops' own counters, read at scrape time (runs by task and outcome, forced
   runs, wakes, attempts, whether each loop runs); counted per process, so `sum` them;
-- `CoordinatorMetrics` (run durations, judged results, placement passes), also per process;
+- `CoordinatorMetrics` (run durations, judged results, placement passes, failed health probes
+  of replicas), also per process;
 - the process (CPU, memory, file descriptors) and the Python version.
 """
 
@@ -35,9 +37,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from corral.coordination.loop import DualLoop
 from corral.coordination.metrics import CoordinatorMetrics
-from corral.domain.status import SessionStatus
+from corral.domain.status import RouteStatus, SessionStatus
 from corral.store.database import Database
-from corral.store.tables import agents, sessions
+from corral.store.tables import agents, routes, sessions
 
 if TYPE_CHECKING:
     from corral.api.app import ApiContext  # app.py includes this router
@@ -51,6 +53,7 @@ AGENT_STATUSES = ("ALIVE", "LOST", "TERMINATED")  # tables.agents' CHECK constra
 
 _SESSIONS_BY_STATUS = sa.select(sessions.c.status, sa.func.count()).group_by(sessions.c.status)
 _AGENTS_BY_STATUS = sa.select(agents.c.status, sa.func.count()).group_by(agents.c.status)
+_ROUTES_BY_STATUS = sa.select(routes.c.status, sa.func.count()).group_by(routes.c.status)
 
 
 def metrics_router(context: ApiContext, metrics: CoordinatorMetrics | None = None) -> APIRouter:
@@ -153,6 +156,7 @@ async def _database_families(db: Database) -> list[Metric]:
         async with asyncio.timeout(DATABASE_TIMEOUT_S), db.read() as conn:
             by_session_status = {s: n for s, n in await conn.execute(_SESSIONS_BY_STATUS)}
             by_agent_status = {s: n for s, n in await conn.execute(_AGENTS_BY_STATUS)}
+            by_route_status = {s: n for s, n in await conn.execute(_ROUTES_BY_STATUS)}
     except Exception as exc:
         # The process's own figures are still worth a scrape; the up gauge says what is missing.
         logger.warning("metrics.database_unavailable", extra={"error": type(exc).__name__})
@@ -175,5 +179,12 @@ async def _database_families(db: Database) -> list[Metric]:
     )
     for agent_status in AGENT_STATUSES:
         agent_family.add_metric([agent_status], by_agent_status.get(agent_status, 0))
-    families += [session_family, agent_family]
+    route_family = GaugeMetricFamily(
+        "corral_routes",
+        "Deployments' replicas (routes) by status, in the whole database.",
+        labels=["status"],
+    )
+    for route_status in RouteStatus:
+        route_family.add_metric([route_status.value], by_route_status.get(route_status.value, 0))
+    families += [session_family, agent_family, route_family]
     return families

@@ -108,6 +108,8 @@ async def group_create(
     except ResourceGroupExistsError as exc:
         raise Problem(409, "resource-group-exists", "Resource group exists", str(exc)) from exc
     await _after_change(context, events, admin.name)
+    # A group made with all-or-nothing admission on: EvictNotReady is to watch it from now.
+    await context.agents.hints.set_after_commit(Hint.ADMISSION.value)
     return _out(group)
 
 
@@ -133,8 +135,10 @@ async def group_update(
     except ValidationError as exc:
         raise _invalid_options(exc) from exc
     await _after_change(context, events, admin.name)
-    # New options may let pending sessions of the group fit (ordering, limits).
-    await context.agents.hints.set_after_commit(Hint.SCHEDULE.value)
+    # New options may let pending sessions of the group fit (ordering, limits), and may turn
+    # all-or-nothing admission on or change its timeouts: EvictNotReady, which looks again
+    # only when a timeout it knows of comes due, must read them now.
+    await context.agents.hints.set_after_commit(Hint.SCHEDULE.value, Hint.ADMISSION.value)
     return _out(group)
 
 

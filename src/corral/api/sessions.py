@@ -28,6 +28,7 @@ from corral.controller.sessions import (
     SessionController,
     SubmissionError,
 )
+from corral.domain.admission import KernelsReadyReason
 from corral.domain.moments import parse_moment
 from corral.domain.outcome import DependencyKind, SessionResult
 from corral.domain.refs import REF_NAMES_ARRAY
@@ -36,7 +37,7 @@ from corral.domain.retry.policy import RetryPolicy
 from corral.domain.retry.state import retry_state
 from corral.domain.slots import ResourceSlots
 from corral.domain.spec import SessionSpec
-from corral.domain.status import SessionStatus
+from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import SessionId, UserId, utcnow
 from corral.scheduler.explain import SessionNotFoundError, explain, explain_many
 from corral.store.retries import Attempt, read_chain, read_retry_switch
@@ -76,6 +77,10 @@ class KernelOut(BaseModel):
     failure_cause: str | None
     runtime_info: dict[str, Any]
     status_changed_at: datetime
+    # The restart policy (issue 36): how often its agents restarted it after a non-zero exit,
+    # and whether a restart is under way (it is down, being started again).
+    restarts: int = 0
+    restarting: bool = False
 
 
 class SessionOut(BaseModel):
@@ -130,6 +135,23 @@ class SessionOut(BaseModel):
     retry_decision: RetryDecision | None = None
     retry_chain: list[uuid.UUID] | None = None
     retry_state: str | None = None
+    # All-or-nothing admission (spec document 2): the KernelsReady condition (None while not
+    # admitted) with its reason and last transition; evictions for not becoming ready in time,
+    # when it may be placed again, and whether it is in the queue at all (False: deactivated
+    # after too many requeues; `POST /v1/sessions/{id}/activate` puts it back).
+    kernels_ready: bool | None = None
+    kernels_ready_reason: KernelsReadyReason | None = None
+    kernels_ready_at: datetime | None = None
+    requeue_count: int = 0
+    requeue_at: datetime | None = None
+    active: bool = True
+    evicted_at: datetime | None = None
+    eviction_reason: str | None = None
+    deactivated_at: datetime | None = None
+    # The restart policy (issue 36): how often each kernel may be restarted after a non-zero
+    # exit, and, for one session read alone, how often its kernels were in all.
+    restart_limit: int = 0
+    restarts: int | None = None
     kernels: list[KernelOut] | None = None
     # Listings asked `reasons=true`: why a PENDING session waits, in a word (the code
     # `/explain` gives, else its outcome); None for the others.
@@ -223,7 +245,16 @@ def _controller(request: Request) -> SessionController:
 
 
 # SessionOut's fields `_out` derives
-_FROM_SPEC = {"image", "command", "resources", "kernels", "workdir", "dependencies"}
+_FROM_SPEC = {
+    "image",
+    "command",
+    "resources",
+    "kernels",
+    "workdir",
+    "dependencies",
+    "restart_limit",
+    "restarts",
+}
 
 
 class DependencyOut(BaseModel):
@@ -316,8 +347,17 @@ def _out(row: dict[str, Any], *, with_kernels: bool = False) -> SessionOut:
         if with_kernels
         else None,
         resources=resources,
-        kernels=[KernelOut(**k) for k in row["kernels"]] if with_kernels else None,
+        restart_limit=int(spec.get("restart_limit") or 0),
+        restarts=sum(k["restarts"] for k in row["kernels"]) if with_kernels else None,
+        kernels=[_kernel_out(k) for k in row["kernels"]] if with_kernels else None,
     )
+
+
+def _kernel_out(kernel: Mapping[str, Any]) -> KernelOut:
+    """A kernel as shown: restarting only while RUNNING (a kernel stopped or lost during a
+    restart keeps the stored flag until its next report)."""
+    restarting = bool(kernel["restarting"]) and kernel["status"] == KernelStatus.RUNNING.value
+    return KernelOut(**{**kernel, "restarting": restarting})
 
 
 # What every route taking a session accepts in its path (`store.session_refs`).
@@ -388,8 +428,9 @@ async def create_session(
 def _as_shown(written: Mapping[str, Any], owner: str) -> dict[str, Any]:
     """A session's row as written on submission, in the shape `get_session` reads it back."""
     row = dict.fromkeys(SessionOut.model_fields.keys() - _FROM_SPEC, None)
-    row |= dict(written) | {"owner": owner}
-    row["kernels"] = [dict.fromkeys(KernelOut.model_fields, None) | k for k in written["kernels"]]
+    row |= dict(written) | {"owner": owner, "active": written.get("requeue_active", True)}
+    fresh = dict.fromkeys(KernelOut.model_fields, None) | {"restarts": 0, "restarting": False}
+    row["kernels"] = [fresh | k for k in written["kernels"]]
     return row
 
 
@@ -566,6 +607,40 @@ async def terminate_session(
         status=after["status"],
         retry_chain_stopped=outcome.chain_stopped,
         chain_ended=list(outcome.chain),
+        message=message,
+    )
+
+
+class ActivateOut(BaseModel):
+    """What an activate request did: `activated`, or `unchanged` (it was not deactivated)."""
+
+    id: uuid.UUID
+    number: int
+    outcome: Literal["activated", "unchanged"]
+    status: str
+    message: str | None = None
+
+
+@router.post("/{session_id}/activate", response_model=ActivateOut, operation_id="activate_session")
+async def activate_session(
+    session_id: SessionRef, user: CurrentUser, db: Db, request: Request
+) -> ActivateOut:
+    """Put a session deactivated by all-or-nothing admission (too many requeues) back in the
+    queue with a fresh requeue count; any other session is left as it is."""
+    found = await _visible(db, user, session_id)
+    found_id = SessionId(found["id"])
+    done = await _controller(request).activate(found_id)
+    message = None
+    if not done:
+        message = (
+            "it is not deactivated: only a PENDING session that all-or-nothing admission "
+            "deactivated can be activated"
+        )
+    return ActivateOut(
+        id=found_id,
+        number=found["number"],
+        outcome="activated" if done else "unchanged",
+        status=found["status"],
         message=message,
     )
 

@@ -30,6 +30,7 @@ import sqlalchemy as sa
 from corral.bench._scratch import scratch_database
 from corral.bench.agent_host import JOIN_TOKEN, SAMPLE_EVERY_S, HostConfig, Violations
 from corral.bench.agent_pipe import AgentPipeServer
+from corral.bench.dashboard_load import DashboardCounts, open_dashboards
 from corral.bench.latency import backend_label, percentile
 from corral.client.uploads import pack_directory
 from corral.controller.agents import AgentController, AgentTimings
@@ -46,10 +47,11 @@ from corral.domain.status import (
     KernelStatus,
     SessionStatus,
 )
-from corral.domain.types import UserId
+from corral.domain.types import UserId, utcnow
 from corral.manager.backends import open_buses
 from corral.store.agents import read_ledger
 from corral.store.database import Database
+from corral.store.resource_group_store import DEFAULT_GROUP, update_group
 from corral.store.tables import (
     RETRY_UNDECIDED,
     kernel_history,
@@ -93,6 +95,10 @@ class SimulationConfig:
     # at most, after `retry_delay_s`; the run ends when every chain has ended.
     retries: int = 0
     retry_delay_s: float = 0.0
+    # All-or-nothing admission (spec document 2) on the default group, without blocking.
+    wait_for_kernels_ready: bool = False
+    # Dashboards kept open on the manager while it runs the sessions (`dashboard_load`).
+    dashboards: int = 0
 
 
 async def run_simulation(
@@ -118,6 +124,7 @@ async def run_simulation(
         )
         sessions_ctl = SessionController(db, buses.hints, buses.events)
         violations = Violations()
+        boards = DashboardCounts(config.dashboards)
         side = [
             asyncio.create_task(orchestrator.run(), name="sim-orchestrator"),
             asyncio.create_task(controller.polls.run(), name="sim-watcher"),
@@ -127,17 +134,34 @@ async def run_simulation(
             await agents.start(config)
             say(f"{config.agents} agents registered; submitting {config.sessions} sessions")
             owner = await _add_user(db)
+            if config.wait_for_kernels_ready:
+                await update_group(
+                    db,
+                    DEFAULT_GROUP,
+                    utcnow(),
+                    options_patch={"wait_for_kernels_ready": {"enable": True}},
+                )
             digest = await _store_upload(db, owner, config.upload)
-            started = time.perf_counter()
-            await _submit(sessions_ctl, owner, config, digest)
-            sampler = asyncio.create_task(_sample(db, violations))
-            try:
-                terminal = await _until_terminal(db, config, started, say, [*side, agents.watcher])
-            finally:
-                sampler.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await sampler
-            elapsed_s = time.perf_counter() - started
+            async with contextlib.AsyncExitStack() as open_pages:
+                if config.dashboards:
+                    await open_pages.enter_async_context(
+                        open_dashboards(
+                            db, controller, sessions_ctl, buses.events, config.dashboards, boards
+                        )
+                    )
+                    say(f"{config.dashboards} dashboards open")
+                started = time.perf_counter()
+                await _submit(sessions_ctl, owner, config, digest)
+                sampler = asyncio.create_task(_sample(db, violations))
+                try:
+                    terminal = await _until_terminal(
+                        db, config, started, say, [*side, agents.watcher]
+                    )
+                finally:
+                    sampler.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await sampler
+                elapsed_s = time.perf_counter() - started
         finally:
             done = await agents.stop()
             await orchestrator.stop()
@@ -162,6 +186,8 @@ async def run_simulation(
         "p99_submit_to_running_ms": round(percentile(running_ms, 0.99), 1) if running_ms else None,
         **summary,
         "retries": config.retries,
+        "wait_for_kernels_ready": config.wait_for_kernels_ready,
+        **boards.as_json(),
         "reports": int(done.get("reports", 0)),
         "invariant_violations": violations.count,
         "violation_examples": violations.examples,

@@ -15,7 +15,7 @@ import typer
 
 from corral import package_version
 from corral._gc import tune_gc
-from corral.cli import _lazy, events, run, session
+from corral.cli import _lazy, _startup, events, run, session  # noqa: F401 (_startup: before httpx)
 from corral.cli._common import DEBUG_VARIABLE, FAILURE_EXIT, INTERRUPTED_EXIT
 from corral.cli._usage import is_help_shown, usage_message
 
@@ -33,6 +33,9 @@ def _bench_commands(app: typer.Typer) -> None:
     from corral.cli.bench_api import api_command
 
     app.command("api")(api_command)
+    from corral.cli.bench_proxy import proxy_command
+
+    app.command("proxy")(proxy_command)
 
 
 class _Commands(_lazy.LazyGroup):
@@ -51,6 +54,8 @@ class _Commands(_lazy.LazyGroup):
         "user": _lazy.group("user", "corral.cli.users_cli"),
         "token": _lazy.group("token", "corral.cli.tokens_cli"),
         "group": _lazy.group("group", "corral.cli.groups_cli"),
+        "deploy": _lazy.group("deploy", "corral.cli.deploy"),
+        "proxy": _lazy.command("proxy", "corral.cli.proxy", "proxy_command"),
     }
 
 
@@ -102,7 +107,7 @@ def main() -> None:
     An error nothing expected (a bug, or a server answering what corral does not) is one line
     too, with a hint: `CORRAL_DEBUG=1` shows its traceback.
     """
-    tune_gc()
+    tune_gc(collect=False)
     try:
         # Not standalone: click's errors come here instead of typer's boxed panels.
         code = app(prog_name="corral", standalone_mode=False)

@@ -51,3 +51,14 @@ def settings_from_flags(**flags: Any) -> Settings:
 def without_credentials(url: str) -> str:
     """`url` from its host on (what follows the last `@`), for progress lines: no password."""
     return url.split("@")[-1]
+
+
+def env_flags(items: list[str]) -> dict[str, str]:
+    """Repeated `--env KEY=VALUE` flags as a mapping (a malformed one fails the command)."""
+    variables: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            fail(f"--env {item!r}: expected KEY=VALUE")
+        variables[key] = value
+    return variables

@@ -13,8 +13,6 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from pydantic import BaseModel
-from rich.console import Console
-from rich.table import Table
 
 from corral.cli._common import FAILURE_EXIT, INTERRUPTED_EXIT, USAGE_EXIT, fail
 from corral.client import Client, ClientConfigError, CorralError, ValidationError
@@ -109,6 +107,10 @@ def jsonable(value: object) -> Any:
 
 def print_table(headers: Sequence[str] | None, rows: Iterable[Sequence[str]]) -> None:
     """Print rows as aligned columns (bold headers on a terminal, never wrapped or cut)."""
+    # Imported here: rich costs a command that prints no table (`corral run`) tens of ms.
+    from rich.console import Console
+    from rich.table import Table
+
     rows = list(rows)
     table = Table(
         box=None,

@@ -9,6 +9,7 @@ import signal
 import socket
 from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Annotated, Literal
 
 import typer
@@ -21,6 +22,7 @@ from corral.agent.devices import DeviceAllocator, detect_gpus
 from corral.agent.endpoints import ManagerURLError, parse_manager_urls, resolve_endpoints
 from corral.agent.kernel_worker import WorkerSettings
 from corral.agent.runtime import Runtime
+from corral.agent.runtime._run_as import RunAs, check_reachable, parse_user_map
 from corral.agent.runtime.simulated import Latency, SimulationProfile
 from corral.cli._common import fail, settings_from_flags
 from corral.domain.slots import ResourceSlots, SlotError
@@ -103,6 +105,21 @@ def agent_command(
         typer.Option(help="NAME=PATH: an extra image (an interpreter or a venv). Repeatable."),
     ] = None,
     python: PythonOption = None,
+    run_as: Annotated[
+        str,
+        typer.Option(
+            help="Whose Unix user a kernel runs as: `agent` (this agent's), or `owner` (the "
+            "session owner's user of the same name, or as --map-user says; needs root)."
+        ),
+    ] = "agent",
+    map_user: Annotated[
+        list[str] | None,
+        typer.Option(help="CORRAL_USER=UNIX_USER for --run-as owner. Repeatable."),
+    ] = None,
+    allow_root_kernels: Annotated[
+        bool,
+        typer.Option(help="With --run-as owner: let a user mapped to root run kernels as root."),
+    ] = False,
     on_shutdown: Annotated[
         str,
         typer.Option(
@@ -144,6 +161,19 @@ def agent_command(
         fail("--token (or CORRAL_AGENT_TOKEN) is required: the manager's join token")
     if runtime not in ("process", "simulated"):
         fail(f"--runtime must be `process` or `simulated`, not {runtime!r}")
+    if run_as not in ("agent", "owner"):
+        fail(f"--run-as must be `agent` or `owner`, not {run_as!r}")
+    if run_as == "agent" and (map_user or allow_root_kernels):
+        fail("--map-user and --allow-root-kernels need --run-as owner")
+    if run_as == "owner" and runtime != "process":
+        fail("--run-as owner needs the process runtime (simulated kernels run no process)")
+    try:
+        user_map = parse_user_map(map_user or [])
+    except ValueError as exc:
+        fail(str(exc))
+    kernels_as = RunAs(
+        "owner" if run_as == "owner" else "agent", MappingProxyType(user_map), allow_root_kernels
+    )
     if on_shutdown not in ("stop", "leave"):
         fail(f"--on-shutdown must be `stop` or `leave`, not {on_shutdown!r}")
     try:
@@ -187,7 +217,12 @@ def agent_command(
         worker=WorkerSettings(stop_grace_s=stop_grace),
     )
     configure_logging(log_level)
-    chosen = _runtime(runtime, images, python, profile, sim_seed, config.data_dir)
+    if kernels_as.mode == "owner":
+        try:
+            check_reachable(config.data_dir)
+        except ValueError as exc:
+            fail(str(exc))
+    chosen = _runtime(runtime, images, python, profile, sim_seed, config.data_dir, kernels_as)
     devices = DeviceAllocator(int(capacity.get("cuda.device", 0)))
     try:
         client = HttpManagerClient(managers, failback_after_s=failback_after, ca_file=ca_file)
@@ -203,6 +238,7 @@ def _runtime(
     profile: SimulationProfile,
     seed: int | None,
     data_dir: Path,
+    run_as: RunAs,
 ) -> Runtime:
     if name == "simulated":
         from corral.agent.runtime.sim_journal import JOURNAL_NAME, Journal, JournalEvent
@@ -214,7 +250,7 @@ def _runtime(
     from corral.agent.runtime.process import ProcessRuntime
 
     try:
-        return ProcessRuntime(images, python=python)
+        return ProcessRuntime(images, python=python, run_as=run_as)
     except ValueError as exc:
         fail(str(exc))
 

@@ -102,6 +102,51 @@ def schedule_command(
     )
 
 
+@app.command("dashboard")
+def dashboard_command(
+    database: Databases = None,
+    sessions: Annotated[int, typer.Option(min=1, help="Sessions stored.")] = 100_000,
+    requests: Annotated[int, typer.Option(min=1, help="Loads of each page timed.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
+) -> None:
+    """The dashboard's pages with many sessions stored: p50 and p95 server time per page."""
+    from corral.bench.dashboard import run_dashboard_bench
+
+    results = []
+    for url in database or ["sqlite"]:
+        if not as_json:
+            where = without_credentials(url)
+            _err.print(f"[dim]bench dashboard: {sessions} sessions on {where} ...[/]")
+        results.append(asyncio.run(run_dashboard_bench(url, sessions, requests)).as_json())
+    _print_results(
+        "dashboard",
+        results,
+        as_json,
+        lambda r: (
+            f"{r['backend']:>10}: {r['sessions']} sessions: "
+            + ", ".join(f"{p} p95 {f['p95_ms']} ms" for p, f in r["pages"].items())
+        ),
+    )
+
+
+@app.command("failover")
+def failover_command(
+    rounds: Annotated[int, typer.Option(min=1, max=100, help="Replicas made sick, in turn.")] = 5,
+    replicas: Annotated[int, typer.Option(min=2, max=8, help="Replicas of the deployment.")] = 2,
+    interval: Annotated[float, typer.Option(min=0.1, help="The health check's interval_s.")] = 1.0,
+    failure_threshold: Annotated[
+        int, typer.Option(min=1, help="The health check's failure_threshold.")
+    ] = 3,
+) -> None:
+    """How soon a replica failing its health checks is out of the proxy's rotation (JSON),
+    against failure_threshold x interval + 1 s; `corral up` runs in this process."""
+    from corral.bench.failover import run_failover_bench
+
+    typer.echo(
+        json.dumps(run_failover_bench(rounds, replicas, interval, failure_threshold), indent=2)
+    )
+
+
 @app.command("endings")
 def endings_command(
     database: Databases = None,
@@ -215,3 +260,43 @@ def latency_command(
             typer.echo(f"{hop:>22}: p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} ms")
     if result["running"] != sessions:
         fail(f"only {result['running']} of {sessions} sessions reached RUNNING", code=1)
+
+
+@app.command("processes")
+def processes_command(
+    jobs: Annotated[
+        int, typer.Option(min=1, help="Sessions of `true` to run (1 cpu each).")
+    ] = 1000,
+    slots: Annotated[int, typer.Option(min=1, help="The agent's cpus (jobs at once).")] = 64,
+    cli: Annotated[
+        int, typer.Option(min=0, help="Timed `corral run --detach -- true` calls after.")
+    ] = 10,
+    database: Annotated[
+        str, typer.Option("--database", help="`sqlite` (a temporary file) or a postgresql:// URL.")
+    ] = "sqlite",
+    timeout_s: Annotated[
+        float, typer.Option("--timeout", min=1, help="Seconds the jobs may take in all.")
+    ] = 600.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
+) -> None:
+    """Trivial jobs through a real manager and a real process agent: jobs/s, latency, CPU."""
+    from corral.bench.processes import ProcessesBenchError, run_processes_bench
+
+    if not as_json:
+        _err.print(f"[dim]bench processes: {jobs} x true on {slots} slots ...[/]")
+    try:
+        result = asyncio.run(run_processes_bench(jobs, slots, cli, database, timeout_s))
+    except ProcessesBenchError as exc:
+        fail(str(exc), code=1)
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    latency = result["submit_to_running_ms"] or {}
+    typer.echo(
+        f"{result['terminated']}/{jobs} jobs ended, {result['jobs_per_s']} jobs/s; submit -> "
+        f"RUNNING p50 {latency.get('p50')} ms, p95 {latency.get('p95')} ms"
+    )
+    typer.echo(f"CPU per job (ms): {result['cpu_ms_per_job']}")
+    typer.echo(f"phases (p50 ms): {result['phase_p50_ms']}")
+    typer.echo(f"corral run --detach: p50 {result['cli_call_ms_p50']} ms")
+    typer.echo(f"POSTs that lost their connection: {result['submit_transport_errors']}")

@@ -67,7 +67,15 @@ def ls_command(as_json: JsonOption = False) -> None:
         print_json(groups)
         return
     print_table(
-        ["NAME", "ACCESS", "MAX USER PRIORITY", "SEQUENCER", "ORDERING", "DESCRIPTION"],
+        [
+            "NAME",
+            "ACCESS",
+            "MAX USER PRIORITY",
+            "SEQUENCER",
+            "ORDERING",
+            "ADMISSION",
+            "DESCRIPTION",
+        ],
         [
             [
                 g.name,
@@ -75,6 +83,7 @@ def ls_command(as_json: JsonOption = False) -> None:
                 text(g.options.get("max_user_priority")),
                 text(g.options.get("sequencer")),
                 text(g.options.get("ordering")),
+                _admission(g),
                 text(g.description),
             ]
             for g in groups
@@ -227,6 +236,15 @@ def _access(group: ResourceGroup) -> str:
     if not listed:
         return "admins only"
     return "admins, " + ",".join(str(name) for name in listed)
+
+
+def _admission(group: ResourceGroup) -> str:
+    """The group's all-or-nothing admission in a few words ("-" when off)."""
+    wait = group.options.get("wait_for_kernels_ready") or {}
+    if not wait.get("enable"):
+        return "-"
+    words = f"ready in {wait.get('timeout_s')}s"
+    return words + (", blocking" if wait.get("block_admission") else "")
 
 
 def _done(group: ResourceGroup, what: str, as_json: bool) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+import socket
 import ssl
 from pathlib import Path
 from typing import Annotated
@@ -12,9 +14,7 @@ import typer
 from corral._logging import configure_logging
 from corral._private_file import write_private
 from corral.cli._common import fail, settings_from_flags
-from corral.controller.agents import AgentTimings
-from corral.coordination.manager import LoopIntervals
-from corral.manager.daemon import ManagerConfig, run_manager
+from corral.infra import DEFAULT_PREFIX
 
 
 def manager_command(
@@ -59,6 +59,13 @@ def manager_command(
     generated = token is None
     token = token or secrets.token_urlsafe(24)
     configure_logging(log_level)
+    if settings.redis_url is not None:
+        _free_predecessor_locks(settings.redis_url, host, port, settings.lock_ttl_s, DEFAULT_PREFIX)
+    # Loaded only now: most of a manager's start is importing this (issue 32).
+    from corral.controller.agents import AgentTimings
+    from corral.coordination.manager import LoopIntervals
+    from corral.manager.daemon import ManagerConfig, run_manager
+
     config = ManagerConfig(
         database_url=settings.resolved_database_url(),
         redis_url=settings.redis_url,
@@ -100,6 +107,31 @@ def manager_command(
         run_manager(config, on_ready)
     except (OSError, ssl.SSLError) as exc:
         fail(str(exc))
+
+
+def _free_predecessor_locks(
+    redis_url: str, host: str, port: int, ttl_s: float, prefix: str
+) -> None:
+    """A manager killed on this address may hold task locks that every manager waits out
+    until their TTL: when the port can be bound (so that process is gone), free them before
+    the seconds the rest of the start takes. The daemon's own take-over, once bound, stays."""
+    if port == 0:
+        return  # a new address each start: no predecessor to name
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        probe.bind((host, port))
+    except OSError:
+        return  # taken (the daemon says so) or not ours to bind
+    finally:
+        probe.close()
+    from corral.infra.locks import address_owner
+    from corral.infra.locks.redis import free_predecessor_locks
+
+    asyncio.run(
+        free_predecessor_locks(redis_url, prefix=prefix, owner=address_owner(port), ttl_s=ttl_s)
+    )
 
 
 def _write_secret(path: Path, secret: str) -> None:

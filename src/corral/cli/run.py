@@ -12,7 +12,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from corral.cli._arrays import submit_array
-from corral.cli._common import fail
+from corral.cli._common import env_flags, fail
 from corral.cli._dependencies import (
     DependencySyntaxError,
     parse_after,
@@ -25,6 +25,7 @@ from corral.client import Client, UnreachableError, UploadError, ValidationError
 from corral.domain.arrays import ArraySpec
 from corral.domain.field_errors import FieldError, describe
 from corral.domain.images import default_image
+from corral.domain.restarts import MAX_RESTART_LIMIT
 from corral.domain.retry.policy import MAX_RETRIES, BackoffStrategy, RetryEligibleCause
 from corral.domain.slots import SlotError, parse_amount
 from corral.domain.spec import ClusterMode, SessionSpec, SessionType
@@ -152,6 +153,16 @@ def run_command(
             help="With --array: wait for every element to end; exit with the highest exit code.",
         ),
     ] = False,
+    restart_limit: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=MAX_RESTART_LIMIT,
+            help="Start a kernel that exits non-zero again on its agent, up to this many "
+            "times (the session keeps running meanwhile); past it the session fails as "
+            "without. 0: never.",
+        ),
+    ] = 0,
     retries: Annotated[
         int | None,
         typer.Option(
@@ -241,8 +252,9 @@ def run_command(
         cluster_mode=ClusterMode.MULTI_NODE if multi_node else ClusterMode.SINGLE_NODE,
         resource_group=resource_group,
         priority=priority,
-        env=_environment(env or []),
+        env=env_flags(env or []),
         time_limit_s=time_limit_s,
+        **({"restart_limit": restart_limit} if restart_limit else {}),
         workdir=None if upload else os.path.abspath(workdir) if workdir else os.getcwd(),
     )
     policy = _retry_policy(retries, retry_delay, backoff, max_retry_delay, retry_on)
@@ -359,16 +371,6 @@ def _amount(flag: str, slot: str, text: str) -> Decimal:
         return parse_amount(slot, text)
     except SlotError as exc:
         fail(f"{flag} {text}: {exc.problem}")
-
-
-def _environment(items: list[str]) -> dict[str, str]:
-    variables: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            fail(f"--env {item!r}: expected KEY=VALUE")
-        variables[key] = value
-    return variables
 
 
 def _say(line: str) -> None:

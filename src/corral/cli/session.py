@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from corral.cli._common import fail
+from corral.cli._common import FAILURE_EXIT, fail
 from corral.cli._remote import (
     JsonOption,
     SessionArgument,
@@ -224,13 +224,14 @@ def info_command(session: SessionArgument, as_json: JsonOption = False) -> None:
     if found.kernels:
         typer.echo("")
         print_table(
-            ["KERNEL", "ROLE", "STATUS", "AGENT", "EXIT", "CAUSE", "INFO"],
+            ["KERNEL", "ROLE", "STATUS", "AGENT", "RESTARTS", "EXIT", "CAUSE", "INFO"],
             [
                 [
                     str(k.cluster_index),
                     k.cluster_role,
                     k.status.value,
                     text(k.agent_id),
+                    str(k.restarts) + (" (restarting)" if k.restarting else ""),
                     text(k.exit_code),
                     text(k.failure_cause),
                     text(k.status_info),
@@ -306,8 +307,43 @@ def _facts(session: Session) -> list[list[str]]:
         ("limit", _time_limit(session)),  # wall time
         ("ended", local_time(session.terminated_at)),
         *_retry_facts(session),
+        *_restart_facts(session),
+        *_admission_facts(session),
     ]
     return [[f"{key}:", value] for key, value in facts]
+
+
+def _restart_facts(session: Session) -> list[tuple[str, str]]:
+    """The kernel restart policy: the limit per kernel and the restarts made (none if off)."""
+    if not session.restart_limit:
+        return []
+    made = "" if session.restarts is None else f"; {session.restarts} made"
+    return [("restarts", f"up to {session.restart_limit} per kernel{made}")]
+
+
+def _admission_facts(session: Session) -> list[tuple[str, str]]:
+    """The KernelsReady condition and the requeue state (none for a session that has neither)."""
+    facts: list[tuple[str, str]] = []
+    if session.kernels_ready is not None:
+        ready = "yes" if session.kernels_ready else "no"
+        since = local_time(session.kernels_ready_at)
+        facts.append(("kernels ready", f"{ready} ({session.kernels_ready_reason}, since {since})"))
+    if session.requeue_count:
+        requeue = f"evicted {session.requeue_count} time(s), last {local_time(session.evicted_at)}"
+        if session.eviction_reason:
+            requeue += f" ({session.eviction_reason})"
+        facts.append(("requeue", requeue))
+    if session.requeue_at is not None and session.active:
+        facts.append(("next requeue", local_time(session.requeue_at)))
+    if not session.active:
+        facts.append(
+            (
+                "active",
+                f"no: deactivated {local_time(session.deactivated_at)}; "
+                f"`corral session activate {session.ref}` queues it again",
+            )
+        )
+    return facts
 
 
 def _dependencies(session: Session) -> str:
@@ -531,6 +567,16 @@ def terminate_command(session: SessionArgument) -> None:
         return f"{said}; {result.message}" if result.message else said
 
     typer.echo(call(request))
+
+
+@app.command("activate")
+def activate_command(session: SessionArgument) -> None:
+    """Put a session that all-or-nothing admission deactivated (its kernels were not ready in
+    time too often) back in the queue, with a fresh requeue count."""
+    result = call(lambda client: client.activate_session(session))
+    if result.outcome == "unchanged":
+        fail(f"session {result.number}: {result.message}", code=FAILURE_EXIT)
+    typer.echo(f"session {result.number}: activated ({result.status.value}), back in the queue")
 
 
 @app.command("rm")

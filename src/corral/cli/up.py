@@ -25,6 +25,17 @@ def up_command(
     ] = 1,
     python: PythonOption = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR.")] = "WARNING",
+    proxy_port: Annotated[
+        int,
+        typer.Option(min=-1, max=65535, help="The serving proxy's port (0: a free one; -1: none)."),
+    ] = 0,
+    proxy_domain: Annotated[
+        str | None,
+        typer.Option(
+            help="The proxy also routes `Host: <deployment>.DOMAIN` (e.g. localhost: "
+            "http://NAME.localhost:PORT/)."
+        ),
+    ] = None,
 ) -> None:
     """Run corral on this machine (SQLite, one local agent) until Ctrl-C."""
     settings = settings_from_flags(data_dir=data_dir)
@@ -43,6 +54,8 @@ def up_command(
         max_kernel_slots=settings.max_kernel_slots,
         retry_policy_default=settings.retry_policy_default,
         token_ttl_s=settings.token_ttl_s(),
+        proxy_port=None if proxy_port < 0 else proxy_port,
+        proxy_domain=proxy_domain,
     )
 
     def ready(up: UpReady) -> None:
@@ -50,8 +63,14 @@ def up_command(
 
         path = write_client_config(up.url, up.admin_token)
         typer.echo(f"corral is up at {up.url}, agents: {', '.join(up.agent_ids)}")
+        typer.echo(f"dashboard: {up.url}/ui (sign in with the admin token)")
         kept = "new, kept" if up.new_token else "kept"
         typer.echo(f"admin token: {up.admin_token} ({kept} in {up.token_file})")
+        if up.proxy_url is not None:
+            typer.echo(f"deployments served at {up.proxy_url}/<deployment>/ (corral deploy)")
+            if proxy_domain is not None:
+                port = up.proxy_url.rpartition(":")[2]
+                typer.echo(f"  and at http://<deployment>.{proxy_domain.strip('.')}:{port}/")
         typer.echo(f"client config written to {path}; try:")
         typer.echo("  corral run -- python -c \"print('hello')\"")
         typer.echo("Ctrl-C stops corral (running sessions are stopped).")

@@ -36,6 +36,7 @@ from corral.client.errors import (
 )
 from corral.client.models import (
     TERMINAL_STATUSES,
+    ActivateResult,
     Agent,
     ArrayElement,
     ArrayElementState,
@@ -44,6 +45,7 @@ from corral.client.models import (
     ArrayView,
     Attempt,
     Attempts,
+    Deployment,
     Event,
     Explanation,
     HistoryEntry,
@@ -53,6 +55,7 @@ from corral.client.models import (
     Page,
     ResourceGroup,
     RetrySettings,
+    Route,
     Session,
     SessionArray,
     TerminateResult,
@@ -65,6 +68,7 @@ from corral.client.uploads import UploadError
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "TERMINAL_STATUSES",
+    "ActivateResult",
     "Agent",
     "ArrayElement",
     "ArrayElementState",
@@ -79,6 +83,7 @@ __all__ = [
     "ClientConfigError",
     "ConflictError",
     "CorralError",
+    "Deployment",
     "Event",
     "Explanation",
     "FieldError",
@@ -91,6 +96,7 @@ __all__ = [
     "Page",
     "ResourceGroup",
     "RetrySettings",
+    "Route",
     "ServerError",
     "Session",
     "SessionArray",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import uuid
 from collections.abc import (
     AsyncGenerator,
@@ -24,6 +25,7 @@ import pydantic
 from corral import package_version
 from corral._tls import TlsConfigError, untrusted_certificate, untrusted_hint, verifying_context
 from corral.client._cluster import ClusterCalls
+from corral.client._deployments import DeploymentCalls
 from corral.client._paging import every_item
 from corral.client._sse import parse_sse
 from corral.client.config import (
@@ -33,6 +35,7 @@ from corral.client.config import (
     load_client_config,
 )
 from corral.client.errors import (
+    VALIDATION_PROBLEM,
     CorralError,
     FieldError,
     NotFoundError,
@@ -41,6 +44,7 @@ from corral.client.errors import (
     error_from_response,
 )
 from corral.client.models import (
+    ActivateResult,
     Agent,
     ArrayRemoveResult,
     ArrayTerminateResult,
@@ -69,10 +73,9 @@ SessionRef = uuid.UUID | str
 LogStream = Literal["stdout", "stderr"]
 
 DEFAULT_TIMEOUT_S = 30.0
-VALIDATION_PROBLEM = "https://corral.dev/problems/validation-error"
 
 
-class Client(ClusterCalls):
+class Client(ClusterCalls, DeploymentCalls):
     """An async client of corral's REST API; use it as `async with Client(url, token) as c:`.
 
     Every method raises a `CorralError` subclass for an error answer or an unreachable server.
@@ -92,10 +95,14 @@ class Client(ClusterCalls):
     ) -> None:
         self.url = check_url(url)
         self.timeout_s = timeout_s
-        try:
-            verify = verifying_context(ca_file)
-        except TlsConfigError as exc:
-            raise ClientConfigError(str(exc)) from exc
+        verify: ssl.SSLContext | bool = False
+        # A plain-http URL never makes a TLS connection (requests are relative to it and no
+        # redirect is followed): loading the CA store for it cost every `corral` call ~30 ms.
+        if ca_file is not None or not self.url.startswith("http://"):
+            try:
+                verify = verifying_context(ca_file)
+            except TlsConfigError as exc:
+                raise ClientConfigError(str(exc)) from exc
         self._http = httpx.AsyncClient(
             verify=verify,
             base_url=self.url,
@@ -261,6 +268,11 @@ class Client(ClusterCalls):
         """Ask the session to end: cancelled if it never ran, else terminated on its agents."""
         data = await self._json("POST", f"{_session_path(session_id)}/terminate")
         return TerminateResult.model_validate(data)
+
+    async def activate_session(self, session_id: SessionRef) -> ActivateResult:
+        """Put a session deactivated by all-or-nothing admission back in the queue."""
+        data = await self._json("POST", f"{_session_path(session_id)}/activate")
+        return ActivateResult.model_validate(data)
 
     async def session_attempts(self, session_id: SessionRef) -> Attempts:
         """The attempts of the session's retry chain, oldest first."""

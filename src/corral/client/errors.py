@@ -13,6 +13,9 @@ ABOUT_BLANK = "about:blank"
 # How much of a body that is not problem details an error message quotes.
 _QUOTED_BODY_CHARS = 200
 
+# The problem type of a refused spec (the API's, and the SDK's own check before a request).
+VALIDATION_PROBLEM = "https://corral.dev/problems/validation-error"
+
 
 class CorralError(Exception):
     """An error from corral's API, carrying its problem details; `str()` is the detail.

@@ -8,10 +8,16 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from corral.domain.deployment import (
+    DEFAULT_DRAIN_GRACE_S,
+    Autoscaling,
+    DeploymentAccess,
+    HealthCheck,
+)
 from corral.domain.outcome import SessionResult
 from corral.domain.refs import element_ref
 from corral.domain.slots import ResourceSlots
-from corral.domain.status import KernelStatus, SessionStatus
+from corral.domain.status import EndpointLifecycle, KernelStatus, RouteStatus, SessionStatus
 from corral.domain.types import ADMIN_ROLE
 
 T = TypeVar("T")
@@ -24,7 +30,9 @@ TERMINAL_STATUSES = frozenset(
 class ApiModel(BaseModel):
     """Base of the API's values: frozen, and tolerant of fields a newer server adds."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    # defer_build: a model's validator is built when first used, not at import (a CLI call
+    # uses one or two of them; building them all cost ~60 ms of its start).
+    model_config = ConfigDict(frozen=True, extra="ignore", defer_build=True)
 
 
 class Page(ApiModel, Generic[T]):
@@ -47,6 +55,8 @@ class Kernel(ApiModel):
     failure_cause: str | None = None
     runtime_info: dict[str, Any] | None = None
     status_changed_at: datetime | None = None
+    restarts: int = 0  # restarts after a non-zero exit (the session's restart_limit)
+    restarting: bool = False  # down, being started again
 
 
 class SessionDependency(ApiModel):
@@ -106,6 +116,21 @@ class Session(ApiModel):
     retry_decision: str | None = None
     retry_chain: tuple[uuid.UUID, ...] | None = None
     retry_state: str | None = None
+    # All-or-nothing admission (spec document 2): the KernelsReady condition (None while not
+    # admitted), its reason and last change; evictions, the next requeue time, whether the
+    # session is in the queue at all (False: deactivated; `activate` puts it back).
+    kernels_ready: bool | None = None
+    kernels_ready_reason: str | None = None
+    kernels_ready_at: datetime | None = None
+    requeue_count: int = 0
+    requeue_at: datetime | None = None
+    active: bool = True
+    evicted_at: datetime | None = None
+    eviction_reason: str | None = None
+    deactivated_at: datetime | None = None
+    # The restart policy: restarts allowed per kernel, and (read alone) made in all.
+    restart_limit: int = 0
+    restarts: int | None = None
     kernels: tuple[Kernel, ...] | None = None
     reason: str | None = None  # why a PENDING session waits, in a word (listings that ask)
 
@@ -131,6 +156,16 @@ class TerminateResult(ApiModel):
     status: SessionStatus
     retry_chain_stopped: bool = False  # it was an attempt of a retry chain, now stopped
     chain_ended: tuple[uuid.UUID, ...] = ()  # other attempts of the chain it ended too
+    message: str | None = None
+
+
+class ActivateResult(ApiModel):
+    """What an activate request did: `activated` (back in the queue), or `unchanged`."""
+
+    id: uuid.UUID
+    number: int
+    outcome: str
+    status: SessionStatus
     message: str | None = None
 
 
@@ -354,3 +389,101 @@ class ResourceGroup(ApiModel):
     description: str = ""
     options: dict[str, Any] = {}
     created_at: datetime
+
+
+class Route(ApiModel):
+    """One replica of a deployment: its session, status, address and health."""
+
+    id: uuid.UUID
+    session_id: uuid.UUID | None = None
+    session_status: SessionStatus | None = None
+    status: RouteStatus
+    host: str | None = None
+    port: int | None = None
+    health_info: str | None = None
+    consecutive_failures: int = 0
+    consecutive_successes: int = 0
+    revision: int = 0
+    probed_at: datetime | None = None
+    traffic_weight: int = 100
+    drain_until: datetime | None = None  # taken out: draining until its requests end or then
+    status_changed_at: datetime
+    created_at: datetime
+
+    @property
+    def address(self) -> str | None:
+        """`host:port` once the replica runs."""
+        return None if self.host is None or self.port is None else f"{self.host}:{self.port}"
+
+
+class Deployment(ApiModel):
+    """A deployment as the API shows it; `routes` only when fetched one by one."""
+
+    id: uuid.UUID
+    name: str
+    owner: str
+    lifecycle: EndpointLifecycle
+    lifecycle_changed_at: datetime
+    created_at: datetime
+    resource_group: str
+    replicas: int
+    revision: int = 0
+    live_replicas: int = 0
+    healthy_replicas: int = 0
+    image: str
+    command: tuple[str, ...]
+    health_check: HealthCheck
+    drain_grace_s: float = DEFAULT_DRAIN_GRACE_S
+    autoscaling: Autoscaling | None = None
+    autoscale_wanted: int | None = None  # the autoscaler's pending recommendation
+    autoscale_since: datetime | None = None
+    access: DeploymentAccess = DeploymentAccess.OPEN
+    routes: tuple[Route, ...] | None = None
+    # Only in the answer to its creation, access by token: the token, shown that once.
+    token: str | None = None
+
+
+class ServingHistoryEntry(ApiModel):
+    """One outcome of a deployment or route handler; repeats folded into `attempts`."""
+
+    route_id: uuid.UUID | None = None
+    phase: str
+    from_status: str | None = None
+    to_status: str | None = None
+    result: str
+    message: str = ""
+    attempts: int = 1
+    created_at: datetime
+    updated_at: datetime
+
+
+class DeploymentHistory(ApiModel):
+    """A deployment's handler history and its routes'."""
+
+    deployment: tuple[ServingHistoryEntry, ...]
+    routes: tuple[ServingHistoryEntry, ...]
+
+
+class ServingLoad(ApiModel):
+    """Requests in flight per deployment id, summed over the live proxies."""
+
+    proxies: int
+    inflight: dict[str, int]
+
+
+class RouteTableEntry(ApiModel):
+    """One deployment's healthy replicas."""
+
+    id: uuid.UUID
+    name: str
+    owner: str
+    access: DeploymentAccess = DeploymentAccess.OPEN
+    token_hash: str | None = None  # the SHA-256 of its token (access by token)
+    addresses: tuple[str, ...]
+
+
+class RouteTable(ApiModel):
+    """The healthy route table a proxy forwards by, and its revision."""
+
+    revision: int
+    deployments: tuple[RouteTableEntry, ...]

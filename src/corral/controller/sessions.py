@@ -9,6 +9,7 @@ the rows anyway.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import uuid
 from collections.abc import Collection, Mapping, Sequence
@@ -23,7 +24,7 @@ from corral.controller._group_commit import GroupCommit
 from corral.coordination.hints import Hint
 from corral.coordination.quarantine import Quarantine
 from corral.domain.arrays import DEFAULT_MAX_ARRAY_SIZE, ArraySpec, parse_array
-from corral.domain.events import SESSION_CREATED, SESSION_ENTITY, Event
+from corral.domain.events import SESSION_ACTIVATED, SESSION_CREATED, SESSION_ENTITY, Event
 from corral.domain.idempotency import KEY_FIELD, differing_fields, request_fingerprint
 from corral.domain.outcome import USER_CANCELLED
 from corral.domain.record import record
@@ -35,10 +36,11 @@ from corral.domain.slots import ResourceSlots
 from corral.domain.spec import SessionSpec, SessionType
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import Clock, SessionId, UserId, new_session_id, utcnow
-from corral.infra.events import EventBus
+from corral.infra.events import EventBus, publish_appended
 from corral.infra.hints import HintBus
 from corral.store._direct import DirectStatement
 from corral.store._sql import in_param, payload
+from corral.store.admission import activate
 from corral.store.database import Database
 from corral.store.events import append_events, append_session_moves
 from corral.store.group_options import forget_group_options, group_options_naming
@@ -61,7 +63,26 @@ _STARTED = frozenset(
     }
 )
 # The spec's fields kept in the session's `spec` column, for agents (the others are columns).
-_AGENT_SPEC_FIELDS = {"image", "command", "env", "resources", "type", "workdir", "upload"}
+_AGENT_SPEC_FIELDS = {
+    "image",
+    "command",
+    "env",
+    "resources",
+    "type",
+    "workdir",
+    "upload",
+    "restart_limit",
+}
+
+
+def _agent_spec(spec: SessionSpec) -> dict[str, Any]:
+    """The spec's fields its agents read, as stored; a restart limit only when set (0 is the
+    default, and most sessions' rows stay as they were)."""
+    stored = spec.model_dump(mode="json", include=_AGENT_SPEC_FIELDS, exclude_none=True)
+    if not stored.get("restart_limit"):
+        stored.pop("restart_limit", None)
+    return stored
+
 
 # Run for every submission: built once, run directly (`store._direct`).
 _OWNER = sa.bindparam("owner", type_=sessions.c.owner_id.type)
@@ -210,6 +231,27 @@ class SessionController:
             self._enqueue_together
         )
 
+    async def activate(self, session_id: SessionId) -> bool:
+        """Put a deactivated session (spec document 2) back in the queue with a fresh requeue
+        count; False when it was not deactivated (nothing changed)."""
+        now = self.clock()
+        async with self.db.transaction() as conn:
+            found = await activate(conn, session_id)
+            if found is None or not found[1]:
+                return False
+            event = Event(
+                kind=SESSION_ACTIVATED,
+                entity_type=SESSION_ENTITY,
+                entity_id=str(session_id),
+                owner_id=found[2],
+                payload={"requeue_count": 0},
+                created_at=now,
+            )
+            events = await append_events(conn, [event], now, notify=self._notify)
+        await self.hints.set_after_commit(Hint.SCHEDULE)
+        await publish_appended(self.events, events)
+        return True
+
     async def enqueue(self, spec: SessionSpec, owner: UserId) -> Submitted:
         """Write the session and its kernels as PENDING, set the scheduling hint, return.
 
@@ -355,8 +397,7 @@ class SessionController:
                 forget_group_options(self.db)
                 continue
             await self.hints.set_after_commit(Hint.SCHEDULE)
-            if self.events is not None and self._notify is None:
-                await self.events.publish_after_commit(events)
+            await publish_appended(self.events, events)
             written = {row["id"]: row for row in rows}
             return [
                 r if isinstance(r, Submitted) else Submitted(r.id, True, written[r.id])
@@ -429,8 +470,7 @@ class SessionController:
                 outcome.terminating.append(sid)
         if outcome.terminating:
             await self.hints.set_after_commit(Hint.TERMINATE)
-        if self.events is not None and appended and self._notify is None:
-            await self.events.publish_after_commit(appended)
+        await publish_appended(self.events, appended)
         return outcome
 
     def _check_kernel_slots(self, spec: SessionSpec) -> None:
@@ -597,12 +637,31 @@ def _retrying(
     """
     if new.type != SessionType.BATCH:
         return new
-    policy = effective_policy(cluster, group, asked)
-    if not policy.max_retries:
+    key = (cluster, _layer_key(group), _layer_key(asked))
+    max_retries, stored = _stored_policy(*key)
+    if not max_retries:
         return new
-    return dataclasses.replace(
-        new, max_retries=policy.max_retries, retry_policy=policy.model_dump(mode="json")
-    )
+    return dataclasses.replace(new, max_retries=max_retries, retry_policy=stored)
+
+
+def _layer_key(
+    layer: RetryPolicy | None,
+) -> tuple[RetryPolicy, frozenset[str]] | None:
+    """A policy layer as a cache key: equal layers merge alike only if they set the same fields."""
+    return None if layer is None else (layer, frozenset(layer.model_fields_set))
+
+
+@functools.lru_cache(maxsize=256)
+def _stored_policy(
+    cluster: RetryPolicy,
+    group: tuple[RetryPolicy, frozenset[str]] | None,
+    asked: tuple[RetryPolicy, frozenset[str]] | None,
+) -> tuple[int, Mapping[str, Any]]:
+    """The merged policy's retries and its stored form; a bulk submission shares a few policies
+    among thousands of sessions (merging and dumping each cost a tenth of its time). The form
+    is shared by them all: it is only ever written as JSON, never changed."""
+    policy = effective_policy(cluster, *(layer and layer[0] for layer in (group, asked)))
+    return policy.max_retries, policy.model_dump(mode="json")
 
 
 def _new_session(
@@ -619,7 +678,7 @@ def _new_session(
         resource_group=spec.resource_group,
         cluster_mode=spec.cluster_mode.value,
         cluster_size=spec.cluster_size,
-        spec=spec.model_dump(mode="json", include=_AGENT_SPEC_FIELDS, exclude_none=True),
+        spec=_agent_spec(spec),
         kernel_slots=spec.resources.to_milli(),
         name=spec.name,
         priority=spec.priority,

@@ -32,6 +32,7 @@ from corral.domain.session import SessionWithKernels
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import Clock, SessionId, UserId, utcnow
 from corral.handlers.base import LifecycleHandler, SessionPromotionHandler
+from corral.handlers.sessions.admission import EvictNotReady, admission_events
 from corral.handlers.sessions.prepare import PrepareSessions
 from corral.handlers.sessions.promotions import PROMOTION_HANDLERS, DetectTermination
 from corral.handlers.sessions.retries import DispatchRetries
@@ -39,10 +40,11 @@ from corral.handlers.sessions.schedule import QUEUE_PAGE, ScheduleNewSessions
 from corral.handlers.sessions.start import StartSessions
 from corral.handlers.sessions.terminate import TerminateSessions
 from corral.handlers.sessions.time_limits import EnforceTimeLimits
-from corral.infra.events import EventBus
+from corral.infra.events import EventBus, publish_appended
 from corral.infra.hints import HintBus
+from corral.store.admission import write_evictions
 from corral.store.database import Database
-from corral.store.events import append_session_moves
+from corral.store.events import append_events, append_session_moves
 from corral.store.group_options import group_options
 from corral.store.sessions import SessionRepository
 from corral.store.status_changes import AppliedChanges, apply_changes
@@ -71,6 +73,7 @@ _HINTS: Mapping[str, Hint] = {
     "PromoteToTerminated": Hint.PROMOTE_TERMINATED,
     EnforceTimeLimits.name(): Hint.TIME_LIMIT,
     DispatchRetries.name(): Hint.RETRY,
+    EvictNotReady.name(): Hint.ADMISSION,
 }
 # Runs of these write agents' desired state (and may have re-asked for a failed stage).
 _ASKS_AGENTS = frozenset({PrepareSessions.name(), StartSessions.name(), TerminateSessions.name()})
@@ -118,6 +121,7 @@ class SessionCoordinator:
         )
         self.promotions: tuple[SessionPromotionHandler, ...] = PROMOTION_HANDLERS
         self.time_limits = EnforceTimeLimits(db)
+        self.admission = EvictNotReady(db)
         # Where the bus can, a run's events go out with its commit, not published after it.
         self._notify = events.commit_channel if events is not None else None
         self._due = DueTimes(db, self._group_limits)
@@ -129,6 +133,7 @@ class SessionCoordinator:
         tasks += [self._task(h.name(), self._promotion_run(h), quick=True) for h in self.promotions]
         tasks.append(self._task(self.time_limits.name(), self.run_time_limits))
         tasks.append(self._task(self.retries.name(), self.run_retries))
+        tasks.append(self._task(self.admission.name(), self.run_admission))
         return tasks
 
     async def run_lifecycle(self, handler: LifecycleHandler) -> TaskRun:
@@ -275,13 +280,53 @@ class SessionCoordinator:
             due_in_s=due_in_s,
         )
 
+    async def run_admission(self) -> TaskRun:
+        """Evict the sessions past their KernelsReady timeouts (requeued or deactivated) and
+        cancel the deactivated ones past their retention; say when the next one is due."""
+        started = time.perf_counter()
+        name = self.admission.name()
+        now = self.clock()
+        work = await self.admission.due(now)
+        moved: Mapping[SessionId, tuple[SessionStatus, SessionStatus]] = {}
+        if work.changes:
+            appended: list[Event] = []
+            reasons = {sid: n.message for c in work.changes for sid, n in c.notes.items()}
+
+            async def record(conn: AsyncConnection, applied: AppliedChanges) -> None:
+                done = applied.moved()
+                await write_evictions(conn, [e for e in work.evictions if e.id in done], now)
+                appended.extend(await self._record_moves(conn, done, reasons, name, applied.owners))
+                events = admission_events(work, done, applied.owners, now)
+                appended.extend(await append_events(conn, events, now, notify=self._notify))
+
+            applied = await apply_changes(self.db, work.changes, now, on_applied=record)
+            moved = applied.moved()
+            if self.metrics is not None:
+                for change in work.changes:
+                    count = sum(1 for sid in change.session_ids if sid in moved)
+                    self.metrics.observe_result(name, change.result, count)
+            await self._post_process(await self._next_hints(moved), appended)
+        if self.metrics is not None:
+            causes = [cause for sid, cause in work.causes.items() if sid in moved]
+            self.metrics.observe_admission(causes, work.deactivated)
+        due_in_s = None
+        if work.next_due is not None:
+            due_in_s = max(0.0, (work.next_due - self.clock()).total_seconds())
+        return TaskRun(
+            name,
+            targets=sum(len(c.session_ids) for c in work.changes),
+            changed=len(moved),
+            duration_ms=(time.perf_counter() - started) * 1000,
+            due_in_s=due_in_s,
+        )
+
     async def run_retries(self) -> TaskRun:
         """Decide the retries of the ended sessions that have a policy; create the retries."""
         started = time.perf_counter()
         done = await self.retries.dispatch(self.clock())
         if self.metrics is not None:
             self.metrics.observe_retries(done)
-        hints = {Hint.SCHEDULE} if done.children else set()
+        hints: set[str] = {Hint.SCHEDULE} if done.children else set()
         await self._post_process(hints, done.events)
         return TaskRun(
             self.retries.name(),
@@ -385,7 +430,7 @@ class SessionCoordinator:
 
     async def _next_hints(
         self, moved: Mapping[SessionId, tuple[SessionStatus, SessionStatus]]
-    ) -> set[Hint]:
+    ) -> set[str]:
         """The next phases to wake after the committed `moved`.
 
         A session entering RUNNING wakes DetectTermination only if a kernel of it has already
@@ -402,11 +447,10 @@ class SessionCoordinator:
             hints.add(Hint.DETECT_TERMINATION)
         return hints
 
-    async def _post_process(self, hints: set[Hint], events: Sequence[Event]) -> None:
+    async def _post_process(self, hints: set[str], events: Sequence[Event]) -> None:
         if hints:
-            await self.hints.set_after_commit(*sorted(h.value for h in hints))
-        if events and self.events is not None and self._notify is None:
-            await self.events.publish_after_commit(events)
+            await self.hints.set_after_commit(*sorted(str(h) for h in hints))
+        await publish_appended(self.events, events)
 
     async def _needing_attention(
         self, conn: AsyncConnection, handler: LifecycleHandler, group_limits: _GroupLimits

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from enum import StrEnum
 
+from corral.coordination.serving_hints import ServingHint
 from corral.domain.status import KERNEL_TERMINAL, SESSION_TERMINAL, KernelStatus, SessionStatus
 
 
@@ -22,6 +23,7 @@ class Hint(StrEnum):
     PROMOTE_TERMINATED = "promote-terminated"
     TIME_LIMIT = "time-limit"
     RETRY = "retry"
+    ADMISSION = "admission"  # all-or-nothing admission's timeouts (EvictNotReady)
     # Not a coordinator task: agents' desired kernels changed (wakes assignment long-polls).
     ASSIGNMENTS = "assignments"
 
@@ -82,27 +84,41 @@ def hints_after_report(
 # session 21). Entering RUNNING is the other exception: the coordinator wakes DetectTermination
 # only when a started session's kernel has already ended (`SessionCoordinator._next_hints`),
 # since that task scans every running session.
-_AFTER_SESSION_MOVE: dict[SessionStatus, frozenset[Hint]] = {
+#
+# A session's start or end also wakes the route coordinator's tasks that wait for it (a
+# replica's route comes up when its session runs, ends when it ends): without them they polled
+# every 0.5-1 s. They wake for every session, not only INFERENCE ones (knowing a session's
+# type would cost a read per batch): a woken task with no route to look at runs one indexed
+# read and sleeps again.
+_AFTER_SESSION_MOVE: dict[SessionStatus, frozenset[str]] = {
     SessionStatus.PENDING: frozenset({Hint.SCHEDULE, Hint.ASSIGNMENTS}),
     SessionStatus.SCHEDULED: frozenset({Hint.PREPARE}),
     SessionStatus.PREPARING: frozenset({Hint.ASSIGNMENTS}),
     SessionStatus.PREPARED: frozenset({Hint.START}),
     SessionStatus.CREATING: frozenset({Hint.ASSIGNMENTS}),
     # A session that started may have a time limit: its deadline may be the next one.
-    SessionStatus.RUNNING: frozenset({Hint.TIME_LIMIT}),
+    SessionStatus.RUNNING: frozenset({Hint.TIME_LIMIT, ServingHint.PROVISION_ROUTES}),
     SessionStatus.TERMINATING: frozenset({Hint.TERMINATE, Hint.PROMOTE_TERMINATED}),
     # An ended session frees capacity and may unblock sessions that depend on it; if it has a
     # retry policy, its retry is to be decided.
     **{
-        status: frozenset({Hint.SCHEDULE, Hint.ASSIGNMENTS, Hint.RETRY})
+        status: frozenset(
+            {
+                Hint.SCHEDULE,
+                Hint.ASSIGNMENTS,
+                Hint.RETRY,
+                ServingHint.PROVISION_ROUTES,
+                ServingHint.CHECK_RUNNING_ROUTES,
+            }
+        )
         for status in SESSION_TERMINAL
     },
 }
 
 
-def hints_after_moves(moved_to: Iterable[SessionStatus]) -> set[Hint]:
-    """The next phases to wake after sessions moved into `moved_to`."""
-    hints: set[Hint] = set()
+def hints_after_moves(moved_to: Iterable[SessionStatus]) -> set[str]:
+    """The next phases (sessions' and routes') to wake after sessions moved into `moved_to`."""
+    hints: set[str] = set()
     for status in moved_to:
         hints |= _AFTER_SESSION_MOVE.get(status, frozenset())
     return hints

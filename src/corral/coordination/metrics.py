@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Iterable
 from dataclasses import replace
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from corral.coordination.loop import DualLoop
 from corral.coordination.tasks import Task, TaskRun
@@ -108,6 +108,26 @@ class CoordinatorMetrics:
             "Retries that ended successfully (the chains that recovered).",
             registry=self.registry,
         )
+        # All-or-nothing admission (spec document 2), counted by the manager that evicted.
+        self.evictions = Counter(
+            "corral_session_evictions",
+            "Sessions evicted for not having every kernel ready in time, by cause "
+            "(WaitForStart, WaitForRecovery).",
+            ["cause"],
+            registry=self.registry,
+        )
+        self.deactivated = Gauge(
+            "corral_sessions_deactivated",
+            "Sessions deactivated after too many requeues, as the last admission run saw them.",
+            registry=self.registry,
+        )
+        # Serving (issue 38): replicas' health probes that failed, counted by the prober.
+        self.probe_failures = Counter(
+            "corral_route_probe_failures",
+            "Health probes of deployments' replicas that failed (refused, timed out, or "
+            "answered another status than expected), counted by the manager that probed.",
+            registry=self.registry,
+        )
         # Loops whose task already reports here: instrumenting twice would count runs twice.
         self._instrumented: weakref.WeakSet[DualLoop] = weakref.WeakSet()
 
@@ -121,6 +141,19 @@ class CoordinatorMetrics:
                 self.retry_exhausted.labels(cause).inc()
         if done.recovered:
             self.retry_succeeded.inc(done.recovered)
+
+    def observe_admission(self, causes: Iterable[str], deactivated: int | None) -> None:
+        """Count one admission run's evictions (by cause) and set the deactivated gauge (None:
+        no group enables admission, nothing was read)."""
+        for cause in causes:
+            self.evictions.labels(cause).inc()
+        if deactivated is not None:
+            self.deactivated.set(deactivated)
+
+    def observe_probe_failures(self, failed: int) -> None:
+        """Count one health-check run's failed probes."""
+        if failed:
+            self.probe_failures.inc(failed)
 
     def instrument(self, loops: Iterable[DualLoop]) -> None:
         """Make every run of these loops' tasks report here; a loop done already is left as is."""

@@ -25,7 +25,7 @@ from corral.domain.outcome import INVALID_REQUEST
 from corral.domain.results import ResultNote, SchedulingResult, TransitionStatus
 from corral.domain.status import SESSION_NON_TERMINAL, KernelStatus, SessionStatus
 from corral.domain.types import Clock, SessionId, utcnow
-from corral.infra.events import EventBus
+from corral.infra.events import EventBus, publish_appended
 from corral.infra.hints import HintBus
 from corral.store.database import Database
 from corral.store.events import append_session_moves
@@ -98,8 +98,7 @@ class Quarantine:
             )
         if failed and self.hints is not None:
             await self.hints.set_after_commit(Hint.SCHEDULE)  # their slots are free again
-        if appended and self.events is not None and self._notify is None:
-            await self.events.publish_after_commit(appended)
+        await publish_appended(self.events, appended)
         return failed
 
     def skipped(self, where: str, key: object, error: BaseException | str) -> None:

@@ -20,6 +20,17 @@ SESSION_CREATED = "session.created"
 # A failed session's retry was created (cause, attempt, delay), or it failed with none left.
 SESSION_RETRY_SCHEDULED = "session.retry_scheduled"
 SESSION_RETRY_EXHAUSTED = "session.retry_exhausted"
+# All-or-nothing admission (spec document 2): evicted for not being ready in time, then
+# requeued (count, time) or deactivated (why); put back in the queue by its owner or an admin.
+SESSION_EVICTED = "session.evicted"
+SESSION_REQUEUED = "session.requeued"
+SESSION_DEACTIVATED = "session.deactivated"
+SESSION_ACTIVATED = "session.activated"
+# A kernel of a running session went down to be restarted (KernelsReady false,
+# WaitForRecovery), or every restarting kernel runs again (true, Recovered): the kernel
+# restart policy (issue 36).
+SESSION_KERNEL_RESTARTING = "session.kernel_restarting"
+SESSION_RECOVERED = "session.recovered"
 
 # Marker a bus yields in place of events it could not deliver (see corral.infra.events).
 DROPPED_KIND = "events.dropped"

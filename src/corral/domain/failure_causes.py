@@ -36,6 +36,10 @@ class FailureCause(StrEnum):
     STAGE_FAILED = "stage_failed"  # a stage failed and the agent gave no cause
     # The manager's phases.
     PHASE_TIMEOUT = "phase_timeout"  # a phase took longer than its limit
+    # All-or-nothing admission (spec document 2): evicted for not having every kernel ready in
+    # time (back to PENDING), and cancelled after being kept deactivated past the retention.
+    KERNELS_READY_TIMEOUT = "kernels_ready_timeout"
+    DEACTIVATED_RETENTION = "deactivated_retention"
     # Ends asked for (`outcome.REQUESTED_RESULTS`).
     USER_CANCELLED = "user_cancelled"  # its owner (or an admin) terminated it
     TIME_LIMIT = "time_limit"  # it ran past its wall-time limit

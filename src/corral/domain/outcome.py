@@ -45,9 +45,14 @@ class DependencyKind(StrEnum):
 DEFAULT_DEPENDENCY_KIND = DependencyKind.AFTEROK
 
 
+# How a session that succeeded ended: `succeeded` and the SQL that selects such sessions
+# (`store.retries.record_successes`) read this one pair.
+SUCCESS_ENDING = (SessionStatus.TERMINATED, SessionResult.SUCCESS)
+
+
 def succeeded(status: SessionStatus, result: str | None) -> bool:
     """Whether a session with this status and result ended successfully."""
-    return status is SessionStatus.TERMINATED and result == SessionResult.SUCCESS
+    return status is SUCCESS_ENDING[0] and result == SUCCESS_ENDING[1]
 
 
 def dependency_satisfied(

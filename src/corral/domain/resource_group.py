@@ -14,6 +14,7 @@ from pydantic import (
     model_validator,
 )
 
+from corral.domain.admission import WaitForKernelsReady
 from corral.domain.retry.policy import RetryPolicy
 from corral.domain.slots import ResourceSlots
 from corral.domain.spec import MAX_PRIORITY, MIN_PRIORITY
@@ -99,6 +100,8 @@ class ResourceGroupOptions(BaseModel):
     max_user_priority: int = Field(
         default=DEFAULT_MAX_USER_PRIORITY, ge=MIN_PRIORITY, le=MAX_PRIORITY
     )
+    # All-or-nothing admission (spec document 2): off by default.
+    wait_for_kernels_ready: WaitForKernelsReady = WaitForKernelsReady()
 
     @field_validator("allowed_users")
     @classmethod

@@ -100,6 +100,7 @@ class SessionWithKernels:
     # A job array's element: the array, and how many of its elements may be active at once.
     array_id: SessionId | None = None
     array_throttle: int | None = None
+    evicted_at: datetime | None = None  # all-or-nothing admission's last eviction
 
     def requested_total(self) -> dict[str, int]:
         """The sum of all kernels' requested slots (milli-units)."""
@@ -135,6 +136,9 @@ class PendingSession:
     # A throttled job array's element: the array and its cap (None: no cap applies).
     array_id: SessionId | None = None
     array_throttle: int | None = None
+    # When all-or-nothing admission last evicted it (None: never): a group that requeues by
+    # eviction time orders it by this instead of its creation (`sequencers.order_sessions`).
+    evicted_at: datetime | None = None
 
     @property
     def cluster_size(self) -> int:
@@ -169,6 +173,7 @@ class PendingSession:
             ),
             array_id=session.array_id,
             array_throttle=session.array_throttle,
+            evicted_at=session.evicted_at,
         )
 
 

@@ -34,6 +34,7 @@ from corral.domain.bounds import (
     utf8_size,
 )
 from corral.domain.outcome import DEFAULT_DEPENDENCY_KIND, DependencyKind
+from corral.domain.restarts import MAX_RESTART_LIMIT
 from corral.domain.retry.policy import RetryPolicy
 from corral.domain.slots import MAX_AMOUNT, ResourceSlots
 from corral.domain.time_limit import MAX_TIME_LIMIT_S
@@ -176,6 +177,13 @@ class SessionSpec(BaseModel):
         default=None,
         description="idempotency key: the same request again returns the same session; the "
         "same key with another body is a 409",
+    )
+    restart_limit: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_RESTART_LIMIT,
+        description="how often a kernel whose process exits non-zero while running is started "
+        f"again on its agent (0: never; at most {MAX_RESTART_LIMIT}); past it the kernel fails",
     )
     retry_policy: RetryPolicy | None = Field(
         default=None,

@@ -51,7 +51,7 @@ class EndpointLifecycle(StrEnum):
     CREATED = "created"  # deprecated upstream in favour of READY; accepted, never entered
     SCALING = "scaling"
     READY = "ready"
-    DEPLOYING = "deploying"  # reserved for rolling updates; only a destroy request leaves it
+    DEPLOYING = "deploying"  # a rolling update in progress
     DESTROYING = "destroying"
     DESTROYED = "destroyed"
 
@@ -76,6 +76,7 @@ _R = RouteStatus
 # Rule names used in the tables: where an edge comes from.
 SPEC1 = "spec document 1"
 DESIGN = "DESIGN.md lifecycles"
+SPEC2 = "spec document 2"
 
 SESSION_TRANSITIONS: TransitionTable[SessionStatus] = TransitionTable(
     "SessionStatus",
@@ -92,6 +93,7 @@ SESSION_TRANSITIONS: TransitionTable[SessionStatus] = TransitionTable(
         (_S.PREPARED, _S.PENDING, "StartSessions expired/give_up", SPEC1),
         (_S.CREATING, _S.PENDING, "expired while CREATING (diagram)", SPEC1),
         (_S.CREATING, _S.RUNNING, "PromoteToRunning", SPEC1),
+        (_S.RUNNING, _S.PENDING, "EvictNotReady: KernelsReady recovery timeout", SPEC2),
         (_S.RUNNING, _S.TERMINATING, "DetectTermination / terminate request", SPEC1),
         (_S.TERMINATING, _S.TERMINATED, "TerminateSessions / PromoteToTerminated", SPEC1),
         (
@@ -177,7 +179,14 @@ ENDPOINT_TRANSITIONS: TransitionTable[EndpointLifecycle] = TransitionTable(
     edges=[
         ((_E.PENDING, _E.CREATED), _E.SCALING, "CheckPendingDeployment", SPEC1),
         (_E.SCALING, _E.READY, "ScalingDeployment", SPEC1),
-        (_E.READY, _E.SCALING, "CheckReplicaDeployment / ReconcileDeployment", SPEC1),
+        # AutoscaleDeployment (issue 38, beyond the spec) changes the replica count: the
+        # spec's edge for a replica count to adjust.
+        (
+            _E.READY,
+            _E.SCALING,
+            "CheckReplicaDeployment / ReconcileDeployment (/ AutoscaleDeployment)",
+            SPEC1,
+        ),
         (
             (_E.PENDING, _E.CREATED, _E.SCALING, _E.READY, _E.DEPLOYING),
             _E.DESTROYING,
@@ -185,6 +194,10 @@ ENDPOINT_TRANSITIONS: TransitionTable[EndpointLifecycle] = TransitionTable(
             DESIGN,
         ),
         (_E.DESTROYING, _E.DESTROYED, "DestroyingDeployment", SPEC1),
+        # Rolling updates use the reserved DEPLOYING (issue 38): an update request starts one,
+        # DeployingDeployment ends it once the new version (or, rolled back, the old) serves.
+        ((_E.READY, _E.SCALING), _E.DEPLOYING, "update request", DESIGN),
+        (_E.DEPLOYING, _E.READY, "DeployingDeployment (rolled out or rolled back)", DESIGN),
     ],
 )
 
@@ -207,6 +220,9 @@ ROUTE_TRANSITIONS: TransitionTable[RouteStatus] = TransitionTable(
             SPEC1,
         ),
         (_R.TERMINATING, _R.TERMINATED, "TerminatingRoute", SPEC1),
+        # A replica still coming up is taken out too when its deployment scales down or is
+        # destroyed (the spec's diagram has no edge for it; its session is ended as any).
+        (_R.PROVISIONING, _R.TERMINATING, "ScalingDeployment / DestroyingDeployment", DESIGN),
     ],
 )
 
@@ -229,6 +245,9 @@ KERNEL_NOT_YET_RUNNING = frozenset(_KERNEL_BEFORE_RUNNING)
 # Kernels that started on their agent: an agent lost fails these (`agent_lost`) and asks
 # about them when quiet (`store.kernel_checks`); the others go back to PENDING with their session.
 KERNEL_STARTED = frozenset({_K.RUNNING, _K.TERMINATING})
+# Routes that count as a deployment's replicas: coming up or serving (spec document 1's
+# route diagram before TERMINATING); FAILED_TO_START and TERMINATING ones are being replaced.
+ROUTE_LIVE = frozenset({_R.PROVISIONING, _R.DEGRADED, _R.HEALTHY, _R.UNHEALTHY})
 # Sessions holding agent resources (their kernels occupy slots).
 SESSION_OCCUPYING = frozenset(
     {_S.SCHEDULED, _S.PREPARING, _S.PREPARED, _S.CREATING, _S.RUNNING, _S.TERMINATING}

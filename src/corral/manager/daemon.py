@@ -28,12 +28,14 @@ import uvicorn
 from corral.api.app import ApiContext, create_app
 from corral.api.uploads import DEFAULT_UPLOAD_MAX_BYTES
 from corral.controller.agents import AgentController, AgentTimings
+from corral.controller.deployments import DeploymentController
 from corral.controller.sessions import SessionController
 from corral.coordination.coordinator import SessionCoordinator
 from corral.coordination.loop import DualLoop
 from corral.coordination.manager import LoopIntervals, task_loops
 from corral.coordination.metrics import CoordinatorMetrics
 from corral.coordination.orchestrator import Orchestrator
+from corral.coordination.serving import serving_coordinators
 from corral.coordination.tasks import Task, TaskRun
 from corral.domain.arrays import DEFAULT_MAX_ARRAY_SIZE
 from corral.domain.bounds import DEFAULT_MAX_REQUEST_BYTES
@@ -42,8 +44,9 @@ from corral.domain.retry.policy import RetryPolicy
 from corral.domain.slots import ResourceSlots
 from corral.domain.tokens import DEFAULT_TOKEN_TTL_S
 from corral.domain.types import Clock, utcnow
+from corral.infra import DEFAULT_PREFIX
 from corral.infra.events import PING_INTERVAL_S, forget_on_events
-from corral.infra.locks import DEFAULT_LOCK_TTL_S
+from corral.infra.locks import DEFAULT_LOCK_TTL_S, address_owner
 from corral.manager.backends import Buses, open_buses
 from corral.manager.retention import retention_loop
 from corral.store.database import Database
@@ -76,7 +79,7 @@ class ManagerConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     join_token: str | None = None
-    prefix: str = "corral"
+    prefix: str = DEFAULT_PREFIX
     timings: AgentTimings = field(default_factory=AgentTimings)
     intervals: LoopIntervals = field(default_factory=LoopIntervals)
     grace_period_s: float = 10.0
@@ -182,7 +185,24 @@ class ManagerDaemon:
             promote=coordinator.promote_reported,
             log_cap_bytes=config.log_cap_bytes or None,
         )
-        loops = task_loops(coordinator.tasks(), buses.hints, buses.locks, config.intervals)
+        session_controller = SessionController(
+            db,
+            buses.hints,
+            buses.events,
+            clock=self.clock,
+            max_array_size=config.max_array_size,
+            max_kernel_slots=config.max_kernel_slots,
+            retry_default=config.retry_policy_default,
+        )
+        serving = serving_coordinators(
+            db, buses.hints, buses.events, session_controller, clock=self.clock, metrics=metrics
+        )
+        loops = task_loops(
+            [*coordinator.tasks(), *serving[0].tasks(), *serving[1].tasks()],
+            buses.hints,
+            buses.locks,
+            config.intervals,
+        )
         loops.append(_sweep_loop(agents, buses, config))
         retention = retention_loop(
             db,
@@ -200,15 +220,7 @@ class ManagerDaemon:
         self.parts = ManagerParts(
             db,
             buses,
-            SessionController(
-                db,
-                buses.hints,
-                buses.events,
-                clock=self.clock,
-                max_array_size=config.max_array_size,
-                max_kernel_slots=config.max_kernel_slots,
-                retry_default=config.retry_policy_default,
-            ),
+            session_controller,
             agents,
             coordinator,
             orchestrator,
@@ -224,6 +236,7 @@ class ManagerDaemon:
                 upload_max_bytes=config.upload_max_bytes,
                 max_request_bytes=config.max_request_bytes,
                 token_ttl_s=config.token_ttl_s,
+                deployments=DeploymentController(db, buses.hints, buses.events, clock=self.clock),
             )
         )
         served = uvicorn.Config(
@@ -237,6 +250,8 @@ class ManagerDaemon:
         )
         _load_tls(served, config)
         self._sock = _bind(config.host, config.port)
+        # Bound: no earlier process of this address lives, so the locks it left are free now.
+        await buses.locks.take_over_predecessor(address_owner(self._sock.getsockname()[1]))
         server = uvicorn.Server(served)
         self._server = server
         components = {

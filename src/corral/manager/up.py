@@ -26,6 +26,7 @@ from corral.agent.daemon import AgentConfig, AgentDaemon
 from corral.agent.devices import DeviceAllocator
 from corral.agent.runtime.process import ProcessRuntime
 from corral.api.uploads import DEFAULT_UPLOAD_MAX_BYTES
+from corral.client import Client
 from corral.domain.bounds import DEFAULT_MAX_REQUEST_BYTES
 from corral.domain.record import record
 from corral.domain.retry.policy import RetryPolicy
@@ -33,6 +34,7 @@ from corral.domain.slots import ResourceSlots
 from corral.domain.tokens import DEFAULT_TOKEN_TTL_S, token_expiry
 from corral.domain.types import ADMIN_ROLE, utcnow
 from corral.manager.daemon import ManagerConfig, ManagerDaemon
+from corral.proxy.server import serve_proxy
 from corral.store.database import Database
 from corral.store.kernel_logs import DEFAULT_LOG_CAP_BYTES
 from corral.store.retention import DEFAULT_RETENTION_DAYS
@@ -64,6 +66,10 @@ class UpConfig:
     max_kernel_slots: ResourceSlots | None = None
     retry_policy_default: RetryPolicy = field(default_factory=RetryPolicy)
     token_ttl_s: float | None = DEFAULT_TOKEN_TTL_S  # of the admin token it makes
+    # The model-serving proxy's port (0: a free one; None: no proxy).
+    proxy_port: int | None = 0
+    # With a domain, the proxy also routes `Host: <deployment>.<domain>` (None: by path only).
+    proxy_domain: str | None = None
 
 
 @record
@@ -75,6 +81,7 @@ class UpReady:
     agent_ids: tuple[str, ...]
     token_file: Path
     new_token: bool  # made at this start (the kept one was missing, revoked or expired)
+    proxy_url: str | None = None  # where deployments are served (None: no proxy)
 
 
 async def admin_token(db: Database, kept: Path, ttl_s: float | None) -> tuple[str, bool]:
@@ -159,12 +166,23 @@ async def run_up(
         for i in range(config.agents)
     ]
     agenting = [asyncio.create_task(a.run(), name=f"up-agent-{i}") for i, a in enumerate(agents)]
+    proxy_url: str | None = None
+    if config.proxy_port is not None:
+        proxy_sock = _listen(config.host, config.proxy_port)
+        proxy_url = f"http://{config.host}:{proxy_sock.getsockname()[1]}"
+        url = manager.url
+        agenting.append(
+            asyncio.create_task(
+                serve_proxy(proxy_sock, lambda: Client(url, token), domain=config.proxy_domain),
+                name="up-proxy",
+            )
+        )
     registered = asyncio.gather(*(a.registered.wait() for a in agents))
     starting: set[asyncio.Future[Any]] = {*agenting, registered}
     await asyncio.wait(starting, return_when=asyncio.FIRST_COMPLETED)
     if registered.done():
         agent_ids = tuple(a.config.agent_id for a in agents)
-        on_ready(UpReady(manager.url, token, agent_ids, token_file, new_token))
+        on_ready(UpReady(manager.url, token, agent_ids, token_file, new_token, proxy_url))
     stopping = asyncio.create_task(stop.wait())
     try:
         await asyncio.wait({managing, *agenting, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -173,11 +191,14 @@ async def run_up(
         registered.cancel()
         for agent in agents:
             await agent.stop()
+        for task in agenting:
+            if task.get_name() == "up-proxy":
+                task.cancel()
         agent_outcome = await asyncio.gather(*agenting, return_exceptions=True)
         await manager.stop()
         manager_outcome = await asyncio.gather(managing, return_exceptions=True)
     for outcome in (*agent_outcome, *manager_outcome):
-        if isinstance(outcome, Exception):
+        if isinstance(outcome, Exception) and not isinstance(outcome, asyncio.CancelledError):
             raise outcome
 
 
@@ -194,3 +215,16 @@ def split_slots(slots: ResourceSlots, parts: int) -> ResourceSlots:
             each = each // 1000 * 1000
         share[name] = max(each, 1000) if name == "cpu" else each
     return ResourceSlots.from_milli({k: v for k, v in share.items() if v})
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket for the serving proxy (port 0: a free one)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"the serving proxy cannot listen on {host}:{port}: {exc.strerror}") from exc
+    sock.listen(2048)
+    return sock

@@ -42,11 +42,14 @@ def assignment_message(assignment: Assignment) -> AssignmentMessage:
                 desired_generation=k.desired_generation,
                 stage_failure=k.stage_failure,
                 attempt=k.attempt,
+                restarts=k.restarts,
+                restarting=k.restarting,
                 asked=k.asked,
                 slots=dict(k.occupied_slots),
                 spec=k.spec,
                 array_number=k.array_number,
                 array_index=k.array_index,
+                owner=k.owner,
             )
             for k in assignment.kernels
         ],
@@ -56,7 +59,9 @@ def assignment_message(assignment: Assignment) -> AssignmentMessage:
 def report_accepted(outcome: ReportOutcome) -> ReportAccepted:
     """A report batch's answer: what was applied, acknowledged, and refused (per kernel)."""
     return ReportAccepted(
-        applied=len(outcome.moved) + len(outcome.stage_failures),
+        applied=len(outcome.moved)
+        + len(outcome.stage_failures)
+        + len(outcome.restarted.keys() - outcome.moved.keys()),
         already=outcome.already,
         refused={str(k): why for k, why in outcome.refused.items()},
     )
@@ -85,6 +90,8 @@ def kernel_reports(messages: Sequence[KernelReportMessage]) -> list[KernelReport
             runtime_info=m.runtime_info,
             stage_failed=m.stage_failed,
             attempt=m.attempt,
+            restarts=m.restarts,
+            restarting=m.restarting,
         )
         for m in messages
     ]

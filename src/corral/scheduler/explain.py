@@ -11,12 +11,14 @@ import sqlalchemy as sa
 
 from corral.domain.outcome import INVALID_REQUEST
 from corral.domain.record import record
+from corral.domain.resource_group import ResourceGroupOptions
 from corral.domain.status import SessionStatus
 from corral.domain.types import SessionId
 from corral.scheduler.planner import place_sessions
 from corral.scheduler.snapshot import load_snapshot
 from corral.scheduler.types import Outcome, Plan
 from corral.store.database import Database
+from corral.store.group_options import GroupOptions, group_options
 from corral.store.tables import sessions
 
 
@@ -80,13 +82,15 @@ async def explain_many(
                     sessions.c.requeue_at,
                     sessions.c.starts_at,
                     sessions.c.requeue_active,
+                    sessions.c.requeue_count,
                 ).where(sessions.c.id.in_(list(session_ids)))
             )
         ).all()
+        limits = await group_options(db, conn)
     plans: dict[str, Plan] = {}
     found: dict[uuid.UUID, Explanation] = {}
     for row in rows:
-        early = _without_placement(row, now)
+        early = _without_placement(row, now, limits)
         if early is not None:
             found[row.id] = early
             continue
@@ -107,7 +111,15 @@ def _base(row: Any) -> dict[str, Any]:
     }
 
 
-def _without_placement(row: Any, now: datetime) -> Explanation | None:
+def _of_limit(limits: GroupOptions, group: str) -> str:
+    """ " of N" for a group whose requeues are limited to N, else nothing."""
+    stored = limits.get(group) or {}
+    wait = ResourceGroupOptions.model_validate(stored).wait_for_kernels_ready
+    count = wait.requeuing.backoff_limit_count
+    return "" if count is None else f" of {count}"
+
+
+def _without_placement(row: Any, now: datetime, limits: GroupOptions) -> Explanation | None:
     """The explanation of a session placement need not be run for (not pending, not due)."""
     status = SessionStatus(row.status)
     base = _base(row)
@@ -121,7 +133,18 @@ def _without_placement(row: Any, now: datetime) -> Explanation | None:
             message=f"the session is {status.value}, not waiting to be placed"
             + (f": {row.status_info}" if row.status_info else ""),
         )
-    for field, what in (("starts_at", "its start time"), ("requeue_at", "its requeue backoff")):
+    if row.requeue_active and row.requeue_at is not None and row.requeue_at > now:
+        return Explanation(
+            **base,
+            position=None,
+            queue_length=0,
+            outcome="not_due",
+            code="requeue_at",
+            message=f"backing off until {row.requeue_at.isoformat()} "
+            f"(requeue {row.requeue_count}{_of_limit(limits, row.resource_group)}): its "
+            "kernels were not all ready in time",
+        )
+    for field, what in (("starts_at", "its start time"),):
         when = getattr(row, field)
         if when is not None and when > now:
             return Explanation(
@@ -139,7 +162,8 @@ def _without_placement(row: Any, now: datetime) -> Explanation | None:
             queue_length=0,
             outcome="not_due",
             code="deactivated",
-            message="deactivated after too many requeues; reactivate it to queue it again",
+            message="deactivated: its kernels were not all ready in time too often; "
+            "`corral session activate` queues it again",
         )
     return None
 

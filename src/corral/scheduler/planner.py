@@ -23,6 +23,8 @@ from corral.store.placements import KernelPlacement, SessionPlacement
 
 NO_CAPACITY = "no_capacity"
 WAITING_BEHIND = "waiting_behind"
+# All-or-nothing admission's `block_admission`: an admitted session is not ready yet.
+ADMISSION_BLOCKED = "admission_blocked"
 
 
 def place_sessions(
@@ -58,11 +60,16 @@ def place_sessions(
         options.sequencer,
         usage=snapshot.usage,
         group_capacity=usable_capacity(pool),
+        by_eviction=options.wait_for_kernels_ready.requeues_by_eviction,
     )
     ctx = ValidationContext.build(snapshot)
     chooser = AgentChooser(pool, options.selector)
     plan = Plan(order=[s.id for s in ordered], invalid=invalid)
     blocker: PendingSession | None = None
+    # Blocking admission: the session whose kernels are not all ready yet (by its label); one
+    # placed in this pass blocks the rest of it in turn.
+    blocks = options.wait_for_kernels_ready.blocks
+    admitting = None if snapshot.admission_blocker is None else str(snapshot.admission_blocker)
 
     for position, session in enumerate(ordered, start=1):
         request = requests.get(session)
@@ -81,6 +88,16 @@ def place_sessions(
                 WAITING_BEHIND,
                 f"waiting behind session {_label(blocker)}, which is next in line "
                 f"in resource group {snapshot.group!r} and does not fit yet",
+            )
+            continue
+        if admitting is not None:
+            plan.decisions[session.id] = Decision(
+                session.id,
+                Outcome.BLOCKED,
+                position,
+                ADMISSION_BLOCKED,
+                f"blocked by admission of session {admitting}, whose kernels are not all "
+                f"ready yet (block_admission of resource group {snapshot.group!r})",
             )
             continue
         rows = chooser.place(
@@ -108,6 +125,9 @@ def place_sessions(
             )
         )
         ctx.add_placed(session, request)
+        if blocks:
+            admitting = _label(session)
+            plan.blocker = plan.blocker or session.id  # the pass reads no further page
         plan.decisions[session.id] = Decision(
             session.id,
             Outcome.PLACED,

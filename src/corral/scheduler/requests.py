@@ -47,6 +47,8 @@ class RequestCache:
 
     def get(self, session: PendingSession) -> Request:
         """The request of `session`, built once per distinct shape."""
+        if not all(isinstance(slots, Mapping) for slots in session.kernel_slots):
+            raise InvalidRequestError("a kernel's request is no mapping of slots to amounts")
         key = (session.cluster_mode, *(tuple(slots.items()) for slots in session.kernel_slots))
         found = self._known.get(key)
         if found is None:

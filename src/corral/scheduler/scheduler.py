@@ -123,7 +123,9 @@ def _next_page(page: QueuePage | None, snapshot: GroupSnapshot, plan: Plan) -> Q
     if plan.blocker is not None or not plan.order:
         return None
     last = plan.order[-1]
-    return QueuePage(page.size, QueuePlace.of(next(s for s in snapshot.read if s.id == last)))
+    by_eviction = snapshot.options.wait_for_kernels_ready.requeues_by_eviction
+    session = next(s for s in snapshot.read if s.id == last)
+    return QueuePage(page.size, QueuePlace.of(session, by_eviction=by_eviction))
 
 
 def _worth_overlapping(snapshot: GroupSnapshot) -> bool:

@@ -10,6 +10,7 @@ heavy owner's sessions interleave with a light owner's instead of all going firs
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -30,13 +31,28 @@ def order_sessions(
     *,
     usage: Mapping[UserId, OwnerUsage],
     group_capacity: Mapping[str, int],
+    by_eviction: bool = False,
 ) -> list[PendingSession]:
     """Order `pending` by priority (higher first), then by `sequencer` within each priority.
 
     `usage` is what each owner holds in the group now; `group_capacity` is the total capacity
     per slot of the group's usable agents (milli-units). Both only matter to DRF. Pure and
     deterministic: the same input always gives the same order.
+
+    `by_eviction` (all-or-nothing admission's `requeuing.timestamp` = `eviction`): a session
+    evicted for not becoming ready in time takes its place by the time of its last eviction,
+    not of its creation, behind the sessions queued before it was evicted.
     """
+    if by_eviction and any(s.evicted_at is not None for s in pending):
+        originals = {s.id: s for s in pending}
+        as_queued = [
+            s if s.evicted_at is None else dataclasses.replace(s, created_at=s.evicted_at)
+            for s in pending
+        ]
+        by_queue_time = order_sessions(
+            as_queued, sequencer, usage=usage, group_capacity=group_capacity
+        )
+        return [originals[s.id] for s in by_queue_time]
     levels: dict[int, list[PendingSession]] = {}
     for session in pending:
         levels.setdefault(session.priority, []).append(session)

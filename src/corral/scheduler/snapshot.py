@@ -20,6 +20,7 @@ from corral.scheduler.types import (
     OwnerUsage,
     QueuePage,
 )
+from corral.store.admission import read_admission_blocker
 from corral.store.database import Database
 from corral.store.scheduling import (
     AgentSlotRow,
@@ -77,6 +78,7 @@ async def load_snapshot(
                 group,
                 now,
                 newest_first=options.sequencer is Sequencer.LIFO,
+                by_eviction=options.wait_for_kernels_ready.requeues_by_eviction,
                 limit=page.size if paged else None,
                 after=page.after if paged else None,
                 free=pool.free_in_total() if paged else None,
@@ -91,6 +93,7 @@ async def load_snapshot(
                 now,
                 limit=limit,
                 newest_first=options.sequencer is Sequencer.LIFO,
+                by_eviction=options.wait_for_kernels_ready.requeues_by_eviction,
             )
         counts: dict[UserId, int] = {}
         slots: dict[UserId, dict[str, int]] = {}
@@ -102,11 +105,16 @@ async def load_snapshot(
         array_active = await read_array_active(conn, db.dialect, throttled) if throttled else {}
         judged = owners_to_judge(options, candidates)
         owners = await read_owners(conn, db.dialect, judged) if judged else {}
+        admission_blocker = None
+        if options.wait_for_kernels_ready.blocks and candidates:
+            found = await read_admission_blocker(conn, group)
+            admission_blocker = None if found is None else found[1]
     usage = {
         owner: OwnerUsage(sessions=counts.get(owner, 0), slots=slots.get(owner, {}))
         for owner in set(counts) | set(slots)
     }
     return GroupSnapshot(
+        admission_blocker=admission_blocker,
         group=group,
         options=options,
         pending=candidates,
@@ -151,9 +159,10 @@ def pages_queue(options: ResourceGroupOptions) -> bool:
     """Whether a pass may read the group's queue a page at a time and stop at a blocker.
 
     Under strict ordering with FIFO or LIFO, a session's place in the queue depends on itself
-    alone, and nothing after a session that waits for capacity can be placed. DRF orders by
-    what every owner holds and best-effort ordering lets later sessions pass: both need the
-    whole queue.
+    alone (also when evicted sessions take theirs by their last eviction: the page's SQL
+    orders by it), and nothing after a session that waits for capacity can be placed. DRF
+    orders by what every owner holds and best-effort ordering lets later sessions pass: both
+    need the whole queue.
     """
     return options.ordering is Ordering.STRICT and options.sequencer is not Sequencer.DRF
 

@@ -111,6 +111,9 @@ class GroupSnapshot:
     # The owners the group's access rules must judge (`snapshot.owners_to_judge`): all of the
     # candidates' when the group lists its users, else those asking above max_user_priority.
     owners: dict[UserId, OwnerAccess] = field(default_factory=dict)
+    # All-or-nothing admission with `block_admission` (spec document 2): the number of an
+    # admitted session of the group whose kernels are not all ready; nothing is placed then.
+    admission_blocker: int | None = None
 
 
 class VerdictKind(StrEnum):

@@ -10,7 +10,6 @@ nothing and bumps nothing, so handlers may repeat a request freely.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -24,8 +23,8 @@ from corral.domain.types import AgentId, KernelId, SessionId
 from corral.store._direct import DirectStatement
 from corral.store._sql import IdBatch, in_constants, in_param, payload
 from corral.store.agent_kernels import on_agents
-from corral.store.database import Database, Dialect
-from corral.store.tables import agents, kernels, sessions
+from corral.store.database import Database, Dialect, loads_or_text
+from corral.store.tables import agents, kernels, sessions, users
 
 
 async def request_kernels(
@@ -163,6 +162,8 @@ class AssignedKernel:
     occupied_slots: MilliSlots
     spec: dict[str, Any]  # image, command, env, resources, type: as the user submitted them
     attempt: int = 0  # the kernel's placement (`kernels.attempt`)
+    restarts: int = 0  # the kernel's restarts so far (`kernels.restarts`)
+    restarting: bool = False  # one is under way (`kernels.restarting`)
     asked: bool = False  # the manager asks the agent what it knows of the kernel (kernel_checks)
     # The address of the agent of every kernel of the session, in cluster-index order ("" for
     # a kernel not placed now), so the ranks of a multi-node session can find each other.
@@ -170,6 +171,7 @@ class AssignedKernel:
     # A job array's element: the array's number and this element's index (CORRAL_ARRAY_*).
     array_number: int | None = None
     array_index: int | None = None
+    owner: str = ""  # the session owner's user name (an agent may run the kernel as them)
 
 
 @record
@@ -244,7 +246,7 @@ def _assigned(
     """One row of `_ASSIGNED_KERNELS` as an assigned kernel (`specs`: decoded so far)."""
     spec = specs.get(row[10])
     if spec is None:
-        spec = json.loads(row[10])
+        spec = loads_or_text(row[10])
         if not isinstance(spec, dict):
             raise TypeError(f"the session's spec is no JSON object: {row[10][:80]!r}")
         specs[row[10]] = spec
@@ -265,6 +267,9 @@ def _assigned(
         cluster_hosts=address if row[4] == 1 else hosts.get(row[1], ()),
         array_number=row[14],
         array_index=row[15],
+        owner=row[16],
+        restarts=row[17],
+        restarting=bool(row[18]),
     )
 
 
@@ -294,8 +299,15 @@ def _assigned_kernels_query(dialect: Dialect) -> sa.Select[Any]:
             kernels.c.asked_at,
             sessions.c.array_number,
             sessions.c.array_index,
+            users.c.name,
+            kernels.c.restarts,
+            kernels.c.restarting,
         )
-        .select_from(kernels.join(sessions, sessions.c.id == kernels.c.session_id))
+        .select_from(
+            kernels.join(sessions, sessions.c.id == kernels.c.session_id).join(
+                users, users.c.id == sessions.c.owner_id
+            )
+        )
         .where(
             on_agents(dialect, "ids"),
             sa.not_(in_constants(kernels.c.status, [s.value for s in KERNEL_TERMINAL])),

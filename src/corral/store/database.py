@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -18,6 +19,18 @@ from corral.store import _inline_sqlite as inline_sqlite
 from corral.store.planner_stats import PlannerStatistics
 
 Dialect = Literal["sqlite", "postgresql"]
+
+
+def loads_or_text(text: str) -> Any:
+    """A stored JSON value; the text itself if it does not parse. SQLite keeps JSON as text,
+    and text written by hand or by a bug would fail every read of the rows around it (a
+    scheduling pass, a listing, an agent's assignments); as a string where an object belongs
+    it is one row the readers isolate (`coordination.quarantine`). PostgreSQL refuses it."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
 
 _WRITE_OPTION = "corral_write"
 _PG_READ_OPTIONS: dict[str, Any] = {
@@ -112,6 +125,7 @@ class Database:
             path.parent.mkdir(parents=True, exist_ok=True)
             kwargs["pool_size"] = pool_size
             kwargs["async_creator"] = partial(inline_sqlite.connect, str(path))
+            kwargs["json_deserializer"] = loads_or_text
         else:
             kwargs["pool_size"] = pool_size
             kwargs["max_overflow"] = pool_size

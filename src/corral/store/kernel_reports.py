@@ -8,6 +8,12 @@ allows is applied; a status the kernel already has or has passed (a batch re-sen
 answer was lost), or a report of an earlier placement (`attempt`), is acknowledged as already
 applied; only an impossible report (TERMINATED → RUNNING, another agent's kernel) is refused,
 alone. The batch's other reports, that kernel's later ones included, are applied all the same.
+
+A RUNNING kernel's restarts (the restart policy, `domain.restarts`) are reports too, ordered by
+`restart_position`: one the kernel has passed is acknowledged, so a batch re-sent after a lost
+answer counts no restart twice. The agent decided the restart; the manager records it, and in
+the same transaction turns the session's KernelsReady condition false (`WaitForRecovery`) when
+a kernel went down, and true again (`Recovered`) once none of its kernels is restarting.
 """
 
 from __future__ import annotations
@@ -22,14 +28,23 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.domain.admission import KernelsReadyReason
+from corral.domain.events import (
+    SESSION_ENTITY,
+    SESSION_KERNEL_RESTARTING,
+    SESSION_RECOVERED,
+    Event,
+)
 from corral.domain.failure_causes import FailureCause
 from corral.domain.record import record
-from corral.domain.results import SchedulingResult
+from corral.domain.restarts import restart_position
+from corral.domain.results import ResultNote, SchedulingResult
 from corral.domain.status import (
     KERNEL_STATUS_BY_VALUE,
     KERNEL_TERMINAL,
     KERNEL_TRANSITIONS,
     KernelStatus,
+    SessionStatus,
     kernel_passed,
 )
 from corral.domain.types import AgentId, KernelId, SessionId
@@ -37,9 +52,13 @@ from corral.store._direct import DirectStatement, insert_columns
 from corral.store._sql import in_param, payload
 from corral.store.agents import apply_slot_deltas
 from corral.store.database import Database, Dialect
-from corral.store.tables import kernel_history, kernels
+from corral.store.events import append_events
+from corral.store.history import record_session_history
+from corral.store.tables import kernel_history, kernels, sessions
 
 PHASE_AGENT = "agent"
+# The phase of the history rows of a kernel's restarts (kernel and session history).
+PHASE_RESTART = "KernelRestart"
 # Stages an agent may fail and the manager retry (PrepareSessions, StartSessions).
 RETRYABLE_STAGES = frozenset(
     {KernelStatus.PREPARING, KernelStatus.PULLING, KernelStatus.PREPARED, KernelStatus.CREATING}
@@ -61,6 +80,17 @@ class KernelReport:
     # The placement the report is about (`kernels.attempt`, from the agent's assignment);
     # None: the current one.
     attempt: int | None = None
+    # Set (with status RUNNING): the kernel's `restarts`-th restart is under way, `restarting`
+    # (its process exited, it is being started again) or done (it runs again).
+    restarts: int | None = None
+    restarting: bool = False
+
+    @property
+    def restart_position(self) -> int | None:
+        """Where the report stands among the kernel's restarts (None: not about one)."""
+        if self.restarts is None:
+            return None
+        return restart_position(self.restarts, self.restarting)
 
 
 @dataclass(slots=True)
@@ -75,6 +105,10 @@ class ReportOutcome:
     session_of: dict[KernelId, SessionId] = field(default_factory=dict)  # of the `moved` kernels
     already: int = 0  # reports acknowledged as applied before (repeats, passed, superseded)
     refused: dict[KernelId, str] = field(default_factory=dict)  # impossible reports, why
+    # kernel → (its session, restarting after the batch): the kernels whose restarts the batch
+    # moved on; `went_down`: those of them it reported down at some point (up again or not)
+    restarted: dict[KernelId, tuple[SessionId, bool]] = field(default_factory=dict)
+    went_down: set[KernelId] = field(default_factory=set)
 
     def moved_to(self) -> set[KernelStatus]:
         """Every status kernels moved into (RUNNING of a RUNNING-then-TERMINATED batch too)."""
@@ -118,10 +152,12 @@ async def apply_report_batches(
     async with db.transaction() as conn:
         rows = await _LOCK_KERNELS.rows(conn, {"ids": payload(db.dialect, ids)})
         # id, session, agent, status (a KernelStatus), slots held, stage failure, attempt,
-        # the manager's open question about the kernel (`store.kernel_checks`)
+        # the manager's open question about the kernel (`store.kernel_checks`), restarts,
+        # restarting
         status_of = KERNEL_STATUS_BY_VALUE
         current: dict[KernelId, tuple[Any, ...]] = {
-            KernelId(row[0]): (row[0], row[1], row[2], status_of[row[3]], *row[4:8]) for row in rows
+            KernelId(row[0]): (row[0], row[1], row[2], status_of[row[3]], *row[4:10])
+            for row in rows
         }
         # One update per kernel, folding its reports in order (a later value wins).
         updates: dict[KernelId, dict[str, Any]] = {}
@@ -132,6 +168,8 @@ async def apply_report_batches(
         await _write(conn, list(updates.values()))
         await _ADD_HISTORY.run_rows(conn, _HISTORY_COLUMNS, history)
         await apply_slot_deltas(conn, releases)
+        if any(outcome.restarted for outcome in results):
+            await _recovery_conditions(conn, db.dialect, results, now)
     return results
 
 
@@ -145,6 +183,8 @@ def _lock_kernels(dialect: Dialect) -> sa.Select[Any]:
         kernels.c.stage_failure,
         kernels.c.attempt,
         kernels.c.asked_at,
+        kernels.c.restarts,
+        kernels.c.restarting,
     ).where(in_param(dialect, kernels.c.id, "ids"))
     if dialect == "postgresql":
         query = query.order_by(kernels.c.id).with_for_update()
@@ -197,7 +237,7 @@ def _fold(
                         report.kernel_id, {"kid": report.kernel_id}
                     )
                     update.update(heard_at=now, asked_at=None)
-                    current[report.kernel_id] = (*row[:7], None)
+                    current[report.kernel_id] = (*row[:7], None, *row[8:])
             continue
         if isinstance(verdict, str):
             outcome.refused[report.kernel_id] = verdict
@@ -207,8 +247,27 @@ def _fold(
         values = _report_values(report, before, now)
         if row[7] is not None:  # any report of the kernel answers the manager's question
             values = {**(values or {}), "heard_at": now, "asked_at": None}
+        restart = _restart_moved(report, row)
+        if restart:
+            values = {
+                **(values or {}),
+                "restarts": report.restarts,
+                "restarting": report.restarting,
+                "status_info": (report.message or "")[:512],
+            }
+            outcome.restarted[report.kernel_id] = (SessionId(row[1]), report.restarting)
+            if report.restarting:
+                outcome.went_down.add(report.kernel_id)
+            history.append(_restart_history_row(report, row[1], now))
+        elif row[9] and report.status is not before:
+            # A kernel that moves on (stopped while restarting, or placed again) is not
+            # restarting any more.
+            values = {**(values or {}), "restarting": False}
         if values is not None:
             updates.setdefault(report.kernel_id, {"kid": report.kernel_id}).update(values)
+        if restart and report.status is before:  # a restart alone: no status moved
+            current[report.kernel_id] = (*row[:7], None, report.restarts, report.restarting)
+            continue
         if report.stage_failed:
             outcome.stage_failures[report.kernel_id] = before
             continue
@@ -223,7 +282,16 @@ def _fold(
                 held[slot] = held.get(slot, 0) - int(amount)
         # A later report (of this batch or the next) starts where this one left the kernel.
         held_after = None if report.status in KERNEL_TERMINAL else row[4]
-        current[report.kernel_id] = (*row[:3], report.status, held_after, None, row[6], None)
+        restarts = (report.restarts, report.restarting) if restart else (row[8], False)
+        current[report.kernel_id] = (
+            *row[:3],
+            report.status,
+            held_after,
+            None,
+            row[6],
+            None,
+            *restarts,
+        )
     return outcome
 
 
@@ -257,6 +325,8 @@ def judge_report(
             f"one of {', '.join(sorted(s.value for s in RETRYABLE_STAGES))}"
         )
     if report.status is before:
+        if _restart_moved(report, row):
+            return _APPLY
         return _ALREADY
     if KERNEL_TRANSITIONS.allowed(before, report.status):
         return _APPLY
@@ -265,6 +335,14 @@ def judge_report(
     if before in KERNEL_TERMINAL and _ends_as(batch, index, report.kernel_id, before):
         return _ALREADY  # a re-sent batch that ends where the kernel ended
     return f"cannot move from {before.value} to {report.status.value}"
+
+
+def _restart_moved(report: KernelReport, row: Sequence[Any]) -> bool:
+    """Whether `report` moves a RUNNING kernel's restarts on (not one it has passed)."""
+    position = report.restart_position
+    if position is None or report.status is not KernelStatus.RUNNING:
+        return False
+    return position > restart_position(row[8], row[9])
 
 
 def _about_current(agent_id: AgentId, report: KernelReport, row: Sequence[Any]) -> bool:
@@ -329,6 +407,147 @@ def _update_statement(columns: tuple[str, ...]) -> DirectStatement:
             .values({c: sa.bindparam(f"v_{c}", type_=kernels.c[c].type) for c in columns})
         )
     )
+
+
+def _restart_history_row(report: KernelReport, session_id: Any, now: datetime) -> tuple[Any, ...]:
+    """A kernel history row of a restart (RUNNING → RUNNING), in `_HISTORY_COLUMNS` order."""
+    running = KernelStatus.RUNNING.value
+    what = "restarting" if report.restarting else "running again"
+    message = f"restart {report.restarts}: {what}" + (
+        f" ({report.message})" if report.message else ""
+    )
+    return (
+        report.kernel_id,
+        session_id,
+        PHASE_RESTART,
+        running,
+        running,
+        _SUCCESS,
+        report.failure_cause,
+        message[:1024],
+        1,
+        now,
+        now,
+    )
+
+
+async def _recovery_conditions(
+    conn: AsyncConnection, dialect: Dialect, outcomes: Sequence[ReportOutcome], now: datetime
+) -> None:
+    """The KernelsReady condition of the sessions whose kernels went down or came back up:
+    false (`WaitForRecovery`, from now) when a kernel of a RUNNING ready session went down; true
+    (`Recovered`) once none of its kernels is restarting. Sessions where the condition is not
+    tracked (NULL) or that are not RUNNING keep theirs. History and events record each change."""
+    down: dict[SessionId, list[KernelId]] = {}
+    up: dict[SessionId, list[KernelId]] = {}
+    for outcome in outcomes:
+        for kernel_id, (session_id, restarting) in outcome.restarted.items():
+            if kernel_id in outcome.went_down:
+                down.setdefault(session_id, []).append(kernel_id)
+            if not restarting:
+                up.setdefault(session_id, []).append(kernel_id)
+    changed: list[tuple[SessionId, str, KernelsReadyReason, list[KernelId]]] = []
+    for session_id, kernel_ids in down.items():
+        moved = await conn.execute(_NOT_READY, {"sid": session_id, "now": now})
+        if moved.rowcount:
+            changed.append(
+                (
+                    session_id,
+                    SESSION_KERNEL_RESTARTING,
+                    KernelsReadyReason.WAIT_FOR_RECOVERY,
+                    kernel_ids,
+                )
+            )
+    for session_id, kernel_ids in up.items():
+        moved = await conn.execute(_RECOVERED, {"sid": session_id, "now": now})
+        if moved.rowcount:
+            changed.append(
+                (session_id, SESSION_RECOVERED, KernelsReadyReason.RECOVERED, kernel_ids)
+            )
+    if not changed:
+        return
+    owners = dict(
+        (
+            await conn.execute(
+                sa.select(sessions.c.id, sessions.c.owner_id).where(
+                    in_param(dialect, sessions.c.id, "ids")
+                ),
+                {"ids": payload(dialect, list({c[0] for c in changed}))},
+            )
+        ).all()
+    )
+    for session_id, _kind, reason, _kernels in changed:
+        ready = reason is KernelsReadyReason.RECOVERED
+        what = "every kernel runs again" if ready else "a kernel is being restarted"
+        await record_session_history(
+            conn,
+            dialect,
+            [session_id],
+            phase=PHASE_RESTART,
+            # Down: the kernel's run failed and is being tried again; up: it runs again.
+            result=_SUCCESS if ready else SchedulingResult.NEED_RETRY.value,
+            to_status=None,
+            now=now,
+            moving=False,
+            notes={
+                session_id: ResultNote(reason.value, f"KernelsReady {str(ready).lower()}: {what}")
+            },
+        )
+    await append_events(
+        conn,
+        [
+            Event(
+                kind=kind,
+                entity_type=SESSION_ENTITY,
+                entity_id=str(session_id),
+                owner_id=owners.get(session_id),
+                payload={
+                    "kernels_ready": reason is KernelsReadyReason.RECOVERED,
+                    "reason": reason.value,
+                    "kernels": sorted(str(k) for k in kernel_ids),
+                },
+                created_at=now,
+            )
+            for session_id, kind, reason, kernel_ids in changed
+        ],
+        now,
+    )
+
+
+_NOT_READY = (
+    sessions.update()
+    .where(
+        sessions.c.id == sa.bindparam("sid", type_=sessions.c.id.type),
+        sessions.c.status == SessionStatus.RUNNING.value,
+        sessions.c.kernels_ready.is_(True),
+    )
+    .values(
+        kernels_ready=False,
+        kernels_ready_reason=KernelsReadyReason.WAIT_FOR_RECOVERY.value,
+        kernels_ready_at=sa.bindparam("now", type_=sessions.c.kernels_ready_at.type),
+    )
+)
+_RECOVERED = (
+    sessions.update()
+    .where(
+        sessions.c.id == sa.bindparam("sid", type_=sessions.c.id.type),
+        sessions.c.status == SessionStatus.RUNNING.value,
+        sessions.c.kernels_ready.is_(False),
+        sessions.c.kernels_ready_reason == KernelsReadyReason.WAIT_FOR_RECOVERY.value,
+        # Only a RUNNING kernel is restarting: one moved on by other means (stopped, lost)
+        # may keep the flag until its next report.
+        ~sa.exists().where(
+            kernels.c.session_id == sessions.c.id,
+            kernels.c.restarting.is_(True),
+            kernels.c.status == KernelStatus.RUNNING.value,
+        ),
+    )
+    .values(
+        kernels_ready=True,
+        kernels_ready_reason=KernelsReadyReason.RECOVERED.value,
+        kernels_ready_at=sa.bindparam("now", type_=sessions.c.kernels_ready_at.type),
+    )
+)
 
 
 def _history_row(

@@ -37,7 +37,7 @@ from corral.store.agents import (
 )
 from corral.store.database import Database, Dialect
 from corral.store.history import record_kernel_history, record_session_history
-from corral.store.status_changes import lock_sessions
+from corral.store.status_changes import kernels_ready_on_move, lock_sessions
 from corral.store.tables import agent_kernels, agents, kernels, sessions
 
 PHASE = "ScheduleNewSessions"
@@ -400,6 +400,10 @@ _SCHEDULE_SESSIONS = DirectStatement(
             status_info=None,
             phase=None,
             phase_attempts=0,
+            **kernels_ready_on_move(
+                SessionStatus.SCHEDULED,
+                sa.bindparam("now", type_=sessions.c.status_changed_at.type),
+            ),
         )
     )
 )

@@ -17,6 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.domain.outcome import SUCCESS_ENDING
 from corral.domain.record import record
 from corral.domain.retry.decide import RetryDecision
 from corral.domain.retry.state import ChainLink
@@ -76,6 +77,40 @@ async def read_undecided(conn: AsyncConnection, limit: int) -> list[Mapping[str,
     first, as rows of `_TARGET_COLUMNS`."""
     rows = await _UNDECIDED_ENDED.rows(conn, {"limit": limit})
     return [row._asdict() for row in rows]
+
+
+def _successes_statement(_dialect: Dialect) -> sa.Update:
+    status, result = SUCCESS_ENDING
+    succeeded = sa.and_(
+        sa.text(RETRY_UNDECIDED),
+        sessions.c.status == status.value,
+        sessions.c.result == result.value,
+    )
+    batch = (
+        sa.select(sessions.c.id)
+        .where(succeeded)
+        .order_by(sessions.c.id)
+        .limit(sa.bindparam("limit", type_=sa.Integer()))
+    )
+    return (
+        sessions.update()
+        .where(sessions.c.id.in_(batch.scalar_subquery()), succeeded)
+        .values(retry_decision=RetryDecision.SUCCEEDED.value)
+        .returning(sessions.c.retry_count)
+    )
+
+
+_SUCCESSES = DirectStatement(_successes_statement)
+
+
+async def record_successes(conn: AsyncConnection, limit: int) -> list[int]:
+    """Decide up to `limit` undecided sessions that succeeded, in one statement: SUCCEEDED
+    (what `domain.retry.decide` says of any), without reading them; the retry count of each.
+
+    Most ended sessions with a policy succeeded; reading each with its spec to find that out
+    cost `corral simulate --retries` a tenth of its time. Guarded like `record_decisions`.
+    """
+    return [int(count) for count in await _SUCCESSES.scalars(conn, {"limit": limit})]
 
 
 def _decide_statement(dialect: Dialect) -> sa.Update:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
@@ -19,7 +18,7 @@ from corral.domain.types import AgentId, SessionId, UserId
 from corral.store._direct import DirectStatement
 from corral.store._sql import id_batch, in_constants, in_param, payload, slot_entries
 from corral.store.agents import AGENT_ALIVE
-from corral.store.database import Database, Dialect
+from corral.store.database import Database, Dialect, loads_or_text
 from corral.store.group_options import group_options_naming
 from corral.store.sessions import (
     load_pending,
@@ -78,16 +77,20 @@ async def read_candidates(
     *,
     limit: int | None = None,
     newest_first: bool = False,
+    by_eviction: bool = False,
 ) -> list[PendingSession]:
     """PENDING sessions of the group that may be placed now: due, not deactivated.
 
     With `limit`, the window is the first `limit` sessions in the group's order: priority
-    first, then oldest first (or newest first for LIFO), ties by id, as the sequencers order.
+    first, then oldest first (or newest first for LIFO) in the queue (`by_eviction`: an
+    evicted session by its last eviction), ties by id, as the sequencers order.
     """
     params: dict[str, Any] = {"group": group, "now": now}
     if limit is not None:
         params["limit"] = limit
-    query = _candidates_query(limited=limit is not None, newest_first=newest_first)
+    query = _candidates_query(
+        limited=limit is not None, newest_first=newest_first, by_eviction=by_eviction
+    )
     return await load_pending(conn, dialect, query, params)
 
 
@@ -114,14 +117,14 @@ async def read_pending_groups(conn: AsyncConnection) -> list[str]:
 
 
 @functools.cache
-def _candidates_query(*, limited: bool, newest_first: bool) -> DirectStatement:
+def _candidates_query(*, limited: bool, newest_first: bool, by_eviction: bool) -> DirectStatement:
     """`read_candidates`' statement, built once per shape (parameters: group, now, limit)."""
 
     def build(_dialect: Dialect) -> sa.Select[Any]:
         query = pending_view(_is_candidate())
         if not limited:
             return query.order_by(sessions.c.created_at, sessions.c.id)
-        return query.order_by(*_queue_order(newest_first)).limit(
+        return query.order_by(*_queue_order(newest_first, by_eviction)).limit(
             sa.bindparam("limit", type_=sa.Integer())
         )
 
@@ -140,10 +143,22 @@ def _is_candidate() -> sa.ColumnElement[bool]:
     )
 
 
-def _queue_order(newest_first: bool) -> tuple[sa.ColumnElement[Any], ...]:
+def _queued_at(by_eviction: bool) -> sa.ColumnElement[Any]:
+    """When a session took its place in the queue: its creation, or with `by_eviction` its
+    last eviction if it was evicted (all-or-nothing admission's `requeuing.timestamp` =
+    `eviction`, as `order_sessions` orders)."""
+    if not by_eviction:
+        return sessions.c.created_at
+    return sa.func.coalesce(
+        sessions.c.evicted_at, sessions.c.created_at, type_=sessions.c.created_at.type
+    )
+
+
+def _queue_order(newest_first: bool, by_eviction: bool) -> tuple[sa.ColumnElement[Any], ...]:
     """A group's queue order, as the FIFO and LIFO sequencers order: priority (higher first),
-    then oldest (LIFO: newest) first, ties by id."""
-    age = sessions.c.created_at.desc() if newest_first else sessions.c.created_at.asc()
+    then oldest (LIFO: newest) in the queue first, ties by id."""
+    queued = _queued_at(by_eviction)
+    age = queued.desc() if newest_first else queued.asc()
     return (sessions.c.priority.desc(), age, sessions.c.id)
 
 
@@ -152,12 +167,13 @@ class QueuePlace:
     """Where a session stands in its group's queue (see `_queue_order`)."""
 
     priority: int
-    created_at: datetime
+    queued_at: datetime
     id: SessionId
 
     @classmethod
-    def of(cls, session: SessionWithKernels) -> QueuePlace:
-        return cls(session.priority, session.created_at, session.id)
+    def of(cls, session: SessionWithKernels, *, by_eviction: bool = False) -> QueuePlace:
+        queued = session.evicted_at if by_eviction and session.evicted_at else None
+        return cls(session.priority, queued or session.created_at, session.id)
 
 
 @record
@@ -177,12 +193,14 @@ async def read_queue_page(
     *,
     newest_first: bool,
     limit: int | None,
+    by_eviction: bool = False,
     after: QueuePlace | None = None,
     free: Mapping[str, int] | None = None,
     at_least: int = 0,
 ) -> QueueRead:
     """The group's candidates (what `read_candidates` selects) with their kernels: the first
-    `limit` in queue order that come after `after` (all of them with `limit` None).
+    `limit` in queue order that come after `after` (all of them with `limit` None); with
+    `by_eviction` an evicted session's place is by its last eviction (`QueuePlace.of`).
 
     A scheduling pass reads its queue a page at a time with it, each page after the last
     session of the one before; the page comes back in no particular order. With `free`, the
@@ -202,11 +220,12 @@ async def read_queue_page(
     params["limit"] = limit
     if after is not None:
         params.update(
-            after_priority=after.priority, after_created=after.created_at, after_id=after.id
+            after_priority=after.priority, after_queued=after.queued_at, after_id=after.id
         )
-    demands = await _queue_page_query(newest_first=newest_first, paged=after is not None).rows(
-        conn, params
+    query = _queue_page_query(
+        newest_first=newest_first, paged=after is not None, by_eviction=by_eviction
     )
+    demands = await query.rows(conn, params)
     count = len(demands)
     if free is not None:
         count = min(count, max(_within(demands, free), at_least))
@@ -226,7 +245,7 @@ def _within(demands: Sequence[Sequence[Any]], free: Mapping[str, int]) -> int:
     slots), or whose request is no mapping of whole numbers (placement isolates it), counts as
     demanding nothing: the bound only gets looser."""
     left = dict(free)
-    decode = memoised(json.loads)  # a page repeats a few request shapes thousands of times
+    decode = memoised(loads_or_text)  # a page repeats a few request shapes thousands of times
     for index, (_, cluster_size, kernel_slots) in enumerate(demands):
         if kernel_slots is None:
             continue
@@ -251,18 +270,19 @@ _SESSIONS_BY_ID = DirectStatement(
 
 
 @functools.cache
-def _queue_page_query(*, newest_first: bool, paged: bool) -> DirectStatement:
+def _queue_page_query(*, newest_first: bool, paged: bool, by_eviction: bool) -> DirectStatement:
     """A page's sessions in queue order with what they demand: id (raw), cluster size and
     per-kernel slots (JSON text). Built once per shape (parameters: group, now, limit,
-    after_priority, after_created, after_id)."""
+    after_priority, after_queued, after_id)."""
     s = sessions.c
     page = sa.select(raw_value(s.id), s.cluster_size, sa.cast(s.kernel_slots, sa.Text)).where(
         _is_candidate()
     )
     if paged:
         priority = sa.bindparam("after_priority", type_=s.priority.type)
-        created = sa.bindparam("after_created", type_=s.created_at.type)
-        later = s.created_at < created if newest_first else s.created_at > created
+        queued = _queued_at(by_eviction)
+        placed = sa.bindparam("after_queued", type_=s.created_at.type)
+        later = queued < placed if newest_first else queued > placed
         page = page.where(
             sa.or_(
                 s.priority < priority,
@@ -271,14 +291,14 @@ def _queue_page_query(*, newest_first: bool, paged: bool) -> DirectStatement:
                     sa.or_(
                         later,
                         sa.and_(
-                            s.created_at == created,
+                            queued == placed,
                             s.id > sa.bindparam("after_id", type_=s.id.type),
                         ),
                     ),
                 ),
             )
         )
-    page = page.order_by(*_queue_order(newest_first)).limit(
+    page = page.order_by(*_queue_order(newest_first, by_eviction)).limit(
         sa.bindparam("limit", type_=sa.Integer())
     )
     return DirectStatement(lambda _dialect: page)

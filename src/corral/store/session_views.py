@@ -39,6 +39,7 @@ class SessionFilter:
     type: str | None = None
     array_id: uuid.UUID | None = None  # the elements of one job array
     since: datetime | None = None  # created at or after
+    name_prefix: str | None = None  # names starting with it
 
 
 _COLUMNS = (
@@ -77,6 +78,15 @@ _COLUMNS = (
     sessions.c.retry_policy,
     sessions.c.retry_cause,
     sessions.c.retry_decision,
+    sessions.c.kernels_ready,
+    sessions.c.kernels_ready_reason,
+    sessions.c.kernels_ready_at,
+    sessions.c.requeue_count,
+    sessions.c.requeue_at,
+    sessions.c.requeue_active.label("active"),
+    sessions.c.evicted_at,
+    sessions.c.eviction_reason,
+    sessions.c.deactivated_at,
 )
 _FROM = sessions.join(users, users.c.id == sessions.c.owner_id)
 
@@ -99,6 +109,8 @@ async def list_sessions(
         query = query.where(sessions.c.array_id == where.array_id)
     if where.since is not None:
         query = query.where(sessions.c.created_at >= where.since)
+    if where.name_prefix:
+        query = query.where(sessions.c.name.startswith(where.name_prefix, autoescape=True))
     if cursor is not None:
         created_at, last_id = _decode(cursor)
         query = query.where(
@@ -178,6 +190,8 @@ _KERNELS_OF_SESSION = (
         kernels.c.failure_cause,
         kernels.c.runtime_info,
         kernels.c.status_changed_at,
+        kernels.c.restarts,
+        kernels.c.restarting,
     )
     .where(kernels.c.session_id == sa.bindparam("sid", type_=kernels.c.session_id.type))
     .order_by(kernels.c.cluster_index)

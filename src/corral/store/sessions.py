@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -40,7 +39,7 @@ from corral.store._direct import DirectStatement, insert_columns
 from corral.store._sql import in_constants, in_param, in_values, payload
 from corral.store._uuids import uuid_result_processor
 from corral.store.agents import AGENT_ALIVE
-from corral.store.database import Database, Dialect
+from corral.store.database import Database, Dialect, loads_or_text
 from corral.store.session_numbers import take_session_numbers
 from corral.store.status_changes import AppliedChanges, StatusChange, apply_changes
 from corral.store.tables import agents, kernels, session_dependencies, sessions
@@ -521,6 +520,7 @@ def with_kernels(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
             raw_value(s.started_at),
             raw_value(s.array_id),
             s.array_throttle,
+            raw_value(s.evicted_at),
         )
         .select_from(sessions.join(kernels, k.session_id == s.id))
         .where(where)
@@ -636,6 +636,7 @@ def pending_view(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
             sa.cast(s.kernel_slots, sa.Text),
             raw_value(s.array_id),
             s.array_throttle,
+            raw_value(s.evicted_at),
         )
         .select_from(sessions)
         .where(where)
@@ -679,6 +680,7 @@ async def load_pending(
                 kernel_slots=() if row[13] is None else (load.json(row[13]),) * row[6],
                 array_id=None if row[14] is None else SessionId(load.uuid(row[14])),
                 array_throttle=row[15],
+                evicted_at=load.time(row[16]),
             )
         )
     if not mixed:
@@ -719,7 +721,7 @@ class _Loaders:
             uuid=decode.uuid,
             owner=memoised(decode.uuid),
             time=memoised(decode.time),
-            json=memoised(json.loads),
+            json=memoised(loads_or_text),
             bool=decode.bool,
         )
 
@@ -768,4 +770,5 @@ def _session(
         load.time(row[32]),
         None if row[33] is None else SessionId(load.uuid(row[33])),
         row[34],
+        load.time(row[35]),
     )

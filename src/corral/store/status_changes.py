@@ -19,6 +19,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.domain.admission import KernelsReadyReason
+from corral.domain.failure_causes import FailureCause
 from corral.domain.outcome import REQUESTED_RESULTS, SessionResult
 from corral.domain.record import record
 from corral.domain.results import ResultNote, SchedulingResult, TransitionStatus
@@ -346,6 +348,10 @@ async def _apply_one(
 
     target = change.target or TransitionStatus()
     to = target.session
+    if to is SessionStatus.PENDING:
+        current = await _end_stranded(conn, dialect, change, current, now, applied)
+        if not current:
+            return
     passed = named if len(current) == len(named) else id_batch(dialect, current)
     if to is None:
         moving, staying = id_batch(dialect, ()), passed
@@ -380,6 +386,65 @@ async def _apply_one(
     ends = to in SESSION_TERMINAL or change.records_cause
     await _write_notes(conn, dialect, change.notes, current, ends=ends)
     applied.sessions.update({sid: (status, to or status) for sid, status in current.items()})
+
+
+# A kernel here can never go back to PENDING (the kernel table has no such edge).
+_STRANDING = (KernelStatus.TERMINATING, *KERNEL_TERMINAL)
+_STRANDED = DirectStatement(
+    lambda dialect: (
+        sa.select(kernels.c.session_id, kernels.c.cluster_index, kernels.c.status)
+        .where(
+            in_param(dialect, kernels.c.session_id, "ids"),
+            in_constants(kernels.c.status, [s.value for s in _STRANDING]),
+        )
+        .order_by(kernels.c.session_id, kernels.c.cluster_index)
+    )
+)
+
+
+async def _end_stranded(
+    conn: AsyncConnection,
+    dialect: Dialect,
+    change: StatusChange,
+    current: dict[SessionId, SessionStatus],
+    now: datetime,
+    applied: AppliedChanges,
+) -> dict[SessionId, SessionStatus]:
+    """Sessions sent back to PENDING whose kernels cannot all follow end instead; the rest.
+
+    A session is placed whole, every kernel PENDING: one of whose kernels already ended (a rank
+    of a multi-node session that finished early, then the session timed out or was evicted)
+    would wait in the queue for ever, never placeable. It goes to TERMINATING instead, with the
+    change's cause and a note saying why, and ends as an end asked for does (its other kernels
+    stopped); a retry policy may then run it again whole, as a new attempt.
+    """
+    rows = await _STRANDED.rows(conn, {"ids": payload(dialect, list(current))})
+    if not rows:
+        return current
+    ended: dict[SessionId, tuple[int, str]] = {}
+    for session_id, index, status in rows:
+        ended.setdefault(SessionId(session_id), (index, status))
+    ended = {sid: seen for sid, seen in ended.items() if sid in current}
+    notes = {}
+    for sid, (index, status) in ended.items():
+        why = change.notes.get(sid)
+        notes[sid] = ResultNote(
+            why.code if why is not None else FailureCause.PHASE_TIMEOUT.value,
+            f"{why.message + '; ' if why is not None else ''}not requeued: its kernel {index} "
+            f"already ended ({status}), and a session is placed whole, so it ends instead",
+        )
+    instead = StatusChange(
+        list(ended),
+        change.phase,
+        change.result,
+        frozenset(current[sid] for sid in ended),
+        TransitionStatus(SessionStatus.TERMINATING),
+        notes=notes,
+        records_cause=True,
+    )
+    instead.validate()
+    await _apply_one(conn, dialect, instead, now, applied)
+    return {sid: status for sid, status in current.items() if sid not in ended}
 
 
 async def _write_notes(
@@ -518,8 +583,9 @@ def _session_move(to: SessionStatus, *, started: bool, ending: bool = False) -> 
             values["started_at"] = now
         if to is SessionStatus.RUNNING:
             values["deadline_at"] = _deadline(dialect, now)
-        elif started or to is SessionStatus.TERMINATING:
+        elif started or to in (SessionStatus.TERMINATING, SessionStatus.PENDING):
             values["deadline_at"] = None  # no longer running: out of the time limits' index
+        values.update(kernels_ready_on_move(to, now))
         if to in SESSION_TERMINAL:
             values["terminated_at"] = now
         if ending:
@@ -530,6 +596,46 @@ def _session_move(to: SessionStatus, *, started: bool, ending: bool = False) -> 
         return sessions.update().where(in_param(dialect, sessions.c.id, "ids")).values(**values)
 
     return DirectStatement(build)
+
+
+def kernels_ready_on_move(to: SessionStatus, now: Any) -> dict[str, Any]:
+    """The KernelsReady condition a session moved to `to` at `now` takes (spec document 2):
+    not ready (`WaitForStart`) when admitted, ready once RUNNING (`Recovered` after a
+    `WaitForRecovery`; not ready, `WaitForRecovery`, while a kernel is being restarted), no
+    condition back in PENDING; other moves keep it."""
+    if to is SessionStatus.SCHEDULED:
+        return {
+            "kernels_ready": sa.false(),
+            "kernels_ready_reason": _reason(KernelsReadyReason.WAIT_FOR_START),
+            "kernels_ready_at": now,
+        }
+    if to is SessionStatus.RUNNING:
+        recovering = sessions.c.kernels_ready_reason == _reason(
+            KernelsReadyReason.WAIT_FOR_RECOVERY
+        )
+        # A kernel that exited and is being restarted (the restart policy) before its
+        # session ran: the session runs not ready, waiting for that kernel's recovery.
+        restarting = sa.exists().where(
+            kernels.c.session_id == sessions.c.id,
+            kernels.c.restarting.is_(True),
+            kernels.c.status == KernelStatus.RUNNING.value,
+        )
+        return {
+            "kernels_ready": sa.not_(restarting),
+            "kernels_ready_reason": sa.case(
+                (restarting, _reason(KernelsReadyReason.WAIT_FOR_RECOVERY)),
+                (recovering, _reason(KernelsReadyReason.RECOVERED)),
+                else_=_reason(KernelsReadyReason.READY),
+            ),
+            "kernels_ready_at": now,
+        }
+    if to is SessionStatus.PENDING:
+        return {"kernels_ready": None, "kernels_ready_reason": None, "kernels_ready_at": None}
+    return {}
+
+
+def _reason(reason: KernelsReadyReason) -> sa.ColumnElement[Any]:
+    return sa.literal_column(f"'{reason.value}'", sa.String())
 
 
 def _deadline(dialect: Dialect, now: sa.BindParameter[Any]) -> sa.ColumnElement[Any]:

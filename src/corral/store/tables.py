@@ -127,6 +127,24 @@ api_tokens = sa.Table(
     sa.Index(None, "user_id"),
 )
 
+# Signed-in dashboards (migration 0030): the cookie holds a random secret, stored here hashed,
+# bound to the user and the API token that signed in; revoking the token or removing the user
+# ends them (the cascades), as does signing out or `expires_at`.
+dashboard_sessions = sa.Table(
+    "dashboard_sessions",
+    metadata,
+    sa.Column("secret_hash", sa.String(64), primary_key=True),  # SHA-256 hex of the cookie's
+    sa.Column("user_id", sa.Uuid(), sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False),
+    sa.Column(
+        "token_id", sa.Uuid(), sa.ForeignKey("api_tokens.id", ondelete="CASCADE"), nullable=False
+    ),
+    _created(),
+    sa.Column("expires_at", UTCDateTime(), nullable=False),
+    sa.Index(None, "user_id"),
+    sa.Index(None, "token_id"),
+    sa.Index(None, "expires_at"),
+)
+
 resource_groups = sa.Table(
     "resource_groups",
     metadata,
@@ -232,6 +250,16 @@ sessions = sa.Table(
     sa.Column("requeue_at", UTCDateTime(), nullable=True),
     sa.Column("requeue_active", sa.Boolean(), nullable=False, server_default=sa.true()),
     sa.Column("evicted_at", UTCDateTime(), nullable=True),
+    # All-or-nothing admission (spec document 2; migration 0026): the KernelsReady condition
+    # (NULL while not admitted), its reason (`domain.admission.KernelsReadyReason`) and last
+    # transition; the first eviction of the current requeue cycle, the last eviction's reason,
+    # and when the session was deactivated.
+    sa.Column("kernels_ready", sa.Boolean(), nullable=True),
+    sa.Column("kernels_ready_reason", sa.String(STATUS_LEN), nullable=True),
+    sa.Column("kernels_ready_at", UTCDateTime(), nullable=True),
+    sa.Column("first_evicted_at", UTCDateTime(), nullable=True),
+    sa.Column("eviction_reason", sa.String(NAME_LEN), nullable=True),
+    sa.Column("deactivated_at", UTCDateTime(), nullable=True),
     # Retry chain (spec document 5).
     sa.Column(
         "parent_session_id",
@@ -322,6 +350,9 @@ sa.Index(
     sqlite_where=sa.text(RETRY_UNDECIDED),
 )
 
+# Everyone's sessions newest first (an admin's listing, the dashboard's table). Migration 0027.
+sa.Index("ix_sessions_newest_first", sessions.c.created_at, sessions.c.id)
+
 # A group's queue in order, for a scheduling pass's pages (`scheduling.read_queue_page`);
 # only PENDING sessions are in it.
 sa.Index(
@@ -399,6 +430,10 @@ kernels = sa.Table(
     # `store.kernel_checks`).
     sa.Column("heard_at", UTCDateTime(), nullable=True),
     sa.Column("asked_at", UTCDateTime(), nullable=True),
+    # Restarts of the kernel its agents reported (the session's `restart_limit` bounds them),
+    # and whether one is under way: down, not yet running again (migration 0032).
+    sa.Column("restarts", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("restarting", sa.Boolean(), nullable=False, server_default=sa.false()),
     sa.UniqueConstraint("session_id", "cluster_index"),
     # No index names `status` or `agent_id`, and pages are kept 60 % empty: status changes and
     # placements are then HOT updates on PostgreSQL (no index entries written), the bulk of all
@@ -474,6 +509,16 @@ deployments = sa.Table(
     *_status("lifecycle", "corral_endpoint_lifecycle", EndpointLifecycle),
     sa.Column("replica_spec", JSONType, nullable=False),
     sa.Column("desired_replicas", sa.Integer(), nullable=False),
+    # Rolling updates (migration 0028): the spec's revision, and the spec it replaced.
+    sa.Column("revision", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("previous_spec", JSONType, nullable=True),
+    # Autoscaling (migration 0029): the replica count last recommended, and since when it
+    # has been (the autoscaler's delays count from then); NULL: none pending.
+    sa.Column("autoscale_wanted", sa.Integer(), nullable=True),
+    sa.Column("autoscale_since", UTCDateTime(), nullable=True),
+    # Serving access (migration 0031): 'open' or 'token', and the token's SHA-256 (token only).
+    sa.Column("access", sa.String(16), nullable=False, server_default="open"),
+    sa.Column("token_hash", sa.String(64), nullable=True),
     sa.Column("lifecycle_changed_at", UTCDateTime(), nullable=False),
     _created(),
     sa.CheckConstraint("desired_replicas >= 0", name="replicas_not_negative"),
@@ -495,13 +540,56 @@ routes = sa.Table(
     *_status("status", "corral_route_status", RouteStatus),
     sa.Column("health_info", sa.String(512), nullable=True),
     sa.Column("consecutive_failures", sa.Integer(), nullable=False, server_default="0"),
+    # Passed probes in a row, and when the manager last probed the route (migration 0028).
+    sa.Column("consecutive_successes", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("probed_at", UTCDateTime(), nullable=True),
+    # The deployment's spec revision this replica runs (rolling updates, migration 0028).
+    sa.Column("revision", sa.Integer(), nullable=False, server_default="0"),
     sa.Column("traffic_weight", sa.Integer(), nullable=False, server_default="100"),
+    # Draining (migration 0029): a TERMINATING route with this set gets no new requests and
+    # its session ends once no proxy has a request in flight to it, or at this time.
+    sa.Column("drain_until", UTCDateTime(), nullable=True),
     sa.Column("host", sa.String(256), nullable=True),
     sa.Column("port", sa.Integer(), nullable=True),
     sa.Column("status_changed_at", UTCDateTime(), nullable=False),
     _created(),
     sa.Index(None, "deployment_id", "status"),
     sa.Index(None, "status"),
+)
+
+# History of the deployment and route handlers (spec document 1's comparison table: SUCCESS /
+# FAILURE per deployment handler run, SUCCESS / FAILURE / STALE per route handler run), folded
+# like the sessions' history; append-only, no foreign keys (migration 0029).
+deployment_history = sa.Table(
+    "deployment_history",
+    metadata,
+    sa.Column("id", BigID, primary_key=True, autoincrement=True),
+    sa.Column("deployment_id", sa.Uuid(), nullable=False),
+    *_history_columns(),
+    sa.Index(None, "deployment_id", "id"),
+)
+
+route_history = sa.Table(
+    "route_history",
+    metadata,
+    sa.Column("id", BigID, primary_key=True, autoincrement=True),
+    sa.Column("route_id", sa.Uuid(), nullable=False),
+    sa.Column("deployment_id", sa.Uuid(), nullable=False),
+    *_history_columns(),
+    sa.Index(None, "route_id", "id"),
+    sa.Index(None, "deployment_id", "id"),
+)
+
+# What each proxy last reported (migration 0029): its requests in flight per deployment and
+# replica address ({deployment id: {"host:port": count}}), and the route table revision it
+# forwards by. A report older than a few report intervals is the proxy gone: it counts no more.
+proxy_reports = sa.Table(
+    "proxy_reports",
+    metadata,
+    sa.Column("proxy_id", sa.String(NAME_LEN), primary_key=True),
+    sa.Column("table_revision", sa.BigInteger(), nullable=False),
+    sa.Column("inflight", JSONType, nullable=False),
+    sa.Column("reported_at", UTCDateTime(), nullable=False),
 )
 
 # The append-only audit log; the same rows are fanned out live by the event bus.

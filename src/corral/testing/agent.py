@@ -53,6 +53,9 @@ class TestAgent:
     # Report a non-zero exit as the agent's kernel worker does: the kernel fails (ERROR) with
     # cause kernel_nonzero_exit and its exit code. False: it ends TERMINATED with the code.
     nonzero_exit_fails: bool = False
+    # Where a started kernel reports it listens ("host", "port" in its runtime info, as the
+    # process runtime reports a serving replica's); None: the agent's id as host, no port.
+    address: Callable[[AssignedKernel], tuple[str, int] | None] = lambda kernel: None
     # Promotes the sessions a report concerns at once, as the manager's agent controller does
     # (`SessionCoordinator.promote_reported`); None leaves the promotions to their tasks.
     promote: PromoteReported | None = None
@@ -77,6 +80,31 @@ class TestAgent:
     async def exit(self, kernel_ids: Iterable[KernelId], exit_code: int = 0) -> None:
         """Running kernels exit with `exit_code`."""
         await self._end(kernel_ids, exit_code=exit_code)
+
+    async def restart(
+        self, kernel_ids: Iterable[KernelId], restarts: int, *, restarting: bool
+    ) -> None:
+        """Running kernels' `restarts`-th restart, as the agent's kernel worker reports it:
+        under way (`restarting`: the process exited non-zero) or done (it runs again)."""
+        wanted = set(kernel_ids)
+        for agent_id in sorted(self.agent_ids):
+            assignment = await read_assignment(self.db, agent_id)
+            if assignment is None:
+                continue
+            batch = [
+                KernelReport(
+                    k.id,
+                    K.RUNNING,
+                    exit_code=1 if restarting else None,
+                    failure_cause=FailureCause.KERNEL_NONZERO_EXIT if restarting else None,
+                    restarts=restarts,
+                    restarting=restarting,
+                    attempt=k.attempt,
+                )
+                for k in assignment.kernels
+                if k.id in wanted
+            ]
+            await self._report(agent_id, batch)
 
     async def crash(
         self, kernel_ids: Iterable[KernelId], cause: str = FailureCause.KERNEL_FAILED
@@ -134,7 +162,11 @@ class TestAgent:
         if intent is KernelIntent.RUN and status is K.CREATING:
             if agent_id in self.fail_start_on:
                 return [_stage_failure(kid, status, FailureCause.KERNEL_START_FAILURE)]
-            started = [KernelReport(kid, K.RUNNING, runtime_info={"host": str(agent_id)})]
+            address = self.address(kernel)
+            info: dict[str, object] = {"host": str(agent_id)}
+            if address is not None:
+                info = {"host": address[0], "port": address[1]}
+            started = [KernelReport(kid, K.RUNNING, runtime_info=info)]
             code = self.exit_code(kernel)
             if code is not None and code != 0 and self.nonzero_exit_fails:
                 started.append(

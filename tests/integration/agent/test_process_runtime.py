@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 
 import pytest
 
-from corral.agent.runtime import KernelLaunch, OutputFile, StageFailure
+from corral.agent.runtime import KernelLaunch, OutputFile, StageFailure, _process_kernel
 from corral.agent.runtime import process as process_runtime
 from corral.agent.runtime._cgroups import CgroupProbe
+from corral.agent.runtime._kernel_record import RECORD_FILE, KernelRecord
 from corral.agent.runtime.process import ProcessKernel, ProcessRuntime
 from corral.domain.types import new_kernel_id, new_session_id
 from tests.conftest import IN_CI
@@ -122,6 +125,35 @@ async def test_exit_code_is_reported(runtime: ProcessRuntime, run: Run, tmp_path
     kernel = await run(runtime, make_launch(tmp_path, ("python", "-c", "raise SystemExit(3)")))
     exit = await kernel.wait()
     assert (exit.exit_code, exit.failure_cause) == (3, None)
+
+
+async def test_a_restart_continues_the_logs_and_is_recorded(
+    runtime: ProcessRuntime, run: Run, tmp_path: Path
+) -> None:
+    """Started again as restart 1 (the restart policy): the logs are appended to, so offsets
+    already shipped stay valid; the record and the runtime info say which restart runs, and the
+    earlier run's exit status is not taken for the new one's."""
+    launch = make_launch(tmp_path, ("python", "-c", "print('run'); raise SystemExit(3)"))
+    first = await run(runtime, launch)
+    assert (await first.wait()).exit_code == 3
+    again = await run(runtime, dataclasses.replace(launch, restart=1))
+    assert await stdout_of(again) == "run\nrun\n"
+    assert again.info["restart"] == 1 and "restart" not in first.info
+    record = KernelRecord.read(launch.work_dir / RECORD_FILE)
+    assert record.restart == 1
+    assert (await again.wait()).exit_code == 3
+
+
+async def test_kernels_are_watched_without_a_thread_each(
+    runtime: ProcessRuntime, run: Run, tmp_path: Path
+) -> None:
+    """Eight running kernels have no waiting thread each (asyncio's default watcher on Python
+    3.11 starts a `waitpid-<pid>` thread per child): their ends still come, each its own."""
+    scripts = [f"trap 'exit {code}' TERM; sleep 600 & wait" for code in range(8)]
+    started = [await run(runtime, make_launch(tmp_path, (s,), image="shell")) for s in scripts]
+    assert [t.name for t in threading.enumerate() if t.name.startswith("waitpid-")] == []
+    ended = [await kernel.terminate(grace_s=5) for kernel in started]
+    assert [exit.exit_code for exit in ended] == list(range(8))
 
 
 async def test_death_by_signal_is_a_negative_code(
@@ -416,3 +448,23 @@ def test_configured_images_cannot_shadow_builtins() -> None:
     """Configuring an image named like a built-in one is refused at construction."""
     with pytest.raises(ValueError, match="built in"):
         ProcessRuntime({"python": "/usr/bin/python3"})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files to another user")
+def test_outputs_of_a_kernel_run_as_another_user_are_its_own_files_only(tmp_path: Path) -> None:
+    """An outputs directory that is another user's (a kernel run as its owner): the agent lists
+    and reads only regular files of that user, so a root-owned file in it (as a hard link
+    would be) or a link out of it is never shipped as an output."""
+    outputs = tmp_path / "outputs"
+    outputs.mkdir()
+    (outputs / "result.txt").write_text("mine")
+    os.chown(outputs / "result.txt", 65534, 65534)
+    (outputs / "roots.txt").write_text("root's secret")
+    (outputs / "link").symlink_to("/etc/hostname")
+    os.chown(outputs, 65534, 65534)
+
+    assert [f.name for f in _process_kernel._list_files(outputs)] == ["result.txt"]
+    assert _process_kernel._read_inside(outputs, "result.txt") == b"mine"
+    for name in ("roots.txt", "link"):
+        with pytest.raises(ValueError):
+            _process_kernel._read_inside(outputs, name)

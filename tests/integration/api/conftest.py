@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
 from corral.api.app import ApiContext, create_app
 from corral.controller.agents import AgentController, AgentTimings
@@ -37,6 +38,7 @@ class ApiWorld:
     admin: Caller
     alice: Caller
     bob: Caller
+    app: FastAPI | None = None  # the app `http` talks to (its state, for a test to steer)
 
 
 async def _caller(db: Database, name: str, role: str) -> Caller:
@@ -58,12 +60,14 @@ async def world(db: Database) -> AsyncIterator[ApiWorld]:
     )
     polls = asyncio.create_task(agents.polls.run())
     context = ApiContext(db=db, agents=agents, sessions=cluster.controller, events=cluster.events)
-    transport = httpx.ASGITransport(app=create_app(context))
+    app = create_app(context)
+    transport = httpx.ASGITransport(app=app)
     callers = [
         await _caller(db, name, role)
         for name, role in (("root", "admin"), ("alice", "user"), ("bob", "user"))
     ]
     async with httpx.AsyncClient(transport=transport, base_url="http://manager") as http:
-        yield ApiWorld(http, cluster, agents, *callers)
+        admin, alice, bob = callers
+        yield ApiWorld(http, cluster, agents, admin, alice, bob, app=app)
     polls.cancel()
     await asyncio.gather(polls, return_exceptions=True)

@@ -12,6 +12,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from corral.api import events as api_events
 from corral.api import events as events_api
 from corral.api.app import ApiContext, create_app
 from corral.domain.events import DROPPED_KIND, Event
@@ -302,3 +303,24 @@ def _event(entity_id: str, owner: UserId | None) -> Event:
         owner_id=owner,
         created_at=NOW,
     )
+
+
+async def test_a_stream_ends_once_its_token_is_revoked(
+    world: ApiWorld, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Carol follows her events; an admin revokes her token: her open stream ends (at the
+    next check, here made frequent), and reconnecting is refused."""
+    monkeypatch.setattr(api_events, "RECHECK_S", 0.05)
+    admin = world.admin.headers
+    created = await http.post("/v1/users", json={"name": "carol", "role": "user"}, headers=admin)
+    assert created.status_code == 201, created.text
+    issued = (await http.post("/v1/users/carol/tokens", json={"name": "t"}, headers=admin)).json()
+    carol = {"Authorization": f"Bearer {issued['token']}"}
+    async with stream(http, carol) as lines:
+        gone = await http.delete(f"/v1/tokens/{issued['id']}", headers=admin)
+        assert gone.status_code == 204
+        async with asyncio.timeout(DEADLINE_S):
+            async for _ in lines:  # until the stream ends by itself (the revocation's own
+                pass  # event, owned by carol, may still come first)
+    refused = await http.get("/v1/events", headers=carol)
+    assert refused.status_code == 401

@@ -42,7 +42,7 @@ from schemathesis.specs.openapi.schemas import OpenApiSchema
 
 from tests.integration.api.conftest import JOIN, ApiWorld, Caller
 
-EXAMPLES = 20  # per operation and generation mode
+EXAMPLES = 12  # per operation and generation mode (with the coverage cases of each)
 REQUEST_TIMEOUT_S = 10.0
 BASE_URL = "http://manager"
 PROBLEM_MEDIA_TYPE = "application/problem+json"

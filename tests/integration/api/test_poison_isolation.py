@@ -263,3 +263,37 @@ async def test_the_agent_listing_leaves_out_an_agent_it_cannot_show(world: ApiWo
     assert listed.status_code == 200, listed.text
     shown = {item["id"] for item in listed.json()["items"]}
     assert "good" in shown and "bad" not in shown
+
+
+async def test_a_scheduling_pass_isolates_a_row_whose_json_does_not_parse(
+    world: ApiWorld,
+) -> None:
+    """SQLite keeps JSON as text: a session whose stored request is not JSON at all (written
+    by hand, or by a bug) is failed by the pass that meets it (its reads see the text, no
+    mapping); another user's session in the same pass is placed. (PostgreSQL refuses such
+    text.)"""
+    if world.cluster.db.dialect != "sqlite":
+        pytest.skip("PostgreSQL's JSON columns refuse text that does not parse")
+    poisoned = await submitted(world, world.alice)
+    await write_request(world.cluster.db, poisoned, sa.literal_column("'{not json'"))
+    normal = await submitted(world, world.bob)
+    await world.cluster.run("ScheduleNewSessions")
+    assert await world.cluster.status(normal) is S.SCHEDULED
+    await isolated(world, poisoned)
+
+
+async def test_a_listing_and_an_assignment_get_past_a_spec_that_does_not_parse(
+    world: ApiWorld,
+) -> None:
+    """A session whose stored spec is not JSON (SQLite): the listing and the agent's
+    assignments still answer for everyone."""
+    if world.cluster.db.dialect != "sqlite":
+        pytest.skip("PostgreSQL's JSON columns refuse text that does not parse")
+    poisoned = await submitted(world, world.alice)
+    await write_row(world.cluster.db, poisoned, spec=sa.literal_column("'{not json'"))
+    normal = await submitted(world, world.bob)
+    listed = await world.http.get("/v1/sessions", headers=admin(world))
+    assert listed.status_code == 200, listed.text
+    assert str(normal) in {item["id"] for item in listed.json()["items"]}
+    await world.cluster.settle()
+    assert await world.cluster.status(normal) is S.RUNNING

@@ -90,3 +90,24 @@ async def test_only_admins_pause_retries_and_everyone_sees_it(world: ApiWorld) -
     seen = await _get(world, world.alice, "/v1/retries")
     assert (seen["paused"], seen["reason"], seen["changed_by"]) == (True, "storm", "root")
     assert seen["cluster_default"]["max_retries"] == 0
+
+
+async def test_a_field_a_session_sets_wins_over_its_group_also_when_it_is_the_default(
+    world: ApiWorld,
+) -> None:
+    """The group's policy caps delays at 100 s; a session that sets the shipped default of
+    3,600 s itself keeps it, one that sets nothing gets the group's; the same policy values
+    with other fields set merge differently (and a shared merge per policy must tell them
+    apart)."""
+    response = await world.http.patch(
+        "/v1/resource-groups/default",
+        json={"options": {"retry_policy": {"max_retry_delay": 100}}},
+        headers=world.admin.headers,
+    )
+    assert response.status_code == 200, response.text
+    plain = {"max_retries": 1}
+    explicit = {"max_retries": 1, "max_retry_delay": 3600}
+    for asked, expected in ((plain, 100), (explicit, 3600), (plain, 100), (explicit, 3600)):
+        response = await create(world, world.alice, retry_policy=asked)
+        assert response.status_code == 201, response.text
+        assert response.json()["retry_policy"]["max_retry_delay"] == expected, asked

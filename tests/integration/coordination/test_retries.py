@@ -258,3 +258,39 @@ async def test_group_and_cluster_defaults_give_a_session_its_policy(db: Database
     assert rows[plain][1]["backoff"] == "fixed"
     assert rows[own][0] == 3 and rows[own][1]["backoff"] == "exponential"
     assert rows[interactive] == (0, None)
+
+
+async def test_successes_are_decided_in_bulk_and_a_full_batch_is_due_again(db: Database) -> None:
+    """Three successes and a failure, a batch of two: the first run decides two successes in
+    one statement and says its batch was full; the next ones decide the third (a retry that
+    recovered, counted) and schedule the failure's retry."""
+    failing: set[SessionId] = set()
+    c = await make_cluster(
+        db,
+        [CPU4],
+        exit_code=lambda kernel: 1 if kernel.session_id in failing else 0,
+        nonzero_exit_fails=True,
+    )
+    ok = [await c.submit(retry_policy=POLICY) for _ in range(3)]
+    failing.add(await c.submit(retry_policy=POLICY))
+    async with db.transaction() as conn:  # the third success as a retry that recovered
+        await conn.execute(sessions.update().where(sessions.c.id == ok[2]).values(retry_count=1))
+    # The sessions end while retries are paused: nothing is decided yet.
+    await write_retry_switch(db, paused=True, reason="test", by="admin", now=c.clock())
+    await c.settle()
+    await write_retry_switch(db, paused=False, reason=None, by="admin", now=c.clock())
+    dispatcher = c.coordinator.retries
+    dispatcher.batch = 2
+    first = await dispatcher.dispatch(c.clock())
+    assert (first.looked_at, first.full, first.decided, first.recovered) == (2, True, (), 0)
+    runs = [first]
+    while runs[-1].full or runs[-1].looked_at:
+        runs.append(await dispatcher.dispatch(c.clock()))
+    assert sum(r.recovered for r in runs) == 1
+    assert [v.decision for r in runs for _, v in r.decided] == [RetryDecision.SCHEDULED]
+    async with db.read() as conn:
+        decisions = dict(
+            (await conn.execute(sa.select(sessions.c.id, sessions.c.retry_decision))).all()
+        )
+    assert {decisions[sid] for sid in ok} == {RetryDecision.SUCCEEDED.value}
+    assert decisions[next(iter(failing))] == RetryDecision.SCHEDULED.value

@@ -284,6 +284,46 @@ async def test_redis_renewal_notices_a_lost_lock(
         await client.aclose()
 
 
+@pytest.mark.redis
+async def test_redis_takeover_frees_only_the_same_owners_locks(
+    redis_url: str, namespace: str
+) -> None:
+    """A manager restarted at its address frees the locks its predecessor (same owner, another
+    process) left, leaves other owners' and other namespaces' locks alone, and names its own
+    tokens after its owner; a second manager of another owner cannot take what it then holds."""
+    client = aioredis.from_url(redis_url)
+    restarted = await RedisLockManager.open(redis_url, prefix=namespace, ttl_s=30.0)
+    other = await RedisLockManager.open(redis_url, prefix=namespace, ttl_s=30.0)
+    outside = f"{namespace}-other:lock:task"
+    try:
+        await client.set(restarted.key("mine"), "host-a:8080/dead")
+        await client.set(restarted.key("theirs"), "host-a:8081/alive")
+        await client.set(restarted.key("prefix-only"), "host-a:80800/alive")
+        await client.set(outside, "host-a:8080/dead")
+
+        assert await restarted.take_over_predecessor("host-a:8080") == 1
+
+        assert await client.get(restarted.key("mine")) is None
+        assert await client.get(restarted.key("theirs")) == b"host-a:8081/alive"
+        assert await client.get(restarted.key("prefix-only")) == b"host-a:80800/alive"
+        assert await client.get(outside) == b"host-a:8080/dead"
+        async with restarted.hold("mine") as hold:
+            assert hold
+            token = await client.get(restarted.key("mine"))
+            assert token is not None and token.startswith(b"host-a:8080/")
+            async with other.hold("mine") as elsewhere:
+                assert not elsewhere
+            with pytest.raises(RuntimeError, match="before any hold"):
+                await restarted.take_over_predecessor("host-a:8080")
+        with pytest.raises(ValueError, match="owner"):
+            await other.take_over_predecessor("host/a")
+    finally:
+        await client.delete(outside)
+        await restarted.close()
+        await other.close()
+        await client.aclose()
+
+
 @pytest.mark.parametrize(
     ("kind", "options", "message"),
     [

@@ -8,9 +8,10 @@ from datetime import timedelta
 
 import pytest
 
+from corral.domain.resource_group import Sequencer
 from corral.domain.session import PendingSession, SessionWithKernels
 from corral.domain.types import SessionId
-from corral.scheduler.sequencers import newest_first, oldest_first
+from corral.scheduler.sequencers import order_sessions
 from corral.store.database import Database
 from corral.store.scheduling import QueuePlace, read_pending_groups, read_queue_page
 from tests.integration.store._factories import (
@@ -22,9 +23,10 @@ from tests.integration.store._factories import (
 )
 
 
-async def queue(db: Database, count: int, seed: int) -> list[SessionId]:
+async def queue(db: Database, count: int, seed: int, *, evicted: bool = False) -> list[SessionId]:
     """`count` PENDING sessions in `default` with priorities 0..2 and only three distinct
-    creation times, so that most ties are broken by id."""
+    creation times, so that most ties are broken by id. With `evicted`, about a third were
+    evicted, at one of three times that fall among and after the creation times."""
     rng = random.Random(seed)
     ids = await add_session_ids(db, await add_user(db), count)
     for sid in ids:
@@ -33,26 +35,45 @@ async def queue(db: Database, count: int, seed: int) -> list[SessionId]:
             [sid],
             priority=rng.randint(0, 2),
             created_at=NOW - timedelta(seconds=rng.randint(0, 2)),
+            evicted_at=(
+                NOW - timedelta(seconds=rng.randint(-1, 1))
+                if evicted and rng.random() < 0.35
+                else None
+            ),
         )
     return ids
 
 
-def in_queue_order(page: list[SessionWithKernels], newest: bool) -> list[SessionId]:
-    """The sessions as the FIFO (LIFO) sequencer orders them: priority first (a stable sort
-    after the sequencer's own order)."""
-    order = newest_first if newest else oldest_first
-    return [s.id for s in sorted(order([PendingSession.of(s) for s in page]),
-                                 key=lambda s: -s.priority)]  # fmt: skip
+def in_queue_order(
+    page: list[SessionWithKernels], newest: bool, by_eviction: bool = False
+) -> list[SessionId]:
+    """The sessions as the FIFO (LIFO) sequencer orders them, evicted ones by their eviction
+    with `by_eviction` (what a pass's planner does with the page)."""
+    sequencer = Sequencer.LIFO if newest else Sequencer.FIFO
+    pending = [PendingSession.of(s) for s in page]
+    ordered = order_sessions(
+        pending, sequencer, usage={}, group_capacity={}, by_eviction=by_eviction
+    )
+    return [s.id for s in ordered]
 
 
-async def read_all(db: Database, *, newest: bool, size: int | None) -> list[SessionWithKernels]:
+async def read_all(
+    db: Database, *, newest: bool, size: int | None, by_eviction: bool = False
+) -> list[SessionWithKernels]:
     """Every page in turn, each after the last session of the one before, as a pass reads."""
     pages: list[SessionWithKernels] = []
     after: QueuePlace | None = None
     for _ in range(64):  # more pages than a 30-session queue has: the keyset is broken
         async with db.read_statements() as conn:
             read = await read_queue_page(
-                conn, db.dialect, "default", NOW, newest_first=newest, limit=size, after=after
+                conn,
+                db.dialect,
+                "default",
+                NOW,
+                newest_first=newest,
+                limit=size,
+                by_eviction=by_eviction,
+                after=after,
             )
         page = read.sessions
         pages.extend(page)
@@ -60,8 +81,9 @@ async def read_all(db: Database, *, newest: bool, size: int | None) -> list[Sess
             assert size is None or len(page) < size or len(pages) == 30
             return pages
         assert size is not None and len(page) == size
-        last = in_queue_order(page, newest)[-1]
-        after = QueuePlace.of(next(s for s in page if s.id == last))
+        last = in_queue_order(page, newest, by_eviction)[-1]
+        session = next(s for s in page if s.id == last)
+        after = QueuePlace.of(session, by_eviction=by_eviction)
     raise AssertionError("the pages never ended")
 
 
@@ -80,6 +102,27 @@ async def test_pages_cover_the_queue_once_in_the_sequencers_order(
     ids = [s.id for s in paged]
     assert len(ids) == len(set(ids)) == 30
     for start in range(0, 30, size):  # each page holds the next `size` of the queue
+        assert set(ids[start : start + size]) == set(expected[start : start + size])
+
+
+@pytest.mark.parametrize("newest", [False, True], ids=["fifo", "lifo"])
+@pytest.mark.parametrize("size", [1, 4, 7, 30])
+async def test_pages_place_evicted_sessions_by_their_eviction(
+    db: Database, newest: bool, size: int
+) -> None:
+    """A group whose evicted sessions take their place by their last eviction (spec document
+    2's `requeuing.timestamp` = `eviction`) is read in pages too: every candidate once, each
+    page the next part of the order the sequencer gives the whole queue with eviction times;
+    and that order is not the order by creation (the case is not vacuous)."""
+    await queue(db, 30, seed=100 + size, evicted=True)
+    whole = await read_all(db, newest=newest, size=None)
+    assert sum(s.evicted_at is not None for s in whole) >= 5
+    expected = in_queue_order(whole, newest, by_eviction=True)
+    assert expected != in_queue_order(whole, newest)
+    paged = await read_all(db, newest=newest, size=size, by_eviction=True)
+    ids = [s.id for s in paged]
+    assert len(ids) == len(set(ids)) == 30
+    for start in range(0, 30, size):
         assert set(ids[start : start + size]) == set(expected[start : start + size])
 
 

@@ -49,6 +49,9 @@ def assigned(
     slots: Mapping[str, int] | None = None,
     attempt: int = 1,
     asked: bool = False,
+    restart_limit: int = 0,
+    restarts: int = 0,
+    restarting: bool = False,
 ) -> AssignedKernelMessage:
     """One kernel as an assignment carries it."""
     return AssignedKernelMessage(
@@ -64,8 +67,15 @@ def assigned(
         stage_failure=None,
         attempt=attempt,
         asked=asked,
+        restarts=restarts,
+        restarting=restarting,
         slots=dict(slots or {"cpu": 1000}),
-        spec={"type": "BATCH", "image": "python:3.11", "command": ["python", "-c", "pass"]},
+        spec={
+            "type": "BATCH",
+            "image": "python:3.11",
+            "command": ["python", "-c", "pass"],
+            **({"restart_limit": restart_limit} if restart_limit else {}),
+        },
     )
 
 
@@ -290,6 +300,7 @@ class FakeRuntime:
         self.preload_calls: list[KernelId] = []
         self.preloads_cancelled = 0
         self.start_calls: list[KernelId] = []
+        self.launches: list[KernelLaunch] = []  # every start's launch, in order
         self.kernels: dict[KernelId, FakeKernel] = {}
         self.adoption: FakeAdoption | None = None  # set one to play a runtime that adopts
 
@@ -311,6 +322,7 @@ class FakeRuntime:
 
     async def start(self, launch: KernelLaunch) -> FakeKernel:
         self.start_calls.append(launch.kernel_id)
+        self.launches.append(launch)
         if self.start_failure is not None:
             raise self.start_failure
         kernel = FakeKernel(self.watch, self.info, self.logs, self.outputs, self.exit_with)

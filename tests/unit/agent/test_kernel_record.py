@@ -36,6 +36,7 @@ def record(work_dir: Path) -> KernelRecord:
         cgroups=(Cgroup(2, Path("/sys/fs/cgroup/a/corral-k"), frozenset({"cpu", "memory"})),),
         logs={"stdout": work_dir / "stdout.log", "stderr": work_dir / "stderr.log"},
         log_marks={"stdout": LogMark(10, 25), "stderr": LogMark(3, 3)},
+        restart=2,
     )
 
 
@@ -48,6 +49,15 @@ def test_a_written_record_reads_back_equal(tmp_path: Path) -> None:
     again.write()
     assert KernelRecord.read(tmp_path / RECORD_FILE) == again
     assert [p.name for p in tmp_path.iterdir()] == [RECORD_FILE]
+
+
+def test_a_record_from_before_restarts_reads_as_the_first_start(tmp_path: Path) -> None:
+    """A record an older agent wrote (no `restart` key) is the kernel's first start."""
+    written = record(tmp_path)
+    data = written.to_json()
+    del data["restart"]
+    (tmp_path / RECORD_FILE).write_text(json.dumps(data))
+    assert KernelRecord.read(tmp_path / RECORD_FILE).restart == 0
 
 
 @pytest.mark.parametrize(

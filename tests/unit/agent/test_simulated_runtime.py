@@ -425,6 +425,23 @@ async def test_the_journal_records_each_start_and_how_each_kernel_ended(tmp_path
     ]
 
 
+async def test_a_restart_is_journaled_with_its_number_and_adopted_as_it(
+    tmp_path: Path,
+) -> None:
+    """A restart's start carries its restart number; the next agent finds the kernel as that
+    restart (its info says so), so it counts on from it instead of starting it again."""
+    journal = Journal(tmp_path / "journal.jsonl")
+    runtime = SimulatedRuntime(journal=journal)
+    await (await runtime.start(replace(launch(), attempt=2, restart=1))).wait()
+    assert [e.get("restart") for e in read_journal(journal.path) if e["event"] == "start"] == [1]
+    adoption = runtime.adoption
+    assert adoption is not None
+    (left,) = await adoption.find_left(tmp_path)
+    adopted = await adoption.adopt(left, replace(launch(), attempt=2))
+    assert adopted.info["restart"] == 1
+    journal.close()
+
+
 def test_a_torn_journal_line_is_skipped(tmp_path: Path) -> None:
     """A line cut short by a kill mid-write is left out; the whole lines before it are read."""
     path = tmp_path / "journal.jsonl"

@@ -11,19 +11,26 @@ CPU = {"cpu": 1000}
 
 
 def _start(
-    t: float, kernel: str, slots: dict[str, int] = CPU, *, attempt: int = 0
+    t: float, kernel: str, slots: dict[str, int] = CPU, *, attempt: int = 0, restart: int = 0
 ) -> dict[str, Any]:
     return {
         "event": JournalEvent.START.value,
         "t": t,
         "kernel": kernel,
         "attempt": attempt,
+        "restart": restart,
         "slots": slots,
     }
 
 
-def _end(t: float, kernel: str, how: EndHow) -> dict[str, Any]:
-    return {"event": JournalEvent.END.value, "t": t, "kernel": kernel, "how": how.value}
+def _end(t: float, kernel: str, how: EndHow, exit_code: int | None = None) -> dict[str, Any]:
+    return {
+        "event": JournalEvent.END.value,
+        "t": t,
+        "kernel": kernel,
+        "how": how.value,
+        "exit_code": exit_code,
+    }
 
 
 def _boot(t: float) -> dict[str, Any]:
@@ -82,6 +89,41 @@ def test_one_placement_started_again_after_its_agent_restarted_is_a_violation() 
     result = checks.no_double_start(journals)
     assert result.violations == 1
     assert "placement 2 started on a1 after it started on a1" in result.examples[0]
+
+
+def test_a_restart_after_a_nonzero_exit_is_a_counted_start_not_a_duplicate() -> None:
+    """The restart policy: the same placement starts again on its agent, restart 1 after a
+    non-zero exit, restart 2 after the next: three legitimate starts."""
+    journal = [
+        _start(1, "k", attempt=1),
+        _end(2, "k", EndHow.EXITED, 3),
+        _start(3, "k", attempt=1, restart=1),
+        _end(4, "k", EndHow.EXITED, 3),
+        _start(5, "k", attempt=1, restart=2),
+    ]
+    result = checks.no_double_start({"a1": journal})
+    assert result.ok, result.examples
+    assert result.checked == 3
+
+
+def test_a_restart_number_started_twice_or_after_success_is_a_violation() -> None:
+    """Restart 1 started twice (an agent that came back and started it again), a restart after
+    an exit 0, or a restart on another agent: each ran something twice."""
+    twice = [
+        _start(1, "k", attempt=1),
+        _end(2, "k", EndHow.EXITED, 3),
+        _start(3, "k", attempt=1, restart=1),
+        _boot(4),
+        _start(5, "k", attempt=1, restart=1),
+    ]
+    assert checks.no_double_start({"a1": twice}).violations == 1
+    after_success = [_start(1, "k"), _end(2, "k", EndHow.EXITED, 0), _start(3, "k", restart=1)]
+    assert checks.no_double_start({"a1": after_success}).violations == 1
+    elsewhere = {
+        "a1": [_start(1, "k"), _end(2, "k", EndHow.EXITED, 3)],
+        "a2": [_start(3, "k", restart=1)],
+    }
+    assert checks.no_double_start(elsewhere).violations == 1
 
 
 def test_an_overcommitted_ledger_sample_is_a_violation() -> None:

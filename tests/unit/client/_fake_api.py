@@ -136,6 +136,7 @@ class FakeApi:
             ("GET", re.compile(r"/v1/sessions/([^/]+)"), self._get),
             ("DELETE", re.compile(r"/v1/sessions/([^/]+)"), self._delete),
             ("POST", re.compile(r"/v1/sessions/([^/]+)/terminate"), self._terminate),
+            ("POST", re.compile(r"/v1/sessions/([^/]+)/activate"), self._activate),
             ("GET", re.compile(r"/v1/sessions/([^/]+)/logs"), self._logs),
             ("GET", re.compile(r"/v1/sessions/([^/]+)/history"), self._history),
             ("GET", re.compile(r"/v1/sessions/([^/]+)/explain"), self._explain),
@@ -292,6 +293,24 @@ class FakeApi:
             return problem(409, "session-not-ended", f"session {session_id} has not ended")
         del self.sessions[session_id]
         return httpx.Response(204)
+
+    async def _activate(self, request: httpx.Request, session_id: str) -> httpx.Response:
+        """As the manager: a deactivated PENDING session goes back in the queue."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            return _no_session(session_id)
+        inactive = session["status"] == "PENDING" and session.get("active") is False
+        body: dict[str, Any] = {
+            "id": session_id,
+            "number": session["number"],
+            "outcome": "activated" if inactive else "unchanged",
+            "status": session["status"],
+        }
+        if inactive:
+            session.update(active=True, requeue_count=0, requeue_at=None, deactivated_at=None)
+        else:
+            body["message"] = "it is not deactivated"
+        return httpx.Response(200, json=body)
 
     async def _terminate(self, request: httpx.Request, session_id: str) -> httpx.Response:
         session = self.sessions.get(session_id)

@@ -132,9 +132,31 @@ def test_info_shows_the_session_and_its_kernels(cli: Cli, api: FakeApi) -> None:
     assert "command:    python -c 'print(42)'" in out
     assert "failure:    agent_lost" in out
     kernels = _lines(out.split("\n\n")[1])
-    assert kernels[0][:5] == ["KERNEL", "ROLE", "STATUS", "AGENT", "EXIT"]
-    assert kernels[1][:6] == ["0", "main", "ERROR", "node-1", "-", "agent_lost"]
-    assert kernels[2][:5] == ["1", "sub", "TERMINATED", "node-2", "0"]
+    assert kernels[0][:6] == ["KERNEL", "ROLE", "STATUS", "AGENT", "RESTARTS", "EXIT"]
+    assert kernels[1][:7] == ["0", "main", "ERROR", "node-1", "0", "-", "agent_lost"]
+    assert kernels[2][:6] == ["1", "sub", "TERMINATED", "node-2", "0", "0"]
+    assert "restarts:" not in out  # no restart policy: no line for it
+
+
+def test_info_shows_the_restart_limit_and_each_kernels_restarts(cli: Cli, api: FakeApi) -> None:
+    """With a restart limit: the limit and the restarts made, and per kernel its count, marked
+    while a restart is under way."""
+    api.add_session(
+        id=FIRST,
+        status="RUNNING",
+        restart_limit=2,
+        restarts=1,
+        cluster_size=2,
+        kernels=[
+            kernel_json(0, status="RUNNING", agent_id="node-1", restarts=1, restarting=True),
+            kernel_json(1, status="RUNNING", agent_id="node-2"),
+        ],
+    )
+    out = cli("session", "info", FIRST).stdout
+    assert "restarts:   up to 2 per kernel; 1 made" in out
+    kernels = _lines(out.split("\n\n")[1])
+    assert kernels[1][:6] == ["0", "main", "RUNNING", "node-1", "1", "(restarting)"]
+    assert kernels[2][:5] == ["1", "sub", "RUNNING", "node-2", "0"]
 
 
 def test_info_json_includes_the_kernels(cli: Cli, api: FakeApi) -> None:
@@ -267,3 +289,41 @@ def test_no_configuration_says_how_to_configure(
         "corral: error: no corral server is configured: run `corral up` or set CORRAL_URL "
         "and CORRAL_TOKEN\n"
     )
+
+
+def test_info_shows_the_kernels_ready_condition_and_requeue_state(cli: Cli, api: FakeApi) -> None:
+    api.add_session(
+        id=FIRST,
+        status="PENDING",
+        kernels_ready=None,
+        requeue_count=2,
+        evicted_at="2030-01-01T00:05:00Z",
+        eviction_reason="KernelsReadyTimeout",
+        requeue_at="2030-01-01T00:07:00Z",
+    )
+    out = cli("session", "info", "1").stdout
+    assert "evicted 2 time(s), last" in out and "(KernelsReadyTimeout)" in out
+    assert "next requeue:" in out
+    api.add_session(
+        id=SECOND, status="RUNNING", kernels_ready=True, kernels_ready_reason="Ready",
+        kernels_ready_at="2030-01-01T00:09:00Z",
+    )  # fmt: skip
+    facts = dict(
+        line.split(":", 1)
+        for line in cli("session", "info", "2").stdout.splitlines()[:40]
+        if ":" in line
+    )
+    assert facts["kernels ready"].strip().startswith("yes (Ready, since")
+
+
+def test_activate_puts_a_deactivated_session_back_and_refuses_others(
+    cli: Cli, api: FakeApi
+) -> None:
+    api.add_session(id=FIRST, status="PENDING", active=False, deactivated_at="2030-01-01T00:00:00Z")
+    info = cli("session", "info", "1").stdout
+    assert "active:" in info and "corral session activate 1" in info
+    done = cli("session", "activate", "1")
+    assert done.stdout == "session 1: activated (PENDING), back in the queue\n"
+    again = cli("session", "activate", "1")
+    assert again.exit_code == 1
+    assert again.stderr == "corral: error: session 1: it is not deactivated\n"

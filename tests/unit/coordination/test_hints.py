@@ -7,6 +7,7 @@ from typing import cast
 from corral.coordination.coordinator import SessionCoordinator
 from corral.coordination.hints import Hint, hints_after_moves, hints_after_report
 from corral.coordination.manager import LoopIntervals, task_loops
+from corral.coordination.serving_hints import ServingHint
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.infra.hints import HintBus
 from corral.infra.locks import LockManager
@@ -19,10 +20,11 @@ def test_every_coordinator_task_has_its_own_hint_and_lock() -> None:
     """One task per handler; a hint or lock shared by two would merge their wake-ups."""
     coordinator = SessionCoordinator(cast(Database, None), cast(HintBus, None))
     tasks = coordinator.tasks()
-    # spec document 1's eight, DetectFailureBeforeRunning, EnforceTimeLimits, DispatchRetries
-    assert len(tasks) == 11
-    assert len({t.hint for t in tasks}) == 11
-    assert len({t.lock for t in tasks}) == 11
+    # spec document 1's eight, DetectFailureBeforeRunning, EnforceTimeLimits, DispatchRetries,
+    # EvictNotReady
+    assert len(tasks) == 12
+    assert len({t.hint for t in tasks}) == 12
+    assert len({t.lock for t in tasks}) == 12
     assert {t.hint for t in tasks} == {h.value for h in Hint} - {Hint.ASSIGNMENTS.value}
 
 
@@ -52,7 +54,7 @@ def test_entering_a_status_wakes_the_promotion_its_kernels_may_already_satisfy()
     assert Hint.PROMOTE_TERMINATED in hints_after_moves([S.TERMINATING])
     # Entering RUNNING: DetectTermination only if a kernel already ended (the coordinator looks;
     # test_promotion); the time limits, whose next deadline may be the session's.
-    assert hints_after_moves([S.RUNNING]) == {Hint.TIME_LIMIT}
+    assert hints_after_moves([S.RUNNING]) == {Hint.TIME_LIMIT, ServingHint.PROVISION_ROUTES}
 
 
 def test_entering_a_stage_wakes_no_promotion_the_agents_reports_will_wake() -> None:

@@ -86,3 +86,15 @@ def test_metrics_live_in_the_registry_they_are_given() -> None:
     assert first.registry is not second.registry
     shared = CollectorRegistry()
     assert CoordinatorMetrics(shared).registry is shared
+
+
+def test_admission_counts_evictions_by_cause_and_gauges_the_deactivated() -> None:
+    metrics = CoordinatorMetrics()
+    metrics.observe_admission(["WaitForStart", "WaitForStart", "WaitForRecovery"], 2)
+    registry = metrics.registry
+    assert (
+        registry.get_sample_value("corral_session_evictions_total", {"cause": "WaitForStart"}) == 2
+    )
+    assert registry.get_sample_value("corral_sessions_deactivated") == 2
+    metrics.observe_admission([], None)  # no group enables it: the gauge keeps its value
+    assert registry.get_sample_value("corral_sessions_deactivated") == 2

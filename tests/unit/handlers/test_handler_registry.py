@@ -21,11 +21,13 @@ from corral.domain.status import (
     SessionStatus,
 )
 from corral.handlers.base import LifecycleHandler, SessionPromotionHandler
+from corral.handlers.sessions.admission import EvictNotReady
 from corral.handlers.sessions.prepare import PrepareSessions
 from corral.handlers.sessions.promotions import PROMOTION_HANDLERS
 from corral.handlers.sessions.schedule import ScheduleNewSessions
 from corral.handlers.sessions.start import StartSessions
 from corral.handlers.sessions.terminate import TerminateSessions
+from corral.store.admission import ADMITTED
 from corral.store.database import Database
 
 S, K, R = SessionStatus, KernelStatus, SchedulingResult
@@ -157,3 +159,15 @@ def test_handler_names_are_unique() -> None:
     """Names are phases in history: two handlers may not share one."""
     names = [h.name() for h in (*LIFECYCLE_HANDLERS, *PROMOTION_HANDLERS)]
     assert len(names) == len(set(names))
+
+
+def test_evict_not_ready_declares_only_moves_the_tables_allow() -> None:
+    """All-or-nothing admission's task: admitted sessions evicted back to PENDING (their
+    kernels too), deactivated PENDING ones cancelled past their retention."""
+    transitions = EvictNotReady.status_transitions()
+    assert transitions.expired == TransitionStatus(S.PENDING, K.PENDING)
+    SESSION_TRANSITIONS.check(ADMITTED, S.PENDING)
+    assert K.RUNNING in KERNEL_TRANSITIONS.sources(K.PENDING)
+    assert transitions.give_up == TransitionStatus(S.CANCELLED, K.CANCELLED)
+    SESSION_TRANSITIONS.check(S.PENDING, S.CANCELLED)
+    assert EvictNotReady.name() not in {h.name() for h in LIFECYCLE_HANDLERS}

@@ -23,6 +23,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Protocol
 
+from corral.domain.deployment import PORT_VARIABLE
 from corral.domain.failure_causes import FailureCause
 from corral.domain.record import record
 from corral.domain.session import MilliSlots
@@ -78,6 +79,12 @@ class KernelLaunch:
     workdir: Path | None = None
     upload: str | None = None  # the digest of the session's upload, unpacked into upload_dir
     attempt: int = 0  # the placement this launch runs (bumped each time the kernel is placed)
+    owner: str = ""  # the session owner's user name (`run_as` maps it to a Unix user)
+    # A serving replica's port, free on this agent when it was chosen ($CORRAL_PORT).
+    port: int | None = None
+    # 0: the placement's first start; n: a start after the kernel exited non-zero, its n-th
+    # restart (the restart policy, `domain.restarts`). A restart continues the kernel's logs.
+    restart: int = 0
 
     @property
     def output_dir(self) -> Path:
@@ -123,6 +130,8 @@ class KernelLaunch:
         if self.array_number is not None and self.array_index is not None:
             env[ARRAY_ID_VARIABLE] = str(self.array_number)
             env[ARRAY_INDEX_VARIABLE] = str(self.array_index)
+        if self.port is not None:
+            env[PORT_VARIABLE] = str(self.port)
         # Always set, so a kernel that asked for no GPU cannot see the host's GPUs.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in self.devices)
         return env

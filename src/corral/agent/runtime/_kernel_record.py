@@ -2,11 +2,11 @@
 
 Both live in the kernel's work directory. The record (RECORD_FILE) is written when the kernel
 starts and again as its logs are shipped, always to a temporary file renamed into place, so a
-reader sees a whole record or none. The exit-status wrapper (`_exitwrap.py`) writes EXIT_FILE the
-same way when the kernel ends. A pid alone proves nothing after a restart: the kernel may have
-ended and the pid gone to another process. So each process is recorded with its start time
-(/proc/<pid>/stat field 22, clock ticks after boot), and a process counts as the recorded one only
-while both match.
+reader sees a whole record or none. The exit-status wrapper (`_exitwrap.py`) writes EXIT_FILE when
+the kernel ends, in one write; it is read only once the wrapper is gone, so whole by then. A pid
+alone proves nothing after a restart: the kernel may have ended and the pid gone to another
+process. So each process is recorded with its start time (/proc/<pid>/stat field 22, clock ticks
+after boot), and a process counts as the recorded one only while both match.
 """
 
 from __future__ import annotations
@@ -73,6 +73,10 @@ class KernelRecord:
     logs: Mapping[str, Path] = field(default_factory=dict)  # stream: file
     log_marks: Mapping[str, LogMark] = field(default_factory=dict)
     cwd: Path | None = None  # where the kernel started (None: recorded before it was kept)
+    port: int | None = None  # the port a serving replica was given ($CORRAL_PORT)
+    # Which start of the kernel this is (`KernelLaunch.restart`): an adopting agent goes on
+    # counting restarts from here, and never starts this one again.
+    restart: int = 0
 
     @property
     def path(self) -> Path:
@@ -127,6 +131,8 @@ class KernelRecord:
             "logs": {stream: str(path) for stream, path in self.logs.items()},
             "log_marks": {s: [m.shipped, m.sending] for s, m in self.log_marks.items()},
             "cwd": None if self.cwd is None else str(self.cwd),
+            "port": self.port,
+            "restart": self.restart,
         }
 
     @classmethod
@@ -153,6 +159,8 @@ class KernelRecord:
                     if s in LOG_STREAMS
                 },
                 cwd=Path(data["cwd"]) if data.get("cwd") else None,
+                port=int(data["port"]) if data.get("port") is not None else None,
+                restart=int(data.get("restart") or 0),
             )
         except RecordError:
             raise

@@ -20,6 +20,7 @@ import signal
 import threading
 from collections.abc import Mapping
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any
 
 from corral.agent.runtime import (
@@ -31,6 +32,7 @@ from corral.agent.runtime import (
     OutputFile,
 )
 from corral.agent.runtime._cgroups import release_cgroups
+from corral.agent.runtime._children import Child
 from corral.agent.runtime._kernel_record import KernelRecord, RecordError
 from corral.domain.failure_causes import FailureCause
 
@@ -47,6 +49,10 @@ class _HostKernel:
         self._record = record
         self._write_lock = threading.Lock()  # record writes run in threads; one at a time
         self._info: dict[str, Any] = {"host": host, "pid": record.kernel.pid}
+        if record.port is not None:
+            self._info["port"] = record.port  # where a serving replica listens
+        if record.restart:
+            self._info["restart"] = record.restart  # which restart of the kernel runs here
         if record.cwd is not None:
             self._info["cwd"] = str(record.cwd)  # users can tell whether it is their workdir
         if record.cgroups:
@@ -88,7 +94,9 @@ class _HostKernel:
         if stream not in LOG_STREAMS:
             raise ValueError(f"unknown log stream {stream!r}; use one of {LOG_STREAMS}")
         path = self._record.logs.get(stream, self._launch.work_dir / f"{stream}.log")
-        return await asyncio.to_thread(_read_range, path, offset, limit)
+        # On the event loop: a read of at most `limit` bytes (256 KiB from the worker) of a file
+        # just written costs less than a hop to a thread and back, done twice a kernel at least.
+        return _read_range(path, offset, limit)
 
     async def list_outputs(self) -> list[OutputFile]:
         """The regular files under the output directory, sorted by name (symlinks skipped)."""
@@ -155,18 +163,18 @@ class ProcessKernel(_HostKernel):
     def __init__(
         self,
         launch: KernelLaunch,
-        process: asyncio.subprocess.Process,
+        wrapper: Child,
         record: KernelRecord,
         host: str,
     ) -> None:
         super().__init__(launch, record, host)
-        self._process = process
+        self._wrapper = wrapper
         # Reaped and cleaned up as soon as it ends, whether or not anyone waits yet.
         self._exit = asyncio.create_task(self._reap(), name=f"kernel-{launch.kernel_id}")
 
     async def _reap(self) -> KernelExit:
         # The wrapper ends as its kernel did, so its status is the kernel's.
-        return await self._finish(await self._process.wait())
+        return await self._finish(await self._wrapper.wait())
 
 
 class AdoptedKernel(_HostKernel):
@@ -210,13 +218,25 @@ def _read_range(path: Path, offset: int, limit: int) -> bytes:
         return b""
 
 
+def _kernel_uid(root: Path) -> int | None:
+    """The uid of a kernel run as another user (its outputs directory is theirs), else None."""
+    owner = root.stat().st_uid
+    return owner if owner != os.geteuid() else None
+
+
 def _list_files(root: Path) -> list[OutputFile]:
-    paths = (Path(folder, name) for folder, _, names in os.walk(root) for name in names)
-    files = [
-        OutputFile(path.relative_to(root).as_posix(), path.stat().st_size)
-        for path in paths
-        if path.is_file() and not path.is_symlink()
-    ]
+    if not root.is_dir():
+        return []
+    kernel_uid = _kernel_uid(root)
+    files = []
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = Path(folder, name)
+            stat = path.lstat()
+            # Regular files only; of a kernel run as another user, only its own (a file it
+            # linked in from elsewhere is not its output: see _read_inside).
+            if S_ISREG(stat.st_mode) and kernel_uid in (None, stat.st_uid):
+                files.append(OutputFile(path.relative_to(root).as_posix(), stat.st_size))
     return sorted(files, key=lambda output: output.name)
 
 
@@ -228,4 +248,12 @@ def _read_inside(root: Path, name: str) -> bytes:
             f"output name {name!r} leads outside the kernel's output directory; "
             "use a name from list_outputs()"
         )
-    return path.read_bytes()
+    kernel_uid = _kernel_uid(base)
+    # Opened without following a last link, then checked by what was opened: a kernel run as
+    # another user that swaps in a link after the check above reads nothing of the agent's.
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as file:
+        stat = os.fstat(file.fileno())
+        if not S_ISREG(stat.st_mode) or kernel_uid not in (None, stat.st_uid):
+            raise ValueError(f"output {name!r} is not a file of the kernel's own")
+        return file.read()

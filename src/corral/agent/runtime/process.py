@@ -23,13 +23,15 @@ enforced. A tiny `/bin/sh` wrapper moves itself into the kernel's cgroups (one p
 hierarchy) or limits itself, then execs the kernel, so nothing the kernel forks escapes the
 limits. `notes()` says what this host allows.
 
-Every kernel runs under an exit-status wrapper (`_exitwrap.py`, outside its process group and
-cgroups) that leaves the kernel's exit status in a file, and the runtime records the kernel in
-its work directory (`_kernel_record.py`: pids with their start times, devices, cgroups, log
-files, how far the logs were shipped). That is what lets a restarted agent adopt the kernels an
-agent stopped under the `leave` policy left running (`adoption`): a kernel still running is
-watched by polling its wrapper, one that ended meanwhile is reported with its real exit status,
-and only one with neither is lost.
+Every kernel runs under an exit-status wrapper (`_exitwrap.py`, a few lines of `/bin/sh` outside
+its process group and cgroups) that leaves the kernel's exit status in a file, and the runtime
+records the kernel in its work directory (`_kernel_record.py`: pids with their start times,
+devices, cgroups, log files, how far the logs were shipped). That is what lets a restarted agent
+adopt the kernels an agent stopped under the `leave` policy left running (`adoption`): a kernel
+still running is watched by polling its wrapper, one that ended meanwhile is reported with its real
+exit status, and only one with neither is lost.
+
+An agent running as root may run each kernel as its owner's Unix user (`run_as`, `_run_as.py`).
 """
 
 from __future__ import annotations
@@ -42,7 +44,6 @@ import shlex
 import shutil
 import signal
 import socket
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -57,6 +58,7 @@ from corral.agent.runtime import (
 )
 from corral.agent.runtime import _exitwrap as exitwrap
 from corral.agent.runtime._cgroups import Cgroup, CgroupProbe, probe_cgroups, release_cgroups
+from corral.agent.runtime._children import Child, spawn
 from corral.agent.runtime._host_python import DEFAULT_PATH, host_python, outside_corral_venv
 from corral.agent.runtime._kernel_record import (
     EXIT_FILE,
@@ -64,8 +66,10 @@ from corral.agent.runtime._kernel_record import (
     KernelRecord,
     ProcessIdentity,
     RecordError,
+    running_since,
 )
 from corral.agent.runtime._process_kernel import AdoptedKernel, ProcessKernel
+from corral.agent.runtime._run_as import RunAs, give_to
 from corral.domain.failure_causes import FailureCause
 from corral.domain.record import record
 
@@ -73,7 +77,7 @@ __all__ = ["BUILTIN_IMAGES", "AdoptedKernel", "ProcessKernel", "ProcessRuntime"]
 
 logger = logging.getLogger(__name__)
 
-SHELL = "/bin/sh"
+SHELL = exitwrap.SHELL
 BUILTIN_IMAGES = ("python", "shell")
 MemoryLimitMode = Literal["cgroup", "rlimit", "off"]
 CpuLimitMode = Literal["cgroup", "none"]
@@ -89,9 +93,6 @@ _CGROUP_WRAPPER = (
     'until [ "$1" = -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@"'
 )
 _RLIMIT_WRAPPER = 'ulimit -v "$1" || exit 126; shift; exec "$@"'
-# Run by path with the agent's interpreter, isolated (-I: no PYTHON* variables, no user site) and
-# without site-packages (-S): it needs the standard library only, and starts quicker so.
-_EXIT_WRAPPER = (sys.executable, "-I", "-S", exitwrap.__file__)
 
 
 @record
@@ -136,6 +137,7 @@ class ProcessRuntime:
         memory_limits: bool = True,
         host: str | None = None,
         adopted_poll_s: float = 0.5,
+        run_as: RunAs | None = None,
     ) -> None:
         clashes = sorted(set(images or {}) & set(BUILTIN_IMAGES))
         if clashes:
@@ -148,6 +150,14 @@ class ProcessRuntime:
         except StageFailure as exc:
             raise ValueError(f"--python: {exc.message}") from exc
         self._host = host or socket.gethostname()
+        # Checked now, like `python`: an agent that cannot become its kernels' users says so
+        # at its start.
+        self._run_as = run_as or RunAs()
+        self._setpriv = self._run_as.check()
+        try:
+            self._setsid = exitwrap.find_setsid()
+        except OSError as exc:
+            raise ValueError(str(exc)) from exc
         # An adopted kernel is not the agent's child: how often it checks that it still runs.
         self._adopted_poll_s = adopted_poll_s
         self._cgroups = probe_cgroups(("memory", "cpu") if memory_limits else ("cpu",))
@@ -206,7 +216,9 @@ class ProcessRuntime:
         """Resolve the image and create the kernel's work and output directories."""
         self._image(launch.image)
         try:
-            await asyncio.to_thread(launch.output_dir.mkdir, parents=True, exist_ok=True)
+            # On the event loop: three mkdir calls on the agent's own disk cost less than the
+            # hop to a thread and back (~1.5 ms of the loop's time on a busy host).
+            launch.output_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             message = f"cannot create {launch.output_dir}: {exc}"
             raise StageFailure(FailureCause.WORK_DIR_FAILURE, message) from exc
@@ -214,18 +226,29 @@ class ProcessRuntime:
     async def start(self, launch: KernelLaunch) -> ProcessKernel:
         """Spawn the kernel in its own session, logs to files in its work directory."""
         image = self._image(launch.image)
+        user = self._run_as.user(launch.owner)
         base = {key: os.environ[key] for key in _BASE_ENV if key in os.environ}
         base["PATH"] = outside_corral_venv(base.get("PATH", "")) or DEFAULT_PATH
+        if user is not None:
+            base.update(user.variables())
         cwd, elsewhere = self._start_dir(launch)
         env = {**base, **image.variables(base["PATH"]), **launch.environment(cwd)}
         argv = image.argv(launch.command)
         if not _executable_exists(argv[0], env.get("PATH", ""), cwd):
             message = f"{argv[0]!r} is not an executable on the kernel's PATH (image {image.name})"
             raise StageFailure(FailureCause.KERNEL_START_FAILURE, message, retryable=False)
+        if user is not None:
+            assert self._setpriv is not None  # checked by RunAs.check() for this mode
+            argv = user.argv(self._setpriv, argv)  # innermost: the wrappers still run as us
+            try:
+                await asyncio.to_thread(give_to, user, launch.output_dir, launch.upload_dir)
+            except OSError as exc:
+                message = f"cannot give the kernel's directories to {user.name!r}: {exc}"
+                raise StageFailure(FailureCause.WORK_DIR_FAILURE, message) from exc
         try:
             # An exit status left by an earlier start of this kernel must not be read as its own.
             (launch.work_dir / EXIT_FILE).unlink(missing_ok=True)
-            stdout, stderr = _open_logs(launch.work_dir)
+            stdout, stderr = _open_logs(launch.work_dir, keep=launch.restart > 0)
             if elsewhere:
                 os.write(stderr, elsewhere.encode())
         except OSError as exc:
@@ -235,7 +258,7 @@ class ProcessRuntime:
         cgroups: tuple[Cgroup, ...] = ()
         try:
             argv, cgroups = self._limit(launch, argv)
-            process, kernel = await _spawn(launch, cwd, argv, env, stdout, stderr)
+            wrapper, kernel = await _spawn(launch, cwd, argv, env, stdout, stderr, self._setsid)
         except OSError as exc:
             await release_cgroups(cgroups)
             message = f"cannot start the kernel: {exc}"
@@ -249,21 +272,23 @@ class ProcessRuntime:
         record = KernelRecord(
             kernel_id=launch.kernel_id,
             work_dir=launch.work_dir,
-            wrapper=ProcessIdentity(process.pid, kernel.wrapper_start_ticks),
+            wrapper=ProcessIdentity(wrapper.pid, kernel.wrapper_start_ticks),
             kernel=kernel.identity,
             devices=launch.devices,
             cgroups=cgroups,
             logs={stream: launch.work_dir / f"{stream}.log" for stream in LOG_STREAMS},
             cwd=cwd,
+            port=launch.port,
+            restart=launch.restart,
         )
         try:
-            await asyncio.to_thread(record.write)
+            record.write()  # a small file on the agent's disk: no thread hop (see preload)
         except OSError as exc:
             unwritten = {"kernel_id": str(launch.kernel_id), "error": str(exc)}
             logger.warning("runtime.kernel_record_unwritten", extra=unwritten)  # not adoptable
         extra = {"kernel_id": str(launch.kernel_id), "pid": kernel.identity.pid, "cwd": str(cwd)}
         logger.info("runtime.kernel_started", extra={**extra, "image": image.name})
-        return ProcessKernel(launch, process, record, self._host)
+        return ProcessKernel(launch, wrapper, record, self._host)
 
     async def find_left(self, kernels_dir: Path) -> list[LeftKernel]:
         """The kernels recorded in the work directories under `kernels_dir`."""
@@ -358,32 +383,22 @@ async def _spawn(
     env: Mapping[str, str],
     stdout: int,
     stderr: int,
-) -> tuple[asyncio.subprocess.Process, _Started]:
+    setsid: str,
+) -> tuple[Child, _Started]:
     """Start `argv` under the exit-status wrapper; the wrapper and the started kernel."""
     status_r, status_w = os.pipe()
     try:
-        process = await asyncio.create_subprocess_exec(
-            *_EXIT_WRAPPER,
-            str(status_w),
-            str(launch.work_dir / EXIT_FILE),
-            "--",
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=stdout,
-            stderr=stderr,
-            cwd=cwd,
-            env=env,
-            start_new_session=True,  # not in the agent's group: a Ctrl-C meant for it stays there
-            pass_fds=(status_w,),
-        )
+        wrapped = exitwrap.argv(str(cwd), str(launch.work_dir / EXIT_FILE), setsid, argv)
+        fds = {1: stdout, 2: stderr, exitwrap.STATUS_FD: status_w}
+        wrapper = spawn(wrapped, env, fds, default_signals=exitwrap.RESTORED)
     except BaseException:
         os.close(status_r)
         raise
     finally:
         os.close(status_w)
-    # The wrapper answers as soon as the kernel is exec'd. Shielded: a start cancelled meanwhile
-    # still learns the kernel's pid, and kills it instead of leaving it behind.
-    answer = asyncio.ensure_future(asyncio.to_thread(_read_all, status_r))
+    # The wrapper answers as soon as the kernel leads its own group. Shielded: a start cancelled
+    # meanwhile still learns the kernel's pid, and kills it instead of leaving it behind.
+    answer = asyncio.ensure_future(_read_line(status_r))
     try:
         words = (await asyncio.shield(answer)).split()
     except asyncio.CancelledError:
@@ -391,21 +406,44 @@ async def _spawn(
         if words[:1] == ["started"]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(int(words[1]), signal.SIGKILL)
-        await process.wait()
+        await wrapper.wait()
         raise
-    if words[:1] == ["started"] and len(words) == 4:
-        pid, wrapper_ticks, kernel_ticks = (None if w == "-" else int(w) for w in words[1:])
-        assert pid is not None
-        return process, _Started(ProcessIdentity(pid, kernel_ticks), wrapper_ticks)
-    code = await process.wait()
+    if words[:1] == ["started"] and len(words) == 2:
+        pid = int(words[1])
+        kernel = ProcessIdentity(pid, running_since(pid))
+        return wrapper, _Started(kernel, running_since(wrapper.pid))
+    code = await wrapper.wait()
     if words[:1] == ["failed"] and len(words) >= 2:
         raise OSError(int(words[1]), " ".join(words[2:]))
     raise OSError(f"its exit-status wrapper ended (status {code}) before starting it")
 
 
-def _read_all(fd: int) -> str:
-    with os.fdopen(fd, "rb") as file:
-        return file.read().decode(errors="replace")
+async def _read_line(fd: int) -> str:
+    """The first line the wrapper writes to the pipe `fd` (what came before EOF, if no line).
+
+    Read as the event loop finds the pipe readable: no thread. The pipe is closed after.
+    """
+    loop = asyncio.get_running_loop()
+    os.set_blocking(fd, False)
+    received = bytearray()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            return
+        received.extend(chunk)
+        if (not chunk or b"\n" in chunk) and not done.done():
+            done.set_result(None)
+
+    loop.add_reader(fd, readable)
+    try:
+        await done
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+    return received.split(b"\n", 1)[0].decode(errors="replace")
 
 
 def _read_records(kernels_dir: Path) -> list[KernelRecord]:
@@ -441,9 +479,10 @@ def _executable_exists(name: str, path: str, cwd: Path) -> bool:
     return candidate.is_file() and os.access(candidate, os.X_OK)
 
 
-def _open_logs(work_dir: Path) -> tuple[int, int]:
-    """Fresh stdout.log and stderr.log; files, not pipes, so a chatty kernel never blocks."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+def _open_logs(work_dir: Path, *, keep: bool = False) -> tuple[int, int]:
+    """Fresh stdout.log and stderr.log; files, not pipes, so a chatty kernel never blocks.
+    `keep` (a restart): appended to, so the offsets shipped so far stay valid."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_APPEND if keep else os.O_TRUNC)
     stdout = os.open(work_dir / "stdout.log", flags, 0o644)
     try:
         return stdout, os.open(work_dir / "stderr.log", flags, 0o644)

@@ -79,6 +79,7 @@ class LeftEntry:
     """What the journal says of a kernel an earlier agent started and no agent discarded."""
 
     attempt: int  # the placement it started under
+    restart: int = 0  # which start of the kernel under it (0: the first; n: its n-th restart)
     ended: Mapping[str, Any] | None = None  # its END line, if it ended
 
 
@@ -90,7 +91,9 @@ def left_kernels(path: Path) -> dict[str, LeftEntry]:
         if kernel is None:
             continue
         if event == JournalEvent.START:
-            left[str(kernel)] = LeftEntry(int(line.get("attempt", 0)))
+            left[str(kernel)] = LeftEntry(
+                int(line.get("attempt", 0)), int(line.get("restart") or 0)
+            )
         elif event == JournalEvent.END and str(kernel) in left:
             left[str(kernel)].ended = line
         elif event == JournalEvent.FORGOTTEN:

@@ -10,6 +10,7 @@ the await altogether. Every random decision (latencies, faults) is drawn from th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import random
 import uuid
@@ -285,7 +286,9 @@ class SimulatedKernel:
 
     @property
     def info(self) -> Mapping[str, Any]:
-        """The simulated host."""
+        """The simulated host (and which restart of the kernel this is, after the first)."""
+        if self._launch.restart:
+            return {**self._runtime._info, "restart": self._launch.restart}
         return self._runtime._info
 
     async def wait(self) -> KernelExit:
@@ -428,6 +431,7 @@ class SimulatedRuntime:
                 JournalEvent.START,
                 kernel=str(launch.kernel_id),
                 attempt=launch.attempt,
+                restart=launch.restart,
                 session=str(launch.session_id),
                 slots=dict(launch.slots),
             )
@@ -472,6 +476,7 @@ class LeftSimulatedKernel:
     kernel_id: KernelId
     attempt: int  # the placement it started under
     ended: KernelExit | None  # how it ended, if it did before its agent died
+    restart: int = 0  # which start of the kernel (`KernelLaunch.restart`)
     devices: tuple[int, ...] = ()  # a simulated kernel holds no real device
 
 
@@ -494,13 +499,16 @@ class JournalAdoption:
                 KernelId(uuid.UUID(kernel)),
                 entry.attempt,
                 None if entry.ended is None else _exit_of(entry.ended),
+                restart=entry.restart,
             )
             for kernel, entry in left_kernels(self._journal.path).items()
         ]
 
     async def adopt(self, left: LeftKernel, launch: KernelLaunch) -> SimulatedKernel:
         """The kernel as it ended: with its exit, or lost with its agent."""
-        return SimulatedKernel.ended(self._runtime, launch, self._ended(_as_left(left)))
+        found = _as_left(left)
+        launch = dataclasses.replace(launch, restart=found.restart)
+        return SimulatedKernel.ended(self._runtime, launch, self._ended(found))
 
     async def discard(self, left: LeftKernel) -> None:
         """Not this agent's any more: journaled forgotten, so no later agent finds it."""

@@ -79,24 +79,30 @@ def no_double_start(journals: Mapping[str, Sequence[Mapping[str, Any]]]) -> Chec
     placed): a kernel stopped, or lost with its agent before it started, may be placed again and
     start under a new attempt. The same attempt starting twice (on one agent after a restart, or
     on two) ran one placement twice; a kernel that exited by itself is finished and must never
-    start again under any attempt.
+    start again under any attempt, with one exception: the restart policy (`domain.restarts`)
+    starts a kernel that exited non-zero again, on the same agent, under the same placement and
+    with a higher restart number. That is a counted new start, never a duplicate.
     """
     result = CheckResult(CheckName.NO_DOUBLE_START)
-    started: dict[tuple[str, str], str] = {}  # (kernel, attempt) -> the agent that started it
-    finished: dict[str, str] = {}  # kernel -> the agent on which it ran to its end
-    running: dict[str, str] = {}  # kernel -> the agent running it
-    for agent, kernel, attempt, event, how in _merged(journals):
+    started: dict[tuple[str, str, int], str] = {}  # (kernel, attempt, restart) -> its agent
+    # kernel -> (the agent on which it ran to its end, attempt, restart, exit code)
+    finished: dict[str, tuple[str, str, int, Any]] = {}
+    running: dict[str, tuple[str, str, int]] = {}  # kernel -> (agent, attempt, restart)
+    for agent, kernel, attempt, restart, event, line in _merged(journals):
+        how = str(line.get("how", ""))
         if event == JournalEvent.BOOT:
-            for lost in [k for k, a in running.items() if a == agent]:
+            for lost in [k for k, run in running.items() if run[0] == agent]:
                 del running[lost]
             continue
         if event == JournalEvent.START:
             result.checked += 1
-            placement = (kernel, attempt)
+            placement = (kernel, attempt, restart)
+            if kernel in finished and _restarts(finished[kernel], agent, attempt, restart):
+                del finished[kernel]  # its last run failed: this one may finish it
             if kernel in finished:
                 result.violated(
                     f"kernel {kernel} started on {agent} after it ran to its end on "
-                    f"{finished[kernel]}"
+                    f"{finished[kernel][0]}"
                 )
             elif placement in started:
                 result.violated(
@@ -105,21 +111,34 @@ def no_double_start(journals: Mapping[str, Sequence[Mapping[str, Any]]]) -> Chec
                 )
             elif kernel in running:
                 result.violated(
-                    f"kernel {kernel} started on {agent} while running on {running[kernel]}"
+                    f"kernel {kernel} started on {agent} while running on {running[kernel][0]}"
                 )
             started[placement] = agent
-            running[kernel] = agent
-        elif event == JournalEvent.END and running.get(kernel) == agent:
-            del running[kernel]
+            running[kernel] = (agent, attempt, restart)
+        elif event == JournalEvent.END and kernel in running and running[kernel][0] == agent:
+            _, run_attempt, run_restart = running.pop(kernel)
             if how == EndHow.EXITED:
-                finished[kernel] = agent
+                finished[kernel] = (agent, run_attempt, run_restart, line.get("exit_code"))
     return result
+
+
+def _restarts(ended: tuple[str, str, int, Any], agent: str, attempt: str, restart: int) -> bool:
+    """Whether a start is the restart policy's, after the kernel's run `ended`: on its agent,
+    under its placement, a higher restart number, after a non-zero exit."""
+    ended_agent, ended_attempt, ended_restart, exit_code = ended
+    return (
+        (ended_agent, ended_attempt) == (agent, attempt)
+        and restart > ended_restart
+        and isinstance(exit_code, int)
+        and exit_code != 0
+    )
 
 
 def _merged(
     journals: Mapping[str, Sequence[Mapping[str, Any]]],
-) -> list[tuple[str, str, str, str, str]]:
-    """Every agent's events as (agent, kernel, attempt, event, how), by time (stable per agent)."""
+) -> list[tuple[str, str, str, int, str, Mapping[str, Any]]]:
+    """Every agent's events as (agent, kernel, attempt, restart, event, line), by time (stable
+    per agent)."""
     events = [
         (float(line["t"]), agent, index, line)
         for agent, lines in journals.items()
@@ -131,8 +150,9 @@ def _merged(
             agent,
             str(line.get("kernel", "")),
             str(line.get("attempt", 0)),
+            int(line.get("restart") or 0),
             str(line["event"]),
-            str(line.get("how", "")),
+            line,
         )
         for _, agent, _, line in events
     ]

@@ -54,6 +54,8 @@ CLASSIFICATION: Mapping[F, FailureClass] = MappingProxyType(
         F.STAGE_FAILED: E.UNKNOWN,
         # The manager's phases.
         F.PHASE_TIMEOUT: E.SCHEDULER_TIMEOUT,
+        F.KERNELS_READY_TIMEOUT: E.SCHEDULER_TIMEOUT,
+        F.DEACTIVATED_RETENTION: E.SCHEDULER_TIMEOUT,
         # Never: asked for, or impossible as submitted.
         F.USER_CANCELLED: NeverRetried.USER_CANCELLED,
         F.DEPENDENCY_MISSING: NeverRetried.VALIDATION_ERROR,

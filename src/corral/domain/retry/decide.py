@@ -14,7 +14,7 @@ import uuid
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from corral.domain.outcome import SessionResult
+from corral.domain.outcome import succeeded
 from corral.domain.record import record
 from corral.domain.retry.backoff import retry_delay
 from corral.domain.retry.classify import (
@@ -74,7 +74,7 @@ class RetryVerdict:
 def decide(ended: EndedAttempt, *, rng: random.Random | None = None) -> RetryVerdict:
     """Retry `ended` or not: succeeded, not retried (cancelled, not batch, a cause its policy
     does not retry or none may), exhausted, or scheduled with its delay."""
-    if ended.status is SessionStatus.TERMINATED and ended.result == SessionResult.SUCCESS:
+    if succeeded(ended.status, ended.result):
         return RetryVerdict(RetryDecision.SUCCEEDED)
     cause = classify_failure(ended.status, ended.result, ended.failure_cause)
     policy = ended.policy

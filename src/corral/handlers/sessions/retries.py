@@ -1,7 +1,8 @@
 """DispatchRetries: a failed BATCH session with retries left gets its retry (spec document 5).
 
 Its targets are the ended sessions with a retry policy whose retry is not decided yet, read
-through a partial index (a session without a policy never is one). For a batch of them it
+through a partial index (a session without a policy never is one). Those that succeeded, most
+of them, are decided SUCCEEDED by one guarded statement, unread. For a batch of the rest it
 decides each (`domain.retry.decide`, pure), then in one transaction records the decisions on
 the parents (guarded: a decision is written once) and creates the children of those it
 recorded: PENDING sessions with the parent's spec, `parent_session_id`, `retry_count + 1`, the
@@ -43,7 +44,12 @@ from corral.domain.types import SessionId, UserId, new_session_id
 from corral.store.database import Database
 from corral.store.events import append_events
 from corral.store.history import record_session_history
-from corral.store.retries import read_retry_switch, read_undecided, record_decisions
+from corral.store.retries import (
+    read_retry_switch,
+    read_undecided,
+    record_decisions,
+    record_successes,
+)
 from corral.store.sessions import insert_sessions
 
 # Sessions decided per run; a run that fills it is due again at once.
@@ -56,7 +62,8 @@ class Dispatched:
 
     paused: bool = False
     looked_at: int = 0
-    # Per decision recorded by this run: (session, verdict). Others were decided elsewhere.
+    # Per decision recorded by this run but the successes (written in one statement, counted
+    # in `looked_at` and `recovered`): (session, verdict). Others were decided elsewhere.
     decided: tuple[tuple[SessionId, RetryVerdict], ...] = ()
     children: tuple[SessionId, ...] = ()  # the retries created
     # How many of the succeeded sessions were retries (the chains that recovered).
@@ -97,11 +104,17 @@ class DispatchRetries:
         """Decide the ended sessions waiting for it (up to a batch); create their retries."""
         async with self.db.read_statements() as conn:
             switch = await read_retry_switch(conn)
-            if switch.paused:
-                return Dispatched(paused=True)
+        if switch.paused:
+            return Dispatched(paused=True)
+        async with self.db.transaction() as conn:
+            succeeded = await record_successes(conn, self.batch)
+        recovered = sum(1 for count in succeeded if count > 0)
+        if len(succeeded) >= self.batch:
+            return Dispatched(looked_at=len(succeeded), recovered=recovered, full=True)
+        async with self.db.read_statements() as conn:
             rows = await read_undecided(conn, self.batch)
         if not rows:
-            return Dispatched()
+            return Dispatched(looked_at=len(succeeded), recovered=recovered)
         verdicts = {SessionId(row["id"]): decide(_ended(row), rng=self.rng) for row in rows}
         by_id = {SessionId(row["id"]): row for row in rows}
         async with self.db.transaction() as conn:
@@ -122,14 +135,14 @@ class DispatchRetries:
                 now,
                 notify=self.notify,
             )
-        recovered = sum(
+        recovered += sum(
             1
             for sid, v in decided
             if v.decision is RetryDecision.SUCCEEDED and by_id[sid]["retry_count"] > 0
         )
         starts = [c.starts_at for c in children if c.starts_at is not None]
         return Dispatched(
-            looked_at=len(rows),
+            looked_at=len(succeeded) + len(rows),
             decided=tuple(decided),
             children=tuple(c.id for c in children),
             recovered=recovered,

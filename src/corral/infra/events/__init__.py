@@ -33,6 +33,7 @@ __all__ = [
     "Subscription",
     "forget_on_events",
     "open_event_bus",
+    "publish_appended",
 ]
 
 # How often a silent listener connection is pinged, unless the opener says otherwise.
@@ -104,6 +105,19 @@ class Subscription:
                 raise StopAsyncIteration
             self._wakeup.clear()
             await self._wakeup.wait()
+
+    def drain(self) -> list[Event]:
+        """Every event buffered now, in order (an overflow marker first if events were
+        dropped), without waiting; the end or an error of the bus comes from the next `anext`.
+        """
+        events = [self._overflow_marker()] if self._overflowed else []
+        events.extend(self._buffer)
+        self._buffer.clear()
+        for event in reversed(events):
+            if event.id is not None and event.kind != DROPPED_KIND:
+                self._last_delivered_id = event.id
+                break
+        return events
 
     def push(self, event: Event) -> None:
         """Buffer `event` (never waits: a full buffer drops its oldest event)."""
@@ -277,6 +291,14 @@ class FanOutBus(EventBus):
         self._closed = True
         for subscription in self._subscriptions:
             subscription.end()
+
+
+async def publish_appended(bus: EventBus | None, events: Sequence[Event]) -> None:
+    """Publish `events`, appended in a transaction that committed, unless the bus delivers
+    them itself (its `commit_channel`: they were appended with `notify=` it) or there are
+    none; a failure is logged (`EventBus.publish_after_commit`)."""
+    if bus is not None and events and bus.commit_channel is None:
+        await bus.publish_after_commit(events)
 
 
 async def open_event_bus(

@@ -11,6 +11,7 @@ caller runs its guarded work without the lock (DESIGN.md, "Coordination").
 
 from __future__ import annotations
 
+import socket
 from abc import ABC, abstractmethod
 from contextlib import AbstractAsyncContextManager
 from typing import Literal
@@ -22,6 +23,7 @@ __all__ = [
     "LockManager",
     "LockManagerClosedError",
     "LockUnavailableError",
+    "address_owner",
     "open_lock_manager",
 ]
 
@@ -31,6 +33,12 @@ LOCK_KINDS: tuple[LockKind, ...] = ("memory", "postgres", "redis")
 # How long a Redis lock outlives a holder that stopped renewing it (a killed manager), and how
 # long any call to a lock's server may take. Renewed every third of it while held.
 DEFAULT_LOCK_TTL_S = 5.0
+
+
+def address_owner(port: int) -> str:
+    """The lock owner name of the manager listening on `port` of this host: a process that
+    binds the port knows every earlier one of that name is gone (`take_over_predecessor`)."""
+    return f"{socket.gethostname()}:{port}"
 
 
 class LockUnavailableError(ConnectionError):
@@ -85,6 +93,17 @@ class LockManager(ABC):
     @abstractmethod
     async def close(self) -> None:
         """Idempotent; releases anything still held."""
+
+    async def take_over_predecessor(self, owner: str) -> int:
+        """Name this manager's holds after `owner` from now on, and free the locks an earlier
+        process of the same `owner` left behind; return how many were freed.
+
+        `owner` names the manager's listening address (host name and port): a process that has
+        bound it knows every earlier process of that owner is gone, so their locks guard
+        nothing. Call it once, after binding and before any hold. Locks that die with their
+        holder (advisory locks, in-process locks) have nothing to free.
+        """
+        return 0
 
 
 async def open_lock_manager(

@@ -7,6 +7,11 @@ expired and was re-taken never extends or deletes the new holder's lock.
 Nothing here waits without a bound: every Redis call has a deadline, a renewal that fails (an
 error, no answer in time, or the lock found taken over) gives the hold up at once (`Hold.lost`;
 the key expires by itself), and release waits for the renewal task at most one call's deadline.
+
+A lock's token starts with its holder's owner name (`take_over_predecessor`): a manager that
+restarts on the same address frees what its killed predecessor held at once, instead of every
+manager waiting out the TTL for those tasks (issue 32: with a manager killed every 5 s and a 5 s
+TTL, the tasks its predecessor held were blocked most of the time).
 The renewal task stops on a flag, not only on cancellation: on Python 3.11 a cancel that lands as
 redis-py's `wait_for` completes is swallowed, and a renewal relying on cancellation alone would
 renew the lock forever while release waited for it (issue 32, defect 2).
@@ -51,6 +56,17 @@ end
 return 0
 """
 
+# KEYS[1] = lock key, ARGV[1] = "{owner}/": deletes the lock if an earlier process of this
+# owner holds it
+_FREE_PREDECESSOR_LUA = """
+local value = redis.call('get', KEYS[1])
+if value and string.sub(value, 1, string.len(ARGV[1])) == ARGV[1] then
+    return redis.call('del', KEYS[1])
+end
+return 0
+"""
+_OWNER_END = "/"  # ends the owner part of a token
+
 # Errors meaning "Redis did not answer"; TimeoutError (our deadlines) is an OSError.
 _REDIS_ERRORS = (RedisError, OSError)
 
@@ -93,6 +109,8 @@ class RedisLockManager(LockManager):
         self._owns_client = owns_client
         self._renew = client.register_script(_RENEW_LUA)
         self._release_script = client.register_script(_RELEASE_LUA)
+        self._free_predecessor = client.register_script(_FREE_PREDECESSOR_LUA)
+        self._owner = ""  # the owner part of every token, once take_over_predecessor named it
         self._held: dict[str, _Held] = {}  # by token
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
@@ -131,7 +149,7 @@ class RedisLockManager(LockManager):
         if self._closed:
             raise LockManagerClosedError("this lock manager is closed; open a new one")
         key = self.key(name)
-        token = secrets.token_hex(16)
+        token = self._owner + secrets.token_hex(16)
         hold = await run_to_completion(
             self._take(name, key, token),
             tasks=self._tasks,
@@ -154,6 +172,30 @@ class RedisLockManager(LockManager):
         await asyncio.gather(*(self._release(token) for token in list(self._held)))
         if self._owns_client:
             await self._client.aclose()
+
+    async def take_over_predecessor(self, owner: str) -> int:
+        """Free the locks whose token names `owner` (an earlier process at this address) and
+        name this manager's tokens after it. Bounded and never raising: a Redis that does not
+        answer leaves those locks to their TTL."""
+        if not owner or _OWNER_END in owner:
+            raise ValueError(f"a lock owner must be non-empty without {_OWNER_END!r}: {owner!r}")
+        if self._held:
+            raise RuntimeError("take_over_predecessor must come before any hold")
+        mine = owner + _OWNER_END
+        freed = 0
+        try:
+            async with asyncio.timeout(self._call_timeout_s * 3):
+                async for key in self._client.scan_iter(match=f"{self.prefix}:lock:*"):
+                    freed += int(await self._free_predecessor(keys=[key], args=[mine]))
+        except _REDIS_ERRORS as exc:
+            logger.warning(
+                "locks.take_over_failed",
+                extra={"owner": owner, "lock_prefix": self.prefix, "error": type(exc).__name__},
+            )
+        self._owner = mine
+        if freed:
+            logger.info("locks.predecessor_freed", extra={"owner": owner, "locks": freed})
+        return freed
 
     async def _take(self, name: str, key: str, token: str) -> Hold:
         try:
@@ -218,3 +260,19 @@ class RedisLockManager(LockManager):
             logger.warning(
                 "locks.release_failed", extra={"lock": held.name, "error": type(exc).__name__}
             )
+
+
+async def free_predecessor_locks(
+    url: str, *, prefix: str, owner: str, ttl_s: float = DEFAULT_LOCK_TTL_S
+) -> int:
+    """Free the locks an earlier process named `owner` left, with a client of its own: what a
+    restarting manager does first, before loading the rest of itself (issue 32). Bounded; a
+    Redis that cannot be reached frees nothing (the manager's own take-over tries again)."""
+    try:
+        manager = await RedisLockManager.open(url, prefix=prefix, ttl_s=ttl_s)
+    except _REDIS_ERRORS:
+        return 0
+    try:
+        return await manager.take_over_predecessor(owner)
+    finally:
+        await manager.close()

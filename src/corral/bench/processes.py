@@ -1,0 +1,277 @@
+"""`corral bench processes`: trivial jobs through a real manager and a real `process` agent.
+
+A `corral manager` and one `corral agent --runtime process` run as separate processes, as a user
+runs them, on a scratch database. The harness submits `--jobs` sessions of `true` over REST (32
+in flight, one cpu each, the agent offering `--slots` cpus) and waits for all of them to end.
+From the sessions' `session.status_changed` events (the manager's clock) it reports jobs/s end
+to end, submit → RUNNING p50/p95 (from the session's creation), the median time in each phase;
+from /proc, the CPU the manager, the agent and the kernels (the agent's reaped children: the
+exit-status wrappers and the kernels under them) spent per job; the wall time of `--cli` calls
+of `corral run --detach -- true` made once the jobs ended; and how many POSTs lost their
+connection without an answer (each is sent again with its creation id, so counted once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from contextlib import AsyncExitStack
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+
+from corral.bench._scratch import scratch_database
+from corral.bench.chaos.processes import Fleet, Manager, Supervised
+from corral.domain.status import SESSION_TERMINAL, SessionStatus
+from corral.store.database import Database
+from corral.store.tables import events, sessions
+from corral.store.users import create_user, issue_token
+from corral.testing.redis_server import free_port
+
+JOIN_TOKEN = "bench-processes-join-token"
+SUBMIT_CONCURRENCY = 32
+MAX_SENDS = 5  # tries of one POST whose connection closed with no answer
+SESSION_BODY: dict[str, Any] = {"image": "shell", "command": ["true"], "resources": {"cpu": 1}}
+# The phases a trivial job passes, each from the status entered to the next one's.
+PHASES = (
+    SessionStatus.PENDING,
+    SessionStatus.SCHEDULED,
+    SessionStatus.PREPARING,
+    SessionStatus.PREPARED,
+    SessionStatus.CREATING,
+    SessionStatus.RUNNING,
+    SessionStatus.TERMINATING,
+    SessionStatus.TERMINATED,
+)
+_TICKS_S = os.sysconf("SC_CLK_TCK")
+
+
+class ProcessesBenchError(RuntimeError):
+    """The bench could not run to its end (a process died, jobs did not end in time)."""
+
+
+async def run_processes_bench(
+    jobs: int, slots: int, cli_calls: int, database: str, timeout_s: float
+) -> dict[str, Any]:
+    """Run the bench (see the module docstring); its figures as JSON-ready values."""
+    fleet = Fleet()
+    with tempfile.TemporaryDirectory(prefix="corral-bench-processes-") as tmp:
+        workdir = Path(tmp)
+        async with AsyncExitStack() as stack:
+            stack.callback(fleet.close)
+            db = await stack.enter_async_context(scratch_database(database))
+            now = datetime.now(UTC)
+            user = await create_user(db, "bench", "admin", now)
+            token = (await issue_token(db, user, "bench", now)).secret
+            env = {**os.environ, "CORRAL_DATA_DIR": str(workdir / "data")}
+            port = free_port()
+            manager = Manager(
+                "manager",
+                [
+                    *("manager", "--database", db.url.render_as_string(hide_password=False)),
+                    *("--port", str(port), "--join-token", JOIN_TOKEN, "--log-level", "WARNING"),
+                ],
+                workdir / "manager.log",
+                env,
+                port=port,
+            )
+            agent = Supervised(
+                "agent",
+                [
+                    *("agent", "--manager", manager.url, "--token", JOIN_TOKEN),
+                    *("--id", "bench-agent", "--address", "127.0.0.1", "--runtime", "process"),
+                    *("--slots", f"cpu={slots},mem={slots}g", "--log-level", "WARNING"),
+                    *("--data-dir", str(workdir / "agent")),
+                ],
+                workdir / "agent.log",
+                env,
+            )
+            fleet.managers.append(manager)
+            fleet.agents.append(agent)
+            manager.start()
+            await manager.wait_ready()
+            agent.start()
+            await _until_agent(manager.url, token, agent)
+            cpu_before = {p.name: _cpu_s(p) for p in (manager, agent)}
+            begun = time.monotonic()
+            submitted, failed = await _submit(manager.url, token, jobs)
+            if not await _until_ended(db, timeout_s - (time.monotonic() - begun)):
+                raise ProcessesBenchError(f"the {jobs} jobs did not all end in {timeout_s} s")
+            cpu_after = {p.name: _cpu_s(p) for p in (manager, agent)}
+            figures = await _figures(db, submitted)
+            cli = _cli_calls(manager.url, token, cli_calls, env)
+    cpu = {
+        name: {
+            part: (cpu_after[name][part] - cpu_before[name][part]) * 1000 / jobs
+            for part in ("self", "children")
+        }
+        for name in cpu_after
+    }
+    return {
+        "benchmark": "processes",
+        "jobs": jobs,
+        "slots": slots,
+        **figures,
+        "cpu_ms_per_job": {
+            "manager": round(cpu["manager"]["self"], 2),
+            "agent": round(cpu["agent"]["self"], 2),
+            "kernels": round(cpu["agent"]["children"], 2),
+            "total": round(
+                cpu["manager"]["self"] + cpu["agent"]["self"] + cpu["agent"]["children"], 2
+            ),
+        },
+        "cli_call_ms_p50": round(statistics.median(cli), 1) if cli else None,
+        # Issue 35: a POST whose connection closed with no answer (sent again); should be 0.
+        "submit_transport_errors": failed,
+    }
+
+
+async def _until_agent(url: str, token: str, agent: Supervised, deadline_s: float = 60) -> None:
+    end = time.monotonic() + deadline_s
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(timeout=5.0) as http:
+        while time.monotonic() < end:
+            if not agent.running:
+                raise ProcessesBenchError(f"the agent exited at start:\n{agent.tail()}")
+            reply = await http.get(f"{url}/v1/agents", headers=headers)
+            if reply.status_code == 200 and any(
+                a["status"] == "ALIVE" for a in reply.json()["items"]
+            ):
+                return
+            await asyncio.sleep(0.1)  # polling a process start: no event to wait on
+    raise ProcessesBenchError(f"the agent did not register in {deadline_s} s:\n{agent.tail()}")
+
+
+async def _submit(url: str, token: str, count: int) -> tuple[list[str], int]:
+    """POST `count` sessions, SUBMIT_CONCURRENCY in flight; their ids, and how many requests
+    failed on the wire (a connection closed with no answer: sent again, same creation id)."""
+    ids: list[str] = []
+    failed = 0
+    left = list(range(count))
+    headers = {"Authorization": f"Bearer {token}"}
+    run = uuid.uuid4().hex[:8]
+
+    async def worker(http: httpx.AsyncClient) -> None:
+        nonlocal failed
+        while left:
+            body = {**SESSION_BODY, "creation_id": f"bench-{run}-{left.pop()}"}
+            for _ in range(MAX_SENDS):
+                try:
+                    reply = await http.post(f"{url}/v1/sessions", json=body, headers=headers)
+                    break
+                except httpx.TransportError:
+                    failed += 1
+            else:
+                raise ProcessesBenchError(f"POST /v1/sessions failed {MAX_SENDS} times in a row")
+            if reply.status_code not in (200, 201):
+                raise ProcessesBenchError(f"POST /v1/sessions: {reply.status_code} {reply.text}")
+            ids.append(str(reply.json()["id"]))
+
+    limits = httpx.Limits(max_connections=SUBMIT_CONCURRENCY)
+    async with httpx.AsyncClient(timeout=30.0, limits=limits) as http:
+        await asyncio.gather(*(worker(http) for _ in range(SUBMIT_CONCURRENCY)))
+    return ids, failed
+
+
+async def _until_ended(db: Database, deadline_s: float) -> bool:
+    end = time.monotonic() + deadline_s
+    terminal = [s.value for s in SESSION_TERMINAL]
+    while time.monotonic() < end:
+        async with db.read() as conn:
+            open_ = await conn.scalar(
+                sa.select(sa.func.count()).where(sessions.c.status.not_in(terminal))
+            )
+        if not open_:
+            return True
+        await asyncio.sleep(0.1)  # the harness watches rows it does not own: no hint to wait on
+    return False
+
+
+async def _figures(db: Database, ids: list[str]) -> dict[str, Any]:
+    """Jobs/s, submit → RUNNING and the phases, from the sessions and their status events."""
+    async with db.read() as conn:
+        created = {
+            str(row.id): row.created_at
+            for row in await conn.execute(sa.select(sessions.c.id, sessions.c.created_at))
+        }
+        changes = await conn.execute(
+            sa.select(events.c.entity_id, events.c.payload, events.c.created_at)
+            .where(events.c.kind == "session.status_changed")
+            .order_by(events.c.id)
+        )
+        # Created PENDING: no status change says so.
+        reached = {i: {SessionStatus.PENDING.value: _aware(created[i])} for i in ids}
+        for row in changes:
+            if row.entity_id in reached:
+                reached[row.entity_id].setdefault(row.payload["to"], _aware(row.created_at))
+    to_running = [
+        (times["RUNNING"] - _aware(created[i])).total_seconds() * 1000
+        for i, times in reached.items()
+        if "RUNNING" in times
+    ]
+    ends = [t.get("TERMINATED") or max(t.values()) for t in reached.values() if t]
+    span_s = (max(ends) - min(_aware(created[i]) for i in ids)).total_seconds()
+    phases = {}
+    for entered, left in itertools.pairwise(PHASES):
+        spent = [
+            (times[left] - times[entered]).total_seconds() * 1000
+            for times in reached.values()
+            if entered in times and left in times
+        ]
+        if spent:
+            phases[f"{entered}->{left}"] = round(statistics.median(spent), 1)
+    ok = sum(1 for t in reached.values() if "TERMINATED" in t)
+    return {
+        "terminated": ok,
+        "jobs_per_s": round(len(ids) / span_s, 1) if span_s > 0 else None,
+        "submit_to_running_ms": _percentiles(to_running),
+        "phase_p50_ms": phases,
+    }
+
+
+def _percentiles(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return {
+        "p50": round(statistics.median(ordered), 1),
+        "p95": round(ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 1),
+    }
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _cpu_s(process: Supervised) -> dict[str, float]:
+    """The process's own CPU and its reaped children's, in seconds (/proc/<pid>/stat)."""
+    assert process.process is not None
+    fields = Path(f"/proc/{process.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    utime, stime, cutime, cstime = (int(f) / _TICKS_S for f in fields[11:15])
+    return {"self": utime + stime, "children": cutime + cstime}
+
+
+def _cli_calls(url: str, token: str, count: int, env: dict[str, str]) -> list[float]:
+    """The wall time of `count` calls of `corral run --detach -- true`, in ms."""
+    cli_env = {**env, "CORRAL_URL": url, "CORRAL_TOKEN": token}
+    times = []
+    for _ in range(count):
+        begun = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "corral", "run", "--detach", "--", "true"],
+            env=cli_env,
+            check=True,
+            capture_output=True,
+        )
+        times.append((time.perf_counter() - begun) * 1000)
+    return times

@@ -1,0 +1,1 @@
+"""The route handlers of spec document 1, one per file."""

@@ -1,0 +1,34 @@
+"""`corral bench processes` as a user runs it: a real manager and a real process agent."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.e2e._cli import corral
+
+
+def test_bench_processes_runs_every_job_and_prints_its_figures(tmp_path: Path) -> None:
+    """8 jobs of `true` on 2 slots all end; --json gives jobs/s, latency, phases, CPU, CLI time."""
+    env = {**os.environ, "CORRAL_CONFIG": str(tmp_path / "none.toml")}
+    result = corral(
+        "bench", "processes", "--jobs", "8", "--slots", "2", "--cli", "1", "--json",
+        env=env, timeout_s=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    output = json.loads(result.stdout)
+    assert output["benchmark"] == "processes"
+    assert output["jobs"] == output["terminated"] == 8
+    assert output["jobs_per_s"] > 0
+    latency = output["submit_to_running_ms"]
+    assert 0 < latency["p50"] <= latency["p95"]
+    assert {"PENDING->SCHEDULED", "CREATING->RUNNING"} <= set(output["phase_p50_ms"])
+    cpu = output["cpu_ms_per_job"]
+    # /proc counts in clock ticks (10 ms): 8 kernels of `true` may not reach one.
+    assert cpu["manager"] > 0 and cpu["agent"] > 0 and cpu["kernels"] >= 0
+    assert cpu["total"] == pytest.approx(cpu["manager"] + cpu["agent"] + cpu["kernels"], abs=0.02)
+    assert output["cli_call_ms_p50"] > 0
+    assert output["submit_transport_errors"] >= 0  # counted (issue 35: should be 0 under load)
