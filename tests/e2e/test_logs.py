@@ -94,22 +94,61 @@ def test_timestamps_and_since(up: Up, big: str) -> None:
     assert "since" in bad.stderr
 
 
+# Prints its rank, then meets the other rank at MASTER_ADDR:MASTER_PORT (rank 0 listens and
+# waits for a byte from rank 1): neither ends before both have printed, whichever ends first.
+_PRINT_RANK = """
+import os, socket, sys, time
+print('rank', os.environ['RANK'], flush=True)
+master = (os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']))
+if os.environ['RANK'] == '0':
+    peer, _ = socket.create_server(master).accept()
+    peer.recv(1)
+    sys.exit(0)
+deadline = time.monotonic() + 60
+while True:
+    try:
+        socket.create_connection(master).sendall(b'x')
+        break
+    except OSError:
+        if time.monotonic() > deadline:
+            sys.exit('rank 0 never listened')
+        time.sleep(0.05)
+"""
+
+
 def test_a_multi_kernel_session_prefixes_each_line(up: Up) -> None:
     """With several kernels, every line says which kernel printed it; `--kernel` picks one."""
-    done = up.corral(
-        "run", "--cluster-size", "2", "--",
-        "python", "-c", "import os; print('rank', os.environ['RANK'])",
-    )  # fmt: skip
+    done = up.corral("run", "--cluster-size", "2", "--", "python", "-c", _PRINT_RANK)
     assert done.returncode == 0, done.stderr
-    (session,) = [
-        s
-        for s in json.loads(up.corral("session", "ls", "--all-states", "--json").stdout)
-        if s["cluster_size"] == 2
-    ]
+    session = {"id": _newest_id(up)}
     shown = up.corral("session", "logs", session["id"])
     assert sorted(shown.stdout.splitlines()) == ["[kernel 0] rank 0", "[kernel 1] rank 1"]
     one = up.corral("session", "logs", session["id"], "--kernel", "1")
     assert one.stdout == "rank 1\n"  # one kernel's output, as it wrote it
+
+
+@pytest.mark.parametrize("exit_code", [0, 3])
+def test_a_rank_that_ends_first_decides_the_result_not_the_main_kernel_it_cut(
+    up: Up, exit_code: int
+) -> None:
+    """Rank 1 ends by itself while rank 0 still runs: the session ends (spec 1's
+    DetectTermination), rank 0 is stopped, and rank 1's exit is the run's result."""
+    ranks = (
+        "import os, sys, time\n"
+        f"sys.exit({exit_code}) if os.environ['RANK'] == '1' else time.sleep(300)"
+    )
+    done = up.corral("run", "--cluster-size", "2", "--", "python", "-c", ranks)
+    assert done.returncode == exit_code, done.stderr
+    info = json.loads(up.corral("session", "info", _newest_id(up), "--json").stdout)
+    assert info["result"] == ("success" if exit_code == 0 else "failure"), info
+    assert info["exit_code"] == exit_code
+    assert sorted(k["exit_code"] for k in info["kernels"]) == sorted([exit_code, -15])
+
+
+def _newest_id(up: Up) -> str:
+    """The id of the newest session of `up`."""
+    listed = json.loads(up.corral("session", "ls", "--all-states", "--json").stdout)
+    return str(max(listed, key=lambda s: s["created_at"])["id"])
 
 
 def test_events_tail_shows_the_newest_last_and_a_session_by_prefix(up: Up, big: str) -> None:

@@ -58,6 +58,8 @@ class KernelState:
     status: KernelStatus
     exit_code: int | None = None
     failure_cause: str | None = None
+    # The manager asked its agent to stop it (`KernelIntent.STOP`): its end was not its own.
+    stopped: bool = False
 
 
 @record

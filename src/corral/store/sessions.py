@@ -148,13 +148,16 @@ class SessionRepository:
             SessionId, tuple[SessionStatus, datetime | None, str | None, list[KernelState]]
         ] = {}
         session_status_of, kernel_status_of = SESSION_STATUS_BY_VALUE, KERNEL_STATUS_BY_VALUE
-        for sid, status, started_at, asked, role, index, kernel_status, exit_code, cause in rows:
+        stop = KernelIntent.STOP.value
+        for sid, status, started_at, asked, *kernel in rows:
             session = found.get(sid)
             if session is None:
                 session = found[sid] = (session_status_of[status], started_at, asked, [])
+            role, index, kernel_status, exit_code, cause, desired = kernel
             if role is not None:
-                kernel = KernelState(role, index, kernel_status_of[kernel_status], exit_code, cause)
-                session[3].append(kernel)
+                state = kernel_status_of[kernel_status]
+                stopped = desired == stop
+                session[3].append(KernelState(role, index, state, exit_code, cause, stopped))
         return [
             SessionProgress(sid, status, started_at, tuple(states), asked)
             for sid, (status, started_at, asked, states) in found.items()
@@ -467,6 +470,7 @@ _PROGRESS = DirectStatement(
             kernels.c.status,
             kernels.c.exit_code,
             kernels.c.failure_cause,
+            kernels.c.desired_state,
         )
         .select_from(sessions.outerjoin(kernels, kernels.c.session_id == sessions.c.id))
         .where(in_param(dialect, sessions.c.id, "ids"))

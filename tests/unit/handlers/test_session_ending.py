@@ -20,10 +20,16 @@ SID = SessionId(uuid.uuid4())
 
 
 def kernel(
-    index: int, status: K, exit_code: int | None = None, cause: str | None = None
+    index: int,
+    status: K,
+    exit_code: int | None = None,
+    cause: str | None = None,
+    *,
+    stopped: bool = False,
 ) -> KernelState:
-    """Kernel `index` of one session (index 0 is the main kernel)."""
-    return KernelState("main" if index == 0 else "sub", index, status, exit_code, cause)
+    """Kernel `index` of one session (index 0 is the main kernel); `stopped`: the manager
+    asked its agent to stop it."""
+    return KernelState("main" if index == 0 else "sub", index, status, exit_code, cause, stopped)
 
 
 def ended(*kernels: KernelState, started: bool = True) -> SessionProgress:
@@ -37,6 +43,26 @@ def test_the_main_kernels_exit_code_decides_the_result() -> None:
     assert (ok.status, ok.result, ok.exit_code) == (S.TERMINATED, "success", 0)
     bad = session_ending(ended(kernel(0, K.TERMINATED, 2), kernel(1, K.TERMINATED, 0)))
     assert (bad.status, bad.result, bad.exit_code) == (S.TERMINATED, "failure", 2)
+
+
+def test_a_main_kernel_stopped_because_a_rank_ended_first_does_not_decide() -> None:
+    """Rank 1 ends by itself, the main kernel is stopped (-15): rank 1's exit decides."""
+    cut = kernel(0, K.TERMINATED, -15, stopped=True)
+    ok = session_ending(ended(cut, kernel(1, K.TERMINATED, 0)))
+    assert (ok.status, ok.result, ok.exit_code) == (S.TERMINATED, "success", 0)
+    # A rank that exits non-zero by itself is in ERROR (its agent says why): that decides.
+    failed = kernel(2, K.ERROR, 3, "kernel_nonzero_exit")
+    bad = session_ending(ended(cut, kernel(1, K.TERMINATED, 0), failed))
+    assert (bad.status, bad.result, bad.exit_code) == (S.ERROR, "failure", 3)
+    # Whatever a stopped main kernel exits with (a SIGTERM handler's own code), it was cut.
+    handled = ended(kernel(0, K.TERMINATED, 4, stopped=True), kernel(1, K.TERMINATED, 0))
+    assert (session_ending(handled).result, session_ending(handled).exit_code) == ("success", 0)
+    # Every kernel stopped (nothing ended by itself): the main kernel's exit, as before.
+    all_stopped = ended(cut, kernel(1, K.TERMINATED, -15, stopped=True))
+    assert (session_ending(all_stopped).result, session_ending(all_stopped).exit_code) == (
+        "failure",
+        -15,
+    )
 
 
 def test_a_failed_kernel_makes_an_error_with_its_cause() -> None:

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from corral.domain.failure_causes import FailureCause
 from corral.domain.outcome import REQUESTED_RESULTS, SessionResult
 from corral.domain.results import KernelMatchType, ResultNote
-from corral.domain.session import SessionProgress
+from corral.domain.session import KernelState, SessionProgress
 from corral.domain.status import (
     KERNEL_NON_TERMINAL,
     KERNEL_NOT_YET_PREPARED,
@@ -168,11 +168,15 @@ def session_ending(session: SessionProgress) -> Ending:
     A session that ran and whose end was asked for (a user's terminate, its time limit: the
     cause it carries) ends TERMINATED with that request's result, however its stopped kernels
     exited. Else ERROR if a kernel failed (with its cause); CANCELLED if nothing ever ran; else
-    TERMINATED with the main kernel's exit code and a result of success exactly when it is 0.
+    TERMINATED with the deciding kernel's exit code and a result of success exactly when it is
+    0. The main kernel decides, unless the manager stopped it because another kernel had ended
+    (DetectTermination): then the first kernel that ended by itself decides. A rank that
+    finishes a moment before the main one does not fail the session with the signal's exit
+    code of the main kernel it cut short. (A kernel that exits non-zero by itself is in ERROR.)
     """
     kernels = sorted(session.kernels, key=lambda k: (k.cluster_role != "main", k.cluster_index))
     ran = session.started_at is not None or any(k.exit_code is not None for k in kernels)
-    exit_code = kernels[0].exit_code if kernels else None
+    exit_code = _deciding_exit_code(kernels)
     requested = REQUESTED_RESULTS.get(session.cause) if session.cause is not None else None
     if requested is not None and ran:
         return Ending(SessionStatus.TERMINATED, requested, exit_code)
@@ -189,6 +193,14 @@ def session_ending(session: SessionProgress) -> Ending:
         return Ending(SessionStatus.CANCELLED, SessionResult.CANCELLED)
     result = SessionResult.SUCCESS if exit_code == 0 else SessionResult.FAILURE
     return Ending(SessionStatus.TERMINATED, result, exit_code)
+
+
+def _deciding_exit_code(kernels: Sequence[KernelState]) -> int | None:
+    """The exit code that decides a session's result (`session_ending`); main kernel first."""
+    if not kernels:
+        return None
+    own = next((k for k in kernels if not k.stopped), kernels[0])
+    return own.exit_code
 
 
 # Where more than one would promote a session, the first wins (`plan_promotions`): a session
