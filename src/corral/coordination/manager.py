@@ -46,11 +46,18 @@ def task_loops(
             locks,
             short_interval_s=intervals.short_interval_s,
             long_interval_s=intervals.long_interval_s,
-            debounce_s=intervals.quick_debounce_s if task.quick else intervals.debounce_s,
+            debounce_s=_debounce_s(task, intervals),
             lock_linger_s=intervals.lock_linger_s,
         )
         for task in tasks
     ]
+
+
+def _debounce_s(task: Task, intervals: LoopIntervals) -> float:
+    """How long a burst of `task`'s hints gathers: its own batch time, else by its kind."""
+    if task.batch_s is not None:
+        return task.batch_s
+    return intervals.quick_debounce_s if task.quick else intervals.debounce_s
 
 
 def session_orchestrator(

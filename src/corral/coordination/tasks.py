@@ -35,3 +35,6 @@ class Task:
     # A quick task (a promotion: a few statements, reacting to agents' reports) waits a shorter
     # burst debounce (`LoopIntervals.quick_debounce_s`): batching saves it little.
     quick: bool = False
+    # A patient task (its work waits for nothing urgent: a retry's delay is seconds) gathers a
+    # burst this long instead of the loop's debounce, so it runs, and commits, far less often.
+    batch_s: float | None = None

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import cast
 
-from corral.coordination.coordinator import SessionCoordinator
+from corral.coordination.coordinator import RETRY_BATCH_S, SessionCoordinator
 from corral.coordination.hints import Hint, hints_after_moves, hints_after_report
 from corral.coordination.manager import LoopIntervals, task_loops
 from corral.coordination.serving_hints import ServingHint
 from corral.domain.status import KernelStatus, SessionStatus
+from corral.handlers.sessions.retries import DispatchRetries
 from corral.infra.hints import HintBus
 from corral.infra.locks import LockManager
 from corral.store.database import Database
@@ -29,13 +30,18 @@ def test_every_coordinator_task_has_its_own_hint_and_lock() -> None:
 
 
 def test_promotions_are_quick_tasks_and_debounce_less() -> None:
-    """A promotion's run is a few statements: it waits the quick debounce, the others longer."""
+    """A promotion's run is a few statements: it waits the quick debounce, the others longer;
+    the retry task, whose work waits its delay anyway, gathers a burst longest."""
     coordinator = SessionCoordinator(cast(Database, None), cast(HintBus, None))
     intervals = LoopIntervals(debounce_s=0.005, quick_debounce_s=0.001)
     loops = task_loops(coordinator.tasks(), cast(HintBus, None), cast(LockManager, None), intervals)
     quick = {loop.task.name for loop in loops if loop.debounce_s == 0.001}
     assert quick == {h.name() for h in coordinator.promotions}
-    assert {loop.debounce_s for loop in loops if loop.task.name not in quick} == {0.005}
+    patient = {loop.task.name: loop.debounce_s for loop in loops if loop.debounce_s > 0.005}
+    assert patient == {DispatchRetries.name(): RETRY_BATCH_S}
+    assert {loop.debounce_s for loop in loops if loop.task.name not in quick | set(patient)} == {
+        0.005
+    }
 
 
 def test_each_session_move_wakes_the_next_phase() -> None:
