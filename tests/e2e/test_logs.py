@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.e2e._ranks import print_then_meet
 from tests.e2e._up import Up, start_up
 
 LINE_BYTES = 100  # each line the big job prints, its newline included
@@ -94,31 +95,10 @@ def test_timestamps_and_since(up: Up, big: str) -> None:
     assert "since" in bad.stderr
 
 
-# Prints its rank, then meets the other rank at MASTER_ADDR:MASTER_PORT (rank 0 listens and
-# waits for a byte from rank 1): neither ends before both have printed, whichever ends first.
-_PRINT_RANK = """
-import os, socket, sys, time
-print('rank', os.environ['RANK'], flush=True)
-master = (os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']))
-if os.environ['RANK'] == '0':
-    peer, _ = socket.create_server(master).accept()
-    peer.recv(1)
-    sys.exit(0)
-deadline = time.monotonic() + 60
-while True:
-    try:
-        socket.create_connection(master).sendall(b'x')
-        break
-    except OSError:
-        if time.monotonic() > deadline:
-            sys.exit('rank 0 never listened')
-        time.sleep(0.05)
-"""
-
-
 def test_a_multi_kernel_session_prefixes_each_line(up: Up) -> None:
     """With several kernels, every line says which kernel printed it; `--kernel` picks one."""
-    done = up.corral("run", "--cluster-size", "2", "--", "python", "-c", _PRINT_RANK)
+    ranks = print_then_meet("'rank', os.environ['RANK']")
+    done = up.corral("run", "--cluster-size", "2", "--", "python", "-c", ranks)
     assert done.returncode == 0, done.stderr
     session = {"id": _newest_id(up)}
     shown = up.corral("session", "logs", session["id"])

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e._ranks import print_then_meet
 from tests.e2e._up import Up, start_up
 
 
@@ -70,9 +71,9 @@ def test_events_follow_shows_a_sessions_status_changes(up: Up) -> None:
 def test_multi_node_run_on_two_local_agents(tmp_path: Path) -> None:
     """`corral up --agents 2`, then a 2-kernel multi-node run: each rank prints its own line."""
     for up in start_up(tmp_path, "--agents", "2"):
+        ranks = print_then_meet("os.environ['RANK'], os.environ['WORLD_SIZE']")
         done = up.corral(
-            "run", "--cluster-size", "2", "--multi-node", "--",
-            "python", "-c", "import os; print(os.environ['RANK'], os.environ['WORLD_SIZE'])",
+            "run", "--cluster-size", "2", "--multi-node", "--", "python", "-c", ranks
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert done.stdout == "0 2\n"  # the main kernel's output
