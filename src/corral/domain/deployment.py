@@ -36,9 +36,11 @@ DEPLOYMENT_AUTOSCALED = "deployment.autoscaled"
 # grace period of a Kubernetes pod's termination.
 DEFAULT_DRAIN_GRACE_S = 30.0
 MAX_DRAIN_GRACE_S = 3600.0
-# A proxy reports its requests in flight this often; a report older than PROXY_REPORT_TTL_S is
-# a proxy gone (stopped, or cut off): its counts no longer count.
+# A proxy looks at its requests in flight this often and reports them when they (or its route
+# table) changed, else at least every PROXY_REPORT_KEEPALIVE_S; a report older than
+# PROXY_REPORT_TTL_S is a proxy gone (stopped, or cut off): its counts no longer count.
 PROXY_REPORT_INTERVAL_S = 1.0
+PROXY_REPORT_KEEPALIVE_S = 2.0
 PROXY_REPORT_TTL_S = 5.0
 
 # A deployment token starts so: a leaked one is easy to recognise (a user's API token is `crl_`).

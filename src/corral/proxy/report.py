@@ -1,6 +1,12 @@
-"""The proxy's load report: every PROXY_REPORT_INTERVAL_S, its requests in flight per
-deployment and replica (draining ones included) and the route table revision it forwards by
-go to the manager, which sums the live proxies' for draining and autoscaling."""
+"""The proxy's load report: its requests in flight per deployment and replica (draining ones
+included) and the route table revision it forwards by go to the manager, which sums the live
+proxies' for draining and autoscaling.
+
+Looked at every PROXY_REPORT_INTERVAL_S and sent when it changed, else every
+PROXY_REPORT_KEEPALIVE_S so the manager knows the proxy lives (a report older than
+PROXY_REPORT_TTL_S is a proxy gone): an idle proxy costs its manager a request every 2 s, not
+every second.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +14,12 @@ import asyncio
 import logging
 import os
 import socket
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from corral.client import Client, CorralError
-from corral.domain.deployment import PROXY_REPORT_INTERVAL_S
+from corral.domain.deployment import PROXY_REPORT_INTERVAL_S, PROXY_REPORT_KEEPALIVE_S
 from corral.proxy.table import RouteTable
 
 logger = logging.getLogger(__name__)
@@ -31,16 +38,23 @@ async def report_load(
     proxy_id: str,
     *,
     interval_s: float = PROXY_REPORT_INTERVAL_S,
+    keepalive_s: float = PROXY_REPORT_KEEPALIVE_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> None:
     """Report `table`'s requests in flight until cancelled; manager outages are waited out."""
+    sent: tuple[int, dict[str, dict[str, int]]] | None = None  # the last report it accepted
+    sent_at = 0.0
     while True:
         try:
             async with client_factory() as client:
                 while True:
-                    await client.report_proxy_load(
-                        proxy_id, max(table.revision, 0), table.inflight()
-                    )
-                    await asyncio.sleep(interval_s)
+                    report = (max(table.revision, 0), table.inflight())
+                    if report != sent or clock() - sent_at >= keepalive_s:
+                        await client.report_proxy_load(proxy_id, *report)
+                        sent, sent_at = report, clock()
+                    await sleep(interval_s)
         except (CorralError, OSError) as exc:
             logger.warning("proxy.report_failed", extra={"error": str(exc)})
-            await asyncio.sleep(interval_s)
+            sent = None  # unknown whether the manager has it: send it again
+            await sleep(interval_s)
