@@ -32,3 +32,21 @@ def test_bench_processes_runs_every_job_and_prints_its_figures(tmp_path: Path) -
     assert cpu["total"] == pytest.approx(cpu["manager"] + cpu["agent"] + cpu["kernels"], abs=0.02)
     assert output["cli_call_ms_p50"] > 0
     assert output["submit_transport_errors"] >= 0  # counted (issue 35: should be 0 under load)
+
+
+def test_bench_processes_submits_one_job_array_like_sbatch_array(tmp_path: Path) -> None:
+    """`--submit array`: the jobs go in as one job array (one request), and all of them end;
+    an unknown mode is a usage error naming the modes."""
+    env = {**os.environ, "CORRAL_CONFIG": str(tmp_path / "none.toml")}
+    result = corral(
+        "bench", "processes", "--jobs", "6", "--slots", "2", "--cli", "0",
+        "--submit", "array", "--json", env=env, timeout_s=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    output = json.loads(result.stdout)
+    assert output["submit"] == "array"
+    assert output["jobs"] == output["terminated"] == 6
+    assert output["submit_transport_errors"] == 0
+    wrong = corral("bench", "processes", "--submit", "bulk", env=env)
+    assert wrong.returncode == 2
+    assert "each, array" in wrong.stderr

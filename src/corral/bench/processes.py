@@ -1,8 +1,11 @@
 """`corral bench processes`: trivial jobs through a real manager and a real `process` agent.
 
 A `corral manager` and one `corral agent --runtime process` run as separate processes, as a user
-runs them, on a scratch database. The harness submits `--jobs` sessions of `true` over REST (32
-in flight, one cpu each, the agent offering `--slots` cpus) and waits for all of them to end.
+runs them, on a scratch database. The harness submits `--jobs` sessions of `true` over REST (one
+cpu each, the agent offering `--slots` cpus) and waits for all of them to end: with `--submit
+each` one POST per session, 32 in flight (a submit loop; the harness's HTTP client then takes
+most of a core of the two itself), with `--submit array` one job array of them in one request
+(`sbatch --array`'s way).
 From the sessions' `session.status_changed` events (the manager's clock) it reports jobs/s end
 to end, submit → RUNNING p50/p95 (from the session's creation), the median time in each phase;
 from /proc, the CPU the manager, the agent and the kernels (the agent's reaped children: the
@@ -40,6 +43,8 @@ from corral.testing.redis_server import free_port
 
 JOIN_TOKEN = "bench-processes-join-token"
 SUBMIT_CONCURRENCY = 32
+# How the harness submits the jobs: a POST each, or one job array.
+SUBMIT_MODES = ("each", "array")
 MAX_SENDS = 5  # tries of one POST whose connection closed with no answer
 SESSION_BODY: dict[str, Any] = {"image": "shell", "command": ["true"], "resources": {"cpu": 1}}
 # The phases a trivial job passes, each from the status entered to the next one's.
@@ -61,9 +66,13 @@ class ProcessesBenchError(RuntimeError):
 
 
 async def run_processes_bench(
-    jobs: int, slots: int, cli_calls: int, database: str, timeout_s: float
+    jobs: int, slots: int, cli_calls: int, database: str, timeout_s: float, submit: str = "each"
 ) -> dict[str, Any]:
     """Run the bench (see the module docstring); its figures as JSON-ready values."""
+    if submit not in SUBMIT_MODES:
+        raise ProcessesBenchError(
+            f"submit must be one of {', '.join(SUBMIT_MODES)}, not {submit!r}"
+        )
     fleet = Fleet()
     with tempfile.TemporaryDirectory(prefix="corral-bench-processes-") as tmp:
         workdir = Path(tmp)
@@ -104,7 +113,10 @@ async def run_processes_bench(
             await _until_agent(manager.url, token, agent)
             cpu_before = {p.name: _cpu_s(p) for p in (manager, agent)}
             begun = time.monotonic()
-            submitted, failed = await _submit(manager.url, token, jobs)
+            if submit == "array":
+                submitted, failed = await _submit_array(manager.url, token, jobs)
+            else:
+                submitted, failed = await _submit(manager.url, token, jobs)
             if not await _until_ended(db, timeout_s - (time.monotonic() - begun)):
                 raise ProcessesBenchError(f"the {jobs} jobs did not all end in {timeout_s} s")
             cpu_after = {p.name: _cpu_s(p) for p in (manager, agent)}
@@ -121,6 +133,7 @@ async def run_processes_bench(
         "benchmark": "processes",
         "jobs": jobs,
         "slots": slots,
+        "submit": submit,
         **figures,
         "cpu_ms_per_job": {
             "manager": round(cpu["manager"]["self"], 2),
@@ -181,6 +194,26 @@ async def _submit(url: str, token: str, count: int) -> tuple[list[str], int]:
     async with httpx.AsyncClient(timeout=30.0, limits=limits) as http:
         await asyncio.gather(*(worker(http) for _ in range(SUBMIT_CONCURRENCY)))
     return ids, failed
+
+
+async def _submit_array(url: str, token: str, count: int) -> tuple[list[str], int]:
+    """Submit `count` sessions as one job array (indices 0 to count - 1); their ids, and how
+    many requests failed on the wire (sent again with the array's creation id)."""
+    body = {**SESSION_BODY, "array": f"0-{count - 1}", "creation_id": f"bench-{uuid.uuid4().hex}"}
+    headers = {"Authorization": f"Bearer {token}"}
+    failed = 0
+    async with httpx.AsyncClient(timeout=60.0) as http:
+        for _ in range(MAX_SENDS):
+            try:
+                reply = await http.post(f"{url}/v1/arrays", json=body, headers=headers)
+                break
+            except httpx.TransportError:
+                failed += 1
+        else:
+            raise ProcessesBenchError(f"POST /v1/arrays failed {MAX_SENDS} times in a row")
+    if reply.status_code not in (200, 201):
+        raise ProcessesBenchError(f"POST /v1/arrays: {reply.status_code} {reply.text}")
+    return [str(element["session_id"]) for element in reply.json()["elements"]], failed
 
 
 async def _until_ended(db: Database, deadline_s: float) -> bool:

@@ -277,15 +277,24 @@ def processes_command(
     timeout_s: Annotated[
         float, typer.Option("--timeout", min=1, help="Seconds the jobs may take in all.")
     ] = 600.0,
+    submit: Annotated[
+        str,
+        typer.Option(
+            "--submit",
+            help="`each`: a POST per job, 32 in flight; `array`: one job array of them all.",
+        ),
+    ] = "each",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
     """Trivial jobs through a real manager and a real process agent: jobs/s, latency, CPU."""
-    from corral.bench.processes import ProcessesBenchError, run_processes_bench
+    from corral.bench.processes import SUBMIT_MODES, ProcessesBenchError, run_processes_bench
 
+    if submit not in SUBMIT_MODES:
+        fail(f"--submit must be one of {', '.join(SUBMIT_MODES)}, not {submit!r}", code=2)
     if not as_json:
-        _err.print(f"[dim]bench processes: {jobs} x true on {slots} slots ...[/]")
+        _err.print(f"[dim]bench processes: {jobs} x true on {slots} slots ({submit}) ...[/]")
     try:
-        result = asyncio.run(run_processes_bench(jobs, slots, cli, database, timeout_s))
+        result = asyncio.run(run_processes_bench(jobs, slots, cli, database, timeout_s, submit))
     except ProcessesBenchError as exc:
         fail(str(exc), code=1)
     if as_json:
