@@ -47,6 +47,7 @@ from corral.domain.types import Clock, utcnow
 from corral.infra import DEFAULT_PREFIX
 from corral.infra.events import PING_INTERVAL_S, forget_on_events
 from corral.infra.locks import DEFAULT_LOCK_TTL_S, address_owner
+from corral.manager._http_server import QuietServer
 from corral.manager.backends import Buses, open_buses
 from corral.manager.retention import retention_loop
 from corral.store.database import Database
@@ -252,7 +253,7 @@ class ManagerDaemon:
         self._sock = _bind(config.host, config.port)
         # Bound: no earlier process of this address lives, so the locks it left are free now.
         await buses.locks.take_over_predecessor(address_owner(self._sock.getsockname()[1]))
-        server = uvicorn.Server(served)
+        server = QuietServer(served)
         self._server = server
         components = {
             asyncio.create_task(orchestrator.run(), name="manager-orchestrator"),

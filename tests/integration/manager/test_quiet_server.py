@@ -1,0 +1,55 @@
+"""The manager's HTTP server: it idles without polling, still dates its answers, and stops as
+soon as it is asked to, from a thread or a signal handler, not at its next tick."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from corral.manager import _http_server
+from corral.manager._http_server import QuietServer
+
+
+async def _hello(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    assert scope["type"] == "http"
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"hello"})
+
+
+async def test_it_answers_with_a_date_and_stops_when_asked_from_a_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A tick longer than the test's deadline: only the exit's own wake-up can end serve().
+    monkeypatch.setattr(_http_server, "TICK_S", 3600.0)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(_hello, log_level="warning", lifespan="off", access_log=False)
+    server = QuietServer(config)
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        async with httpx.AsyncClient() as client:
+            for _ in range(200):  # until it listens: polled, with a bound
+                try:
+                    reply = await client.get(f"http://127.0.0.1:{port}/")
+                    break
+                except httpx.ConnectError:
+                    await asyncio.sleep(0.05)
+            else:
+                pytest.fail("the server never answered")
+        assert reply.text == "hello"
+        assert reply.headers["date"].endswith("GMT")  # renewed by its tick, as uvicorn's
+        # As a signal handler or another thread would: a plain attribute write.
+        asker = threading.Thread(target=setattr, args=(server, "should_exit", True))
+        asker.start()
+        asker.join()
+        await asyncio.wait_for(serving, timeout=30)  # not after its 3,600 s tick
+    finally:
+        serving.cancel()
+        sock.close()
