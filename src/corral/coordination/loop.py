@@ -2,16 +2,18 @@
 
 Short loop: every `short_interval_s`, or as soon as the task's hint is pushed, run the task if
 the hint could be consumed (or, while the hint bus is down, whether a hint was set is unknown:
-run it every short tick). While the task is busy (a run of it moved something within the last
-debounce period) a pushed hint is debounced first, so a burst of hints becomes one batch; a
-hint after a quiet spell, or after a run that found nothing to do (a promotion woken before the
-agents answered), runs at once, so a lone submission pays no debounce at any phase. Long loop:
-at start and every `long_interval_s` after, run the task whatever the hints say (a forced run
-that finds the lock held is retried until it runs). A lost hint or a dead hint bus costs
-latency, never correctness (DESIGN.md, "Coordination"). Due times: a run may report when the
-task next has work that no hint will announce (`TaskRun.due_in_s`: a phase timeout, a start
-time, a deadline); the loop wakes then and runs the task, so time-driven work is done within
-moments of its due time rather than at the long loop.
+run it every short tick). On a bus that loses no hint (`HintBus.lossless`, in-process) an idle
+loop has nothing to look at between its due moments and does not tick. While the task is busy (a
+run of it moved something within the last debounce period) a pushed hint is debounced first, so
+a burst of hints becomes one batch; a hint after a quiet spell, or after a run that found
+nothing to do (a promotion woken before the agents answered), runs at once, so a lone submission
+pays no debounce at any phase. Long loop: at start and every `long_interval_s` after, run the
+task whatever the hints say (a forced run that finds the lock held is retried until it runs). A
+lost hint or a dead hint bus costs latency, never correctness (DESIGN.md, "Coordination"). Due
+times: a run may report when the task next has work that no hint will announce
+(`TaskRun.due_in_s`: a phase timeout, a start time, a deadline); the loop wakes then and runs
+the task, so time-driven work is done within moments of its due time rather than at the long
+loop.
 
 The task's lock is taken before a run and kept while hints keep coming: a hint within
 `lock_linger_s` of the last run is served under the same hold, so a busy task does not pay a
@@ -134,6 +136,11 @@ class DualLoop:
         self._last_worked_at: float | None = None  # clock() when a run that moved sessions ended
         self._next_forced_at = 0.0  # clock() when the long loop is next due
         self._due_at: float | None = None  # clock() when the last run said work comes due
+        # Idle on a bus that loses no hint, timed by the event loop's own clock, the loop has
+        # nothing to look at before its next due moment (the long loop, a due time), so it
+        # sleeps until then. Else it looks every short interval: at the server, for a hint
+        # whose notification was lost; at an injected clock, which no timer follows.
+        self._ticks = not (hints.lossless and clock is time.monotonic)
 
     async def run(self) -> None:
         """Drive the task until stop(); a run raising an Exception is logged and retried."""
@@ -150,7 +157,10 @@ class DualLoop:
         retry = False  # a failed run's work is still owed, hint or not
         try:
             while not self._stopping:
-                timeout_s = max(0.0, min(self._short_interval_s, self._until_due() - self._clock()))
+                tick_s = self._short_interval_s
+                if not (self._ticks or pause or self._hints_down):
+                    tick_s = self._long_interval_s  # a lossless bus: until due (see _ticks)
+                timeout_s = max(0.0, min(tick_s, self._until_due() - self._clock()))
                 hinted = True  # unknown after a plain sleep: look (under the lock)
                 if pause or self._hints_down:
                     # A hint still set would make wait() return at once: sleep, don't spin.

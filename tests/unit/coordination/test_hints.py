@@ -11,6 +11,7 @@ from corral.coordination.serving_hints import ServingHint
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.handlers.sessions.retries import DispatchRetries
 from corral.infra.hints import HintBus
+from corral.infra.hints.memory import MemoryHintBus
 from corral.infra.locks import LockManager
 from corral.store.database import Database
 
@@ -34,7 +35,7 @@ def test_promotions_are_quick_tasks_and_debounce_less() -> None:
     the retry task, whose work waits its delay anyway, gathers a burst longest."""
     coordinator = SessionCoordinator(cast(Database, None), cast(HintBus, None))
     intervals = LoopIntervals(debounce_s=0.005, quick_debounce_s=0.001)
-    loops = task_loops(coordinator.tasks(), cast(HintBus, None), cast(LockManager, None), intervals)
+    loops = task_loops(coordinator.tasks(), MemoryHintBus(), cast(LockManager, None), intervals)
     quick = {loop.task.name for loop in loops if loop.debounce_s == 0.001}
     assert quick == {h.name() for h in coordinator.promotions}
     patient = {loop.task.name: loop.debounce_s for loop in loops if loop.debounce_s > 0.005}

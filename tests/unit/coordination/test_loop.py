@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -200,6 +200,46 @@ async def test_without_a_hint_the_short_loop_never_runs_the_task() -> None:
     async with running(loop):
         await eventually(lambda: loop.attempts >= 5)
     assert (loop.runs, recorder.calls) == (0, 0)
+
+
+class WaitRecorder(MemoryHintBus):
+    """A memory bus that records each wait's timeout; `lossless` as a test wants it."""
+
+    def __init__(self, *, lossless: bool) -> None:
+        super().__init__()
+        self.lossless = lossless
+        self.timeouts: list[float] = []
+
+    async def wait(self, names: Collection[str], timeout_s: float) -> bool:
+        self.timeouts.append(timeout_s)
+        return await super().wait(names, timeout_s)
+
+
+@pytest.mark.parametrize("lossless", [True, False])
+async def test_an_idle_loop_ticks_only_where_a_hint_can_be_lost(lossless: bool) -> None:
+    """On an in-process bus (no hint lost) an idle loop waits for its next due moment, here the
+    long loop; on a bus whose notifications can be lost it looks every short interval; a set
+    hint runs the task at once either way."""
+    hints, recorder = WaitRecorder(lossless=lossless), Recorder()
+    loop = make_loop(recorder, hints, short_interval_s=0.01, long_interval_s=NEVER_S)
+    async with running(loop):
+        await eventually(lambda: len(hints.timeouts) >= 1)
+        await hints.set(HINT)
+        await eventually(lambda: loop.runs == 1)
+    first = hints.timeouts[0]
+    if lossless:
+        assert first > NEVER_S - 60  # not a tick: the long loop's hour, less what has passed
+    else:
+        assert first == pytest.approx(0.01)
+
+
+async def test_an_injected_clock_is_looked_at_every_short_tick() -> None:
+    """A lossless bus, but a clock no timer follows: the loop ticks to see it move."""
+    hints, recorder = WaitRecorder(lossless=True), Recorder()
+    loop = make_loop(recorder, hints, short_interval_s=0.01, clock=FakeClock())
+    async with running(loop):
+        await eventually(lambda: len(hints.timeouts) >= 3)
+    assert hints.timeouts[0] == pytest.approx(0.01)
 
 
 async def test_the_long_loop_runs_the_task_every_long_interval() -> None:

@@ -45,6 +45,11 @@ class HintBus(ABC):
 
     # Failures of set_after_commit, logged once per outage (made on first use).
     _after_commit: OutageLog | None = None
+    # Whether every hint set wakes this bus's waiters, none lost on the way (an in-process bus).
+    # A server's notifications can be lost (a pub/sub message during a reconnect): a dual loop
+    # then looks at the server every short interval; on a lossless bus an idle loop sleeps
+    # until it has something to do.
+    lossless = False
 
     @abstractmethod
     async def set(self, *names: str) -> None:

@@ -45,6 +45,8 @@ class MemoryHintHub:
 class MemoryHintBus(ClaimableHintBus):
     """Hints for one process; buses built on one `hub` see each other's hints."""
 
+    lossless = True  # a set wakes the hub's waiters directly
+
     def __init__(self, *, prefix: str = "corral", hub: MemoryHintHub | None = None) -> None:
         super().__init__()
         self._prefix = prefix
