@@ -300,7 +300,10 @@ async def test_two_orchestrators_share_postgres_without_double_transitions(
     occupied = {(a, slot): used for a, slots in ledger.items() for slot, (_, used) in slots.items()}
     assert set(occupied.values()) == {0}, occupied
     for manager in managers:
-        assert total_runs(manager.orchestrator.loops) > 0
+        # Each took part: it ran tasks, or found them held by the other (a busy holder keeps
+        # its locks while hints keep coming, so under load one manager may run nothing).
+        loops = manager.orchestrator.loops
+        assert total_runs(loops) + sum(loop.lock_busy for loop in loops) > 0
 
 
 async def assert_each_move_recorded_once(db: Database, count: int) -> None:
