@@ -178,17 +178,9 @@ async def _submit(url: str, token: str, count: int) -> tuple[list[str], int]:
         nonlocal failed
         while left:
             body = {**SESSION_BODY, "creation_id": f"bench-{run}-{left.pop()}"}
-            for _ in range(MAX_SENDS):
-                try:
-                    reply = await http.post(f"{url}/v1/sessions", json=body, headers=headers)
-                    break
-                except httpx.TransportError:
-                    failed += 1
-            else:
-                raise ProcessesBenchError(f"POST /v1/sessions failed {MAX_SENDS} times in a row")
-            if reply.status_code not in (200, 201):
-                raise ProcessesBenchError(f"POST /v1/sessions: {reply.status_code} {reply.text}")
-            ids.append(str(reply.json()["id"]))
+            answer, lost = await _post(http, f"{url}/v1/sessions", body, headers)
+            failed += lost
+            ids.append(str(answer["id"]))
 
     limits = httpx.Limits(max_connections=SUBMIT_CONCURRENCY)
     async with httpx.AsyncClient(timeout=30.0, limits=limits) as http:
@@ -201,19 +193,29 @@ async def _submit_array(url: str, token: str, count: int) -> tuple[list[str], in
     many requests failed on the wire (sent again with the array's creation id)."""
     body = {**SESSION_BODY, "array": f"0-{count - 1}", "creation_id": f"bench-{uuid.uuid4().hex}"}
     headers = {"Authorization": f"Bearer {token}"}
-    failed = 0
     async with httpx.AsyncClient(timeout=60.0) as http:
-        for _ in range(MAX_SENDS):
-            try:
-                reply = await http.post(f"{url}/v1/arrays", json=body, headers=headers)
-                break
-            except httpx.TransportError:
-                failed += 1
-        else:
-            raise ProcessesBenchError(f"POST /v1/arrays failed {MAX_SENDS} times in a row")
+        answer, failed = await _post(http, f"{url}/v1/arrays", body, headers)
+    return [str(element["session_id"]) for element in answer["elements"]], failed
+
+
+async def _post(
+    http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]
+) -> tuple[dict[str, Any], int]:
+    """The created (or found again) entity's JSON, and how many sends lost their connection
+    with no answer (each sent again: the body's creation id makes it the same submission)."""
+    lost = 0
+    for _ in range(MAX_SENDS):
+        try:
+            reply = await http.post(url, json=body, headers=headers)
+            break
+        except httpx.TransportError:
+            lost += 1
+    else:
+        raise ProcessesBenchError(f"POST {url} failed {MAX_SENDS} times in a row")
     if reply.status_code not in (200, 201):
-        raise ProcessesBenchError(f"POST /v1/arrays: {reply.status_code} {reply.text}")
-    return [str(element["session_id"]) for element in reply.json()["elements"]], failed
+        raise ProcessesBenchError(f"POST {url}: {reply.status_code} {reply.text}")
+    answer: dict[str, Any] = reply.json()
+    return answer, lost
 
 
 async def _until_ended(db: Database, deadline_s: float) -> bool:
