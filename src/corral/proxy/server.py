@@ -1,6 +1,7 @@
 """`corral proxy`: the forwarding app on its own HTTP server, and the task that keeps its route
 table current: read from the manager, then re-read on every change event the manager pushes
-(within moments), and every few seconds in case an event was missed."""
+(within moments), and every few seconds in case an event was missed, over one client and one
+event stream."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from corral.client import Client, CorralError
 from corral.domain.deployment import ROUTE_TABLE_ID
@@ -41,18 +43,43 @@ async def refresh(client: Client, table: RouteTable) -> None:
         )
 
 
-async def follow_table(client_factory: Callable[[], Client], table: RouteTable) -> None:
-    """Keep `table` current until cancelled; manager outages are waited out."""
+async def follow_table(
+    client_factory: Callable[[], Client], table: RouteTable, *, poll_s: float = POLL_S
+) -> None:
+    """Keep `table` current until cancelled; manager outages are waited out.
+
+    One client and one event stream for as long as they work: the poll reads the table beside
+    the stream (it used to end the stream and open a new client every poll, the proxy's most
+    expensive habit at idle); a stream that ends, or an error, starts over.
+    """
     while True:
         try:
             async with client_factory() as client:
                 await refresh(client, table)
-                await asyncio.wait_for(_on_changes(client, table), timeout=POLL_S)
-        except TimeoutError:
-            continue  # the poll: read the table again
+                await _first_to_end(_on_changes(client, table), _poll(client, table, poll_s))
         except (CorralError, OSError) as exc:
             logger.warning("proxy.table_unavailable", extra={"error": str(exc)})
             await asyncio.sleep(1.0)
+
+
+async def _first_to_end(*work: Coroutine[Any, Any, None]) -> None:
+    """Run `work` until one of it ends (its error raised); the rest is cancelled."""
+    tasks = [asyncio.ensure_future(w) for w in work]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _poll(client: Client, table: RouteTable, poll_s: float) -> None:
+    """Read the table every `poll_s`, in case a change event was missed."""
+    while True:
+        await asyncio.sleep(poll_s)
+        await refresh(client, table)
 
 
 async def _on_changes(client: Client, table: RouteTable) -> None:
