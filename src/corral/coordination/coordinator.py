@@ -75,12 +75,11 @@ _HINTS: Mapping[str, Hint] = {
     DispatchRetries.name(): Hint.RETRY,
     EvictNotReady.name(): Hint.ADMISSION,
 }
-# Runs of these write agents' desired state (and may have re-asked for a failed stage).
 # In a burst of endings the retry task gathers this long before it decides: a retry waits its
 # delay anyway, and each run is a commit (with `--retries 2` at a 5 % failure rate the task's
 # commits had been 5 % of the manager's time in `corral simulate`).
 RETRY_BATCH_S = 0.05
-
+# Runs of these write agents' desired state (and may have re-asked for a failed stage).
 _ASKS_AGENTS = frozenset({PrepareSessions.name(), StartSessions.name(), TerminateSessions.name()})
 
 

@@ -149,11 +149,12 @@ class SessionRepository:
         ] = {}
         session_status_of, kernel_status_of = SESSION_STATUS_BY_VALUE, KERNEL_STATUS_BY_VALUE
         stop = KernelIntent.STOP.value
-        for sid, status, started_at, asked, *kernel in rows:
+        for (
+            sid, status, started_at, asked, role, index, kernel_status, exit_code, cause, desired
+        ) in rows:  # fmt: skip
             session = found.get(sid)
             if session is None:
                 session = found[sid] = (session_status_of[status], started_at, asked, [])
-            role, index, kernel_status, exit_code, cause, desired = kernel
             if role is not None:
                 state = kernel_status_of[kernel_status]
                 stopped = desired == stop
