@@ -122,7 +122,10 @@ def test_a_rank_that_ends_first_decides_the_result_not_the_main_kernel_it_cut(
     info = json.loads(up.corral("session", "info", _newest_id(up), "--json").stdout)
     assert info["result"] == ("success" if exit_code == 0 else "failure"), info
     assert info["exit_code"] == exit_code
-    assert sorted(k["exit_code"] for k in info["kernels"]) == sorted([exit_code, -15])
+    by_rank = {k["cluster_index"]: k["exit_code"] for k in info["kernels"]}
+    assert by_rank[1] == exit_code
+    # Stopped (SIGTERM), or, when rank 1 failed before rank 0 started, never run at all.
+    assert by_rank[0] in (-15, None)
 
 
 def _newest_id(up: Up) -> str:
