@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from types import SimpleNamespace, TracebackType
+from types import SimpleNamespace
 from typing import Any, cast
 
 from corral.client import Client
 from corral.proxy.server import follow_table
 from corral.proxy.table import RouteTable
+from tests.unit.proxy._fake_client import FakeClientContext
 
 NEVER_S = 3600.0
 
 
-class _Manager:
+class _Manager(FakeClientContext):
     """The manager as the proxy's client sees it: its table's revision, its change events."""
 
     def __init__(self) -> None:
@@ -29,17 +30,6 @@ class _Manager:
     def client(self) -> Client:
         self.clients += 1
         return cast(Client, self)
-
-    async def __aenter__(self) -> _Manager:
-        return self
-
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        return None
 
     async def route_table(self) -> SimpleNamespace:
         self.reads += 1

@@ -4,7 +4,6 @@ keepalive well inside the manager's TTL, and again after a failed report."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import TracebackType
 from typing import cast
 
 import pytest
@@ -13,30 +12,20 @@ from corral.client import Client
 from corral.domain.deployment import PROXY_REPORT_KEEPALIVE_S, PROXY_REPORT_TTL_S
 from corral.proxy.report import report_load
 from corral.proxy.table import RouteTable, TableEntry
+from tests.unit.proxy._fake_client import FakeClientContext
 
 
 class _Stop(BaseException):
     """Ends the report loop after the ticks a test wants."""
 
 
-class _Manager:
+class _Manager(FakeClientContext):
     """Records the reports the proxy sends, as (time, revision, inflight); fails on request."""
 
     def __init__(self) -> None:
         self.now = 0.0
         self.reports: list[tuple[float, int, dict[str, dict[str, int]]]] = []
         self.fail_next = False
-
-    async def __aenter__(self) -> _Manager:
-        return self
-
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        return None
 
     async def report_proxy_load(
         self, proxy_id: str, table_revision: int, inflight: Mapping[str, Mapping[str, int]]
