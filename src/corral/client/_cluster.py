@@ -6,41 +6,16 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote
 
-import httpx
-
 from corral.client._paging import every_item
+from corral.client._transport import TransportCalls
 from corral.client.models import Agent, IssuedToken, Page, ResourceGroup, Token, User
 
 
-class ClusterCalls:
+class ClusterCalls(TransportCalls):
     """Users, tokens, resource groups and agents; mixed into `Client`."""
-
-    if TYPE_CHECKING:
-
-        async def _json(
-            self,
-            method: str,
-            path: str,
-            *,
-            params: Mapping[str, object] | None = None,
-            json: object = None,
-            content: bytes | None = None,
-            headers: Mapping[str, str] | None = None,
-        ) -> Any: ...
-
-        async def _send(
-            self,
-            method: str,
-            path: str,
-            *,
-            params: Mapping[str, object] | None = None,
-            json: object = None,
-            content: bytes | None = None,
-            headers: Mapping[str, str] | None = None,
-        ) -> httpx.Response: ...
 
     # --- users (admins) -------------------------------------------------------------------
 

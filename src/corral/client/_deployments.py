@@ -5,32 +5,20 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote
 
 import pydantic
 
+from corral.client._transport import TransportCalls
 from corral.client.errors import VALIDATION_PROBLEM, ValidationError
 from corral.client.models import Deployment, DeploymentHistory, RouteTable, ServingLoad
 from corral.domain.deployment import Autoscaling, DeploymentSpec
 from corral.domain.field_errors import describe, field_errors
 
 
-class DeploymentCalls:
+class DeploymentCalls(TransportCalls):
     """Deployments; mixed into `Client`."""
-
-    if TYPE_CHECKING:
-
-        async def _json(
-            self,
-            method: str,
-            path: str,
-            *,
-            params: Mapping[str, object] | None = None,
-            json: object = None,
-            content: bytes | None = None,
-            headers: Mapping[str, str] | None = None,
-        ) -> Any: ...
 
     async def create_deployment(
         self, spec: DeploymentSpec | None = None, **fields: Any
