@@ -442,6 +442,17 @@ kernels = sa.Table(
     postgresql_with={"fillfactor": 40},
 )
 
+# The kernels with a failed stage reported, by session (`sessions._attention_query`): a few at
+# any time, so the phases find them without reading every kernel they watch. Partial: the
+# reports that clear or keep a NULL `stage_failure` still update the row in place (HOT on
+# PostgreSQL). Migration 0033.
+sa.Index(
+    "ix_kernels_stage_failure",
+    kernels.c.session_id,
+    postgresql_where=sa.text("stage_failure IS NOT NULL"),
+    sqlite_where=sa.text("stage_failure IS NOT NULL"),
+)
+
 # The kernels of each agent: a row for every kernel whose `agent_id` is set, written by the
 # placement that sets it and deleted when it is cleared, so that the kernels of an agent are
 # found by an index without indexing `kernels.agent_id` (an index there makes every placement
