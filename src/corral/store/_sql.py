@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import uuid
 from collections.abc import Collection
 from typing import Any
@@ -14,6 +13,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.visitors import InternalTraversal
 
 from corral.domain.record import record
+from corral.store._json import dumps
 from corral.store.database import Dialect
 
 
@@ -40,8 +40,8 @@ def id_batch(dialect: Dialect, values: Collection[Any]) -> IdBatch:
     if dialect == "postgresql":
         return IdBatch(items, list(items))
     if items and isinstance(items[0], uuid.UUID):
-        return IdBatch(items, json.dumps([v.hex for v in items]))
-    return IdBatch(items, json.dumps(items))
+        return IdBatch(items, dumps([v.hex for v in items]))
+    return IdBatch(items, dumps(items))
 
 
 def in_values(

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.util import greenlet_spawn
 
 from corral.store import _inline_sqlite as inline_sqlite
+from corral.store import _json as json_text
 from corral.store.planner_stats import PlannerStatistics
 
 Dialect = Literal["sqlite", "postgresql"]
@@ -136,6 +137,7 @@ class Database:
                 "prepared_statement_cache_size": PREPARED_STATEMENTS,
                 "statement_cache_size": PREPARED_STATEMENTS,
             }
+        kwargs["json_serializer"] = json_text.dumps  # json.dumps's text, faster
         engine = create_async_engine(target, **kwargs)
         if engine.dialect.name == "sqlite":
             _configure_sqlite(engine)

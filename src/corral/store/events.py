@@ -17,6 +17,7 @@ from corral.domain.record import record
 from corral.domain.status import SessionStatus
 from corral.domain.types import SessionId, UserId
 from corral.store._direct import DirectStatement, insert_columns
+from corral.store._json import dumps
 from corral.store._sql import in_values
 from corral.store.database import Database, Dialect
 from corral.store.tables import events as events_table
@@ -192,7 +193,7 @@ async def _append(
             "types": [event[1] for event in events],
             "entities": [event[2] for event in events],
             "owners": [event[3] for event in events],
-            "payloads": _each_once(payloads, json.dumps),
+            "payloads": _each_once(payloads, dumps),
         }
         ids = sorted(await _INSERT.scalars(conn, params))
     else:

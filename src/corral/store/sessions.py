@@ -215,8 +215,8 @@ def _session_row(
         "resource_group": s.resource_group,
         "cluster_mode": s.cluster_mode,
         "cluster_size": s.cluster_size,
-        "spec": dict(s.spec),
-        "kernel_slots": dict(s.kernel_slots),  # every kernel asks the same (`_kernel_rows`)
+        "spec": _plain(s.spec),
+        "kernel_slots": _plain(s.kernel_slots),  # every kernel asks the same (`_kernel_rows`)
         "status": SessionStatus.PENDING.value,
         "status_changed_at": now,
         "created_at": now,
@@ -227,12 +227,12 @@ def _session_row(
         "starts_at": s.starts_at,
         "time_limit_s": s.time_limit_s,
         "phase_attempts": 0,
-        "failed_agents": [],
+        "failed_agents": _NO_AGENTS,
         "requeue_count": 0,
         "requeue_active": True,
         "retry_count": s.retry_count,
         "max_retries": s.max_retries,
-        "retry_policy": None if s.retry_policy is None else dict(s.retry_policy),
+        "retry_policy": None if s.retry_policy is None else _plain(s.retry_policy),
         "parent_session_id": s.parent_session_id,
         "retry_cause": s.retry_cause,
         "array_id": s.array.array_id if s.array else None,
@@ -241,6 +241,19 @@ def _session_row(
         "array_number": array_number,
         "upload": s.spec.get("upload"),
     }
+
+
+# A new session has failed on no agent, a new kernel has no runtime info yet. One value for
+# every row, so a batch encodes each once; never changed (an update writes a new value).
+_NO_AGENTS: tuple[str, ...] = ()
+_NO_RUNTIME_INFO: dict[str, Any] = {}
+
+
+def _plain(value: Mapping[str, Any]) -> dict[str, Any]:
+    """`value` as a dict, for JSON; the same object if it is one, so the rows of sessions that
+    share it (a retry policy: a few among thousands of sessions) share it, and a batch's insert
+    encodes it once (`_direct._convert_rows`). Never changed once written."""
+    return value if type(value) is dict else dict(value)
 
 
 def _kernel_rows(s: NewSession, now: datetime) -> list[dict[str, Any]]:
@@ -253,8 +266,8 @@ def _kernel_rows(s: NewSession, now: datetime) -> list[dict[str, Any]]:
             "status": KernelStatus.PENDING.value,
             "status_changed_at": now,
             "created_at": now,
-            "requested_slots": dict(s.kernel_slots),
-            "runtime_info": {},
+            "requested_slots": _plain(s.kernel_slots),
+            "runtime_info": _NO_RUNTIME_INFO,
         }
         for index in range(s.cluster_size)
     ]
