@@ -148,11 +148,15 @@ def test_an_unexpected_error_is_one_line_with_a_hint_and_exits_1(
     assert "Traceback (most recent call last)" in debug.stderr
 
 
-@pytest.mark.parametrize("args", [("run", "--", "true"), ("events",), ("submit", "job.yaml")])
+@pytest.mark.parametrize(
+    "args",
+    [("run", "--", "true"), ("run", "-d", "--", "true"), ("events",), ("submit", "job.yaml")],
+)
 def test_every_user_verb_names_the_unreachable_url(
     env: dict[str, str], tmp_path: Path, args: tuple[str, ...]
 ) -> None:
-    """`run`, `events` and `submit` with no manager at the URL: exit 1 naming it, `corral up`."""
+    """`run` (followed or detached: the SDK's client or one plain request), `events` and
+    `submit` with no manager at the URL: exit 1 naming it, `corral up`."""
     (tmp_path / "job.yaml").write_text("command: [python, -c, pass]\n")
     url = f"http://127.0.0.1:{free_port()}"
     done = subprocess.run(
@@ -182,6 +186,12 @@ def test_server_errors_and_quantities_through_a_real_manager(up: Up) -> None:
     assert missing.returncode == FAILURE_EXIT, missing.stderr
     one_error_line(missing.stderr)
 
+    # `run -d` sends one plain request and leaves the checks to the server: what it refuses is
+    # named by the flag all the same, a usage error, and nothing is created.
+    detached = up.corral("run", "-d", "--priority", "500", "--retries", "1", "--", "true")
+    assert detached.returncode == USAGE_EXIT, detached.stderr
+    assert one_error_line(detached.stderr) == "--priority: must be 100 or less"
+    assert json.loads(up.corral("session", "ls", "--all-states", "--json").stdout) == []
     submitted = up.corral("run", "-d", "--cpu", "500m", "--mem", "512m", "--", "true")
     assert submitted.returncode == 0, submitted.stderr
     session_id = submitted.stdout.strip()

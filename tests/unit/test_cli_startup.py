@@ -59,6 +59,19 @@ def test_the_commands_run_against_a_manager_load_the_client_only() -> None:
 # Not server modules, but what a command that prints no table never needs: rich (tables only)
 # and httpx's own command line (click, rich and pygments, imported with httpx unless barred).
 UNUSED_BY_RUN = ("rich", "httpx._main", "click", "pygments")
+# What `run --detach` leaves to the commands that follow a session: the SDK's async client, its
+# models, the spec's models and the event loop (it sends one plain request; pydantic is still
+# imported, by typer itself, to check the flags).
+UNUSED_BY_RUN_DETACH = (
+    "asyncio",
+    "corral.client._client",
+    "corral.client.models",
+    "corral.domain.spec",
+    "corral.domain.retry.policy",
+    "corral.cli._remote",
+    "corral.cli.session",
+    "corral.cli.events",
+)
 
 # Runs `corral run --detach -- true` as the console script does, against a port nothing listens
 # on, and writes every module the process imported (None: barred) by its exit into argv[1].
@@ -74,7 +87,8 @@ main()
 
 
 def test_run_detach_imports_neither_the_server_stack_nor_rich(tmp_path: Path) -> None:
-    """`corral run --detach` through its request: no server module, no rich, no httpx CLI."""
+    """`corral run --detach` through its request: no server module, no rich, no httpx CLI, and
+    neither the SDK's async client nor the models."""
     listing = tmp_path / "modules.txt"
     env = {
         **os.environ,
@@ -94,7 +108,7 @@ def test_run_detach_imports_neither_the_server_stack_nor_rich(tmp_path: Path) ->
     assert "cannot reach" in ended.stderr or "127.0.0.1:9" in ended.stderr, ended.stderr
     loaded = set(listing.read_text().split())
     assert "httpx" in loaded  # the probe saw the request's imports
-    unwanted = (*SERVER_MODULES, *UNUSED_BY_RUN)
+    unwanted = (*SERVER_MODULES, *UNUSED_BY_RUN, *UNUSED_BY_RUN_DETACH)
     assert sorted(m for m in loaded if m.startswith(tuple(f"{u}." for u in unwanted))) == []
     assert sorted(loaded.intersection(unwanted)) == []
 

@@ -1,8 +1,8 @@
 """The `corral` command line: one typer app, one module per command group.
 
-The user verbs (`run`, `session`, `events`) talk to a manager through the client only; every
-other command is imported when it runs (`_lazy.py`), so a user's command starts in a fraction
-of the time.
+`run` is registered as is; every other command is imported when it runs (`_lazy.py`), and
+the user verbs (`run`, `session`, `events`) import only the client, so a user's command starts
+in a fraction of the time.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import typer
 
 from corral import package_version
 from corral._gc import tune_gc
-from corral.cli import _lazy, _startup, events, run, session  # noqa: F401 (_startup: before httpx)
+from corral.cli import _lazy, _startup, run  # noqa: F401 (_startup: before httpx)
 from corral.cli._common import DEBUG_VARIABLE, FAILURE_EXIT, INTERRUPTED_EXIT
 from corral.cli._usage import is_help_shown, usage_message
 
@@ -40,6 +40,8 @@ def _bench_commands(app: typer.Typer) -> None:
 
 class _Commands(_lazy.LazyGroup):
     loaders = {  # noqa: RUF012 (the class attribute of LazyGroup, set once)
+        "session": _lazy.group("session", "corral.cli.session"),
+        "events": _lazy.command("events", "corral.cli.events", "events_command"),
         "states": _lazy.command("states", "corral.cli.states", "states_command"),
         "manager": _lazy.command("manager", "corral.cli.manager", "manager_command"),
         "agent": _lazy.group("agent", "corral.cli.agent", _agent_commands),
@@ -96,8 +98,6 @@ def version_command() -> None:
 
 
 app.command("run", context_settings=run.CONTEXT_SETTINGS)(run.run_command)
-app.add_typer(session.app, name="session")
-app.command("events")(events.events_command)
 
 
 def main() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl
 import uuid
 from collections.abc import (
     AsyncGenerator,
@@ -22,21 +21,18 @@ from urllib.parse import quote
 import httpx
 import pydantic
 
-from corral import package_version
-from corral._tls import TlsConfigError, untrusted_certificate, untrusted_hint, verifying_context
 from corral.client._cluster import ClusterCalls
 from corral.client._deployments import DeploymentCalls
+from corral.client._http import DEFAULT_TIMEOUT_S as DEFAULT_TIMEOUT_S
+from corral.client._http import answer_json, http_options, unreachable
 from corral.client._paging import every_item
 from corral.client._sse import parse_sse
 from corral.client.config import (
     ClientConfig,
-    ClientConfigError,
-    check_url,
     load_client_config,
 )
 from corral.client.errors import (
     VALIDATION_PROBLEM,
-    CorralError,
     FieldError,
     NotFoundError,
     UnreachableError,
@@ -72,8 +68,6 @@ SpecT = TypeVar("SpecT", bound=SessionSpec)
 SessionRef = uuid.UUID | str
 LogStream = Literal["stdout", "stderr"]
 
-DEFAULT_TIMEOUT_S = 30.0
-
 
 class Client(ClusterCalls, DeploymentCalls):
     """An async client of corral's REST API; use it as `async with Client(url, token) as c:`.
@@ -93,26 +87,10 @@ class Client(ClusterCalls, DeploymentCalls):
         transport: httpx.AsyncBaseTransport | None = None,
         ca_file: str | Path | None = None,
     ) -> None:
-        self.url = check_url(url)
+        options = http_options(url, token, ca_file)
+        self.url: str = options["base_url"]
         self.timeout_s = timeout_s
-        verify: ssl.SSLContext | bool = False
-        # A plain-http URL never makes a TLS connection (requests are relative to it and no
-        # redirect is followed): loading the CA store for it cost every `corral` call ~30 ms.
-        if ca_file is not None or not self.url.startswith("http://"):
-            try:
-                verify = verifying_context(ca_file)
-            except TlsConfigError as exc:
-                raise ClientConfigError(str(exc)) from exc
-        self._http = httpx.AsyncClient(
-            verify=verify,
-            base_url=self.url,
-            headers={
-                "Authorization": f"Bearer {token}",
-                "User-Agent": f"corral/{package_version()}",
-            },
-            timeout=timeout_s,
-            transport=transport,
-        )
+        self._http = httpx.AsyncClient(**options, timeout=timeout_s, transport=transport)
 
     @classmethod
     def from_config(
@@ -470,14 +448,7 @@ class Client(ClusterCalls, DeploymentCalls):
         response = await self._send(
             method, path, params=params, json=json, content=content, headers=headers
         )
-        try:
-            return response.json()
-        except ValueError as exc:
-            raise CorralError(
-                f"{method} {path} answered {response.status_code} without JSON; is {self.url} "
-                "a corral manager?",
-                status=response.status_code,
-            ) from exc
+        return answer_json(response, method, path, self.url)
 
     async def _send(
         self,
@@ -533,17 +504,7 @@ class Client(ClusterCalls, DeploymentCalls):
             raise self._unreachable(exc) from exc
 
     def _unreachable(self, exc: httpx.TransportError) -> UnreachableError:
-        if isinstance(exc, httpx.TimeoutException):
-            return UnreachableError(
-                f"{self.url} did not answer within {self.timeout_s:g} s ({type(exc).__name__})"
-            )
-        reason = untrusted_certificate(exc)
-        if reason is not None:
-            return UnreachableError(untrusted_hint(self.url, reason))
-        return UnreachableError(
-            f"cannot reach corral at {self.url}: {exc or type(exc).__name__}; is the "
-            "manager running (`corral up`), and is the URL right?"
-        )
+        return unreachable(self.url, self.timeout_s, exc)
 
 
 def validate_spec(fields: Mapping[str, Any]) -> SessionSpec:

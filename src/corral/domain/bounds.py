@@ -17,6 +17,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator
 
+from corral.domain.field_errors import FieldValueError as FieldValueError  # its models raise it
+
 # A command as `exec` takes it: Linux refuses one argument over 128 KiB (MAX_ARG_STRLEN) and
 # all of them with the environment over about 2 MiB; corral takes at most these (UTF-8 bytes).
 MAX_COMMAND_ARGS = 4096
@@ -46,16 +48,6 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 NAME_RULE = "use 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
 
 _NUL = "\0"
-
-
-class FieldValueError(ValueError):
-    """A value error about another field than the one being validated (a model's check):
-    `field` is its dotted path, which `field_errors` shows instead of pydantic's location."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(problem)
-        self.field = field
-        self.problem = problem
 
 
 def text_problem(value: str) -> str | None:

@@ -8,14 +8,14 @@ like `('body', 'resources')`; the API's problem details, the SDK and the CLI all
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-from pydantic_core import ErrorDetails
-
-from corral.domain.bounds import FieldValueError
 from corral.domain.record import record
 from corral.domain.slots import SlotError
+
+if TYPE_CHECKING:  # pydantic is imported when its errors are translated, not before
+    from pydantic import ValidationError
+    from pydantic_core import ErrorDetails
 
 # Where in an HTTP request a field was: implied by the route, so not part of the field's path.
 _REQUEST_PARTS = frozenset({"body", "query", "path", "header", "cookie"})
@@ -61,6 +61,16 @@ _BY_TYPE: dict[str, str] = {
 _RAISED_PREFIXES = ("Value error, ", "Assertion failed, ")
 
 
+class FieldValueError(ValueError):
+    """A value error about another field than the one being validated (a model's check):
+    `field` is its dotted path, which `field_errors` shows instead of pydantic's location."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(problem)
+        self.field = field
+        self.problem = problem
+
+
 @record
 class FieldError:
     """One invalid field of a request: its dotted path (e.g. `resources.cpu`) and what is wrong."""
@@ -76,6 +86,8 @@ def field_errors(
     errors: ValidationError | Iterable[ErrorDetails], *, under: Sequence[str] = ()
 ) -> list[FieldError]:
     """Each of pydantic's errors in our words, its path prefixed with `under` (e.g. `options`)."""
+    from pydantic import ValidationError
+
     details = errors.errors() if isinstance(errors, ValidationError) else errors
     return [_field_error(detail, under) for detail in details]
 

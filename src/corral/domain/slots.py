@@ -24,11 +24,12 @@ from decimal import (
     Inexact,
     InvalidOperation,
 )
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
-from pydantic.json_schema import JsonSchemaValue
-from pydantic_core import core_schema
+if TYPE_CHECKING:  # pydantic is imported only when it builds a model with slots in it
+    from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
+    from pydantic.json_schema import JsonSchemaValue
+    from pydantic_core import core_schema
 
 # The store keeps amounts as integers in thousandths of a unit.
 MILLI = Decimal(1000)
@@ -298,6 +299,8 @@ class ResourceSlots(Mapping[str, Decimal]):
     def __get_pydantic_core_schema__(
         cls, source_type: Any, handler: GetCoreSchemaHandler
     ) -> core_schema.CoreSchema:
+        from pydantic_core import core_schema
+
         return core_schema.no_info_plain_validator_function(
             _from_pydantic_input,
             serialization=core_schema.plain_serializer_function_ser_schema(ResourceSlots.to_json),

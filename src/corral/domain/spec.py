@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import datetime
-from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import (
@@ -36,24 +35,10 @@ from corral.domain.bounds import (
 from corral.domain.outcome import DEFAULT_DEPENDENCY_KIND, DependencyKind
 from corral.domain.restarts import MAX_RESTART_LIMIT
 from corral.domain.retry.policy import RetryPolicy
+from corral.domain.session_kinds import ClusterMode as ClusterMode
+from corral.domain.session_kinds import SessionType as SessionType
 from corral.domain.slots import MAX_AMOUNT, ResourceSlots
 from corral.domain.time_limit import MAX_TIME_LIMIT_S
-
-
-class SessionType(StrEnum):
-    """What kind of work a session does."""
-
-    BATCH = "BATCH"
-    INTERACTIVE = "INTERACTIVE"
-    INFERENCE = "INFERENCE"
-
-
-class ClusterMode(StrEnum):
-    """Whether a session's kernels share one agent or may spread over several."""
-
-    SINGLE_NODE = "single-node"
-    MULTI_NODE = "multi-node"
-
 
 MAX_CLUSTER_SIZE = 256
 MIN_PRIORITY = -100

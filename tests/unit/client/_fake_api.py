@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from corral.client import Client
+from corral.client._http import PlainCall
 
 URL = "http://manager.test"
 TOKEN = "secret-token"
@@ -148,6 +149,14 @@ class FakeApi:
     def client(self) -> Client:
         """An SDK client whose requests this fake answers."""
         return Client(URL, TOKEN, transport=httpx.MockTransport(self.handle))
+
+    def plain_call(self) -> PlainCall:
+        """A one-request client (`corral run --detach`'s) whose request this fake answers."""
+        return PlainCall(URL, TOKEN, transport=httpx.MockTransport(self.handle_now))
+
+    def handle_now(self, request: httpx.Request) -> httpx.Response:
+        """`handle`, for a synchronous client (no event loop is running)."""
+        return asyncio.run(self.handle(request))
 
     def add_session(self, **fields: Any) -> str:
         """Store a session (see `session_json`), numbered after the last; its id."""

@@ -42,6 +42,7 @@ def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeApi]:
     """The fake API every command's client talks to (no real configuration is read)."""
     fake = FakeApi()
     monkeypatch.setattr(_remote, "connect", fake.client)
+    monkeypatch.setattr(run, "plain_call", fake.plain_call)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     yield fake
 
