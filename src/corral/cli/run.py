@@ -17,6 +17,7 @@ from corral.client.errors import CorralError, FieldError, ValidationError
 from corral.domain.dependency_syntax import DependencySyntaxError, parse_after, parse_dependency
 from corral.domain.field_errors import describe
 from corral.domain.images import default_image
+from corral.domain.outcome import DependencyKind
 from corral.domain.restarts import MAX_RESTART_LIMIT
 from corral.domain.retry.terms import MAX_RETRIES, BackoffStrategy, RetryEligibleCause
 from corral.domain.session_kinds import ClusterMode, SessionType
@@ -272,7 +273,7 @@ def run_command(
 
 def _submit_and_follow(
     fields: dict[str, Any],
-    wanted: Any,
+    wanted: list[tuple[str, DependencyKind]],
     upload: Path | None,
     array: str | None,
     wait: bool,

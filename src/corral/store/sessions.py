@@ -243,10 +243,9 @@ def _session_row(
     }
 
 
-# A new session has failed on no agent, a new kernel has no runtime info yet. One value for
-# every row, so a batch encodes each once; never changed (an update writes a new value).
+# A new session has failed on no agent: one value for every row (immutable), so a batch encodes
+# it once.
 _NO_AGENTS: tuple[str, ...] = ()
-_NO_RUNTIME_INFO: dict[str, Any] = {}
 
 
 def _plain(value: Mapping[str, Any]) -> dict[str, Any]:
@@ -267,7 +266,7 @@ def _kernel_rows(s: NewSession, now: datetime) -> list[dict[str, Any]]:
             "status_changed_at": now,
             "created_at": now,
             "requested_slots": _plain(s.kernel_slots),
-            "runtime_info": _NO_RUNTIME_INFO,
+            "runtime_info": {},
         }
         for index in range(s.cluster_size)
     ]
