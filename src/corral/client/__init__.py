@@ -18,64 +18,56 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from corral.client._client import (
-        DEFAULT_TIMEOUT_S,
-        Client,
-        LogStream,
-        SessionRef,
-        validate_spec,
-        validated,
-    )
-    from corral.client.config import (
-        ClientConfig,
-        ClientConfigError,
-        client_config_path,
-        load_client_config,
-        write_client_config,
-    )
-    from corral.client.errors import (
-        AuthError,
-        ConflictError,
-        CorralError,
-        FieldError,
-        NotFoundError,
-        ServerError,
-        UnreachableError,
-        ValidationError,
-    )
-    from corral.client.models import (
-        TERMINAL_STATUSES,
-        ActivateResult,
-        Agent,
-        ArrayElement,
-        ArrayElementState,
-        ArrayRemoveResult,
-        ArrayTerminateResult,
-        ArrayView,
-        Attempt,
-        Attempts,
-        Deployment,
-        Event,
-        Explanation,
-        HistoryEntry,
-        IssuedToken,
-        Kernel,
-        OutputFile,
-        Page,
-        ResourceGroup,
-        RetrySettings,
-        Route,
-        Session,
-        SessionArray,
-        TerminateResult,
-        Token,
-        Upload,
-        User,
-    )
-    from corral.client.uploads import UploadError
+if TYPE_CHECKING:  # what each name is, for type checkers (`X as X`: exported)
+    from corral.client._client import DEFAULT_TIMEOUT_S as DEFAULT_TIMEOUT_S
+    from corral.client._client import Client as Client
+    from corral.client._client import LogStream as LogStream
+    from corral.client._client import SessionRef as SessionRef
+    from corral.client._client import validate_spec as validate_spec
+    from corral.client._client import validated as validated
+    from corral.client.config import ClientConfig as ClientConfig
+    from corral.client.config import ClientConfigError as ClientConfigError
+    from corral.client.config import client_config_path as client_config_path
+    from corral.client.config import load_client_config as load_client_config
+    from corral.client.config import write_client_config as write_client_config
+    from corral.client.errors import AuthError as AuthError
+    from corral.client.errors import ConflictError as ConflictError
+    from corral.client.errors import CorralError as CorralError
+    from corral.client.errors import FieldError as FieldError
+    from corral.client.errors import NotFoundError as NotFoundError
+    from corral.client.errors import ServerError as ServerError
+    from corral.client.errors import UnreachableError as UnreachableError
+    from corral.client.errors import ValidationError as ValidationError
+    from corral.client.models import TERMINAL_STATUSES as TERMINAL_STATUSES
+    from corral.client.models import ActivateResult as ActivateResult
+    from corral.client.models import Agent as Agent
+    from corral.client.models import ArrayElement as ArrayElement
+    from corral.client.models import ArrayElementState as ArrayElementState
+    from corral.client.models import ArrayRemoveResult as ArrayRemoveResult
+    from corral.client.models import ArrayTerminateResult as ArrayTerminateResult
+    from corral.client.models import ArrayView as ArrayView
+    from corral.client.models import Attempt as Attempt
+    from corral.client.models import Attempts as Attempts
+    from corral.client.models import Deployment as Deployment
+    from corral.client.models import Event as Event
+    from corral.client.models import Explanation as Explanation
+    from corral.client.models import HistoryEntry as HistoryEntry
+    from corral.client.models import IssuedToken as IssuedToken
+    from corral.client.models import Kernel as Kernel
+    from corral.client.models import OutputFile as OutputFile
+    from corral.client.models import Page as Page
+    from corral.client.models import ResourceGroup as ResourceGroup
+    from corral.client.models import RetrySettings as RetrySettings
+    from corral.client.models import Route as Route
+    from corral.client.models import Session as Session
+    from corral.client.models import SessionArray as SessionArray
+    from corral.client.models import TerminateResult as TerminateResult
+    from corral.client.models import Token as Token
+    from corral.client.models import Upload as Upload
+    from corral.client.models import User as User
+    from corral.client.uploads import UploadError as UploadError
 
-# Each exported name → the module that defines it.
+# Where each exported name is defined: imported from there on first use.
 _HOMES = {
     "DEFAULT_TIMEOUT_S": "corral.client._client",
     "Client": "corral.client._client",
@@ -136,52 +128,4 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = [
-    "DEFAULT_TIMEOUT_S",
-    "TERMINAL_STATUSES",
-    "ActivateResult",
-    "Agent",
-    "ArrayElement",
-    "ArrayElementState",
-    "ArrayRemoveResult",
-    "ArrayTerminateResult",
-    "ArrayView",
-    "Attempt",
-    "Attempts",
-    "AuthError",
-    "Client",
-    "ClientConfig",
-    "ClientConfigError",
-    "ConflictError",
-    "CorralError",
-    "Deployment",
-    "Event",
-    "Explanation",
-    "FieldError",
-    "HistoryEntry",
-    "IssuedToken",
-    "Kernel",
-    "LogStream",
-    "NotFoundError",
-    "OutputFile",
-    "Page",
-    "ResourceGroup",
-    "RetrySettings",
-    "Route",
-    "ServerError",
-    "Session",
-    "SessionArray",
-    "SessionRef",
-    "TerminateResult",
-    "Token",
-    "UnreachableError",
-    "Upload",
-    "UploadError",
-    "User",
-    "ValidationError",
-    "client_config_path",
-    "load_client_config",
-    "validate_spec",
-    "validated",
-    "write_client_config",
-]
+__all__ = sorted(_HOMES)
