@@ -7,9 +7,7 @@ import contextlib
 import uuid
 from collections.abc import (
     AsyncGenerator,
-    AsyncIterator,
     Awaitable,
-    Iterator,
     Mapping,
     Sequence,
 )
@@ -24,7 +22,7 @@ import pydantic
 from corral.client._cluster import ClusterCalls
 from corral.client._deployments import DeploymentCalls
 from corral.client._http import DEFAULT_TIMEOUT_S as DEFAULT_TIMEOUT_S
-from corral.client._http import answer_json, http_options, unreachable
+from corral.client._http import http_options
 from corral.client._paging import every_item
 from corral.client._sse import parse_sse
 from corral.client.config import (
@@ -35,9 +33,7 @@ from corral.client.errors import (
     VALIDATION_PROBLEM,
     FieldError,
     NotFoundError,
-    UnreachableError,
     ValidationError,
-    error_from_response,
 )
 from corral.client.models import (
     ActivateResult,
@@ -88,7 +84,7 @@ class Client(ClusterCalls, DeploymentCalls):
         ca_file: str | Path | None = None,
     ) -> None:
         options = http_options(url, token, ca_file)
-        self.url: str = options["base_url"]
+        self.url = options["base_url"]
         self.timeout_s = timeout_s
         self._http = httpx.AsyncClient(**options, timeout=timeout_s, transport=transport)
 
@@ -433,79 +429,6 @@ class Client(ClusterCalls, DeploymentCalls):
         """The user the token belongs to."""
         return User.model_validate(await self._json("GET", "/v1/me"))
 
-    # --- transport ------------------------------------------------------------------------
-
-    async def _json(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Mapping[str, object] | None = None,
-        json: object = None,
-        content: bytes | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> Any:
-        response = await self._send(
-            method, path, params=params, json=json, content=content, headers=headers
-        )
-        return answer_json(response, method, path, self.url)
-
-    async def _send(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Mapping[str, object] | None = None,
-        json: object = None,
-        content: bytes | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> httpx.Response:
-        with self._network_errors():
-            response = await self._http.request(
-                method, path, params=_query(params), json=json, content=content, headers=headers
-            )
-        if response.is_error:
-            raise error_from_response(response)
-        return response
-
-    @contextlib.asynccontextmanager
-    async def _stream(
-        self,
-        method: str,
-        path: str,
-        params: Mapping[str, object],
-        headers: Mapping[str, str] | None = None,
-    ) -> AsyncIterator[httpx.Response]:
-        # A followed stream may stay quiet for as long as the session does: no read timeout.
-        timeout = httpx.Timeout(self.timeout_s, read=None)
-        answered = False
-        try:
-            async with self._http.stream(
-                method, path, params=_query(params), headers=headers, timeout=timeout
-            ) as response:
-                answered = True
-                if response.is_error:
-                    await response.aread()
-                    raise error_from_response(response)
-                yield response
-        except httpx.TransportError as exc:
-            if not answered:
-                raise self._unreachable(exc) from exc
-            raise UnreachableError(
-                f"lost the connection to corral at {self.url} in the middle of the stream: "
-                f"{exc or type(exc).__name__}"
-            ) from exc
-
-    @contextlib.contextmanager
-    def _network_errors(self) -> Iterator[None]:
-        try:
-            yield
-        except httpx.TransportError as exc:
-            raise self._unreachable(exc) from exc
-
-    def _unreachable(self, exc: httpx.TransportError) -> UnreachableError:
-        return unreachable(self.url, self.timeout_s, exc)
-
 
 def validate_spec(fields: Mapping[str, Any]) -> SessionSpec:
     """The session spec of `fields`, or `ValidationError` naming each bad field (no request)."""
@@ -554,19 +477,3 @@ def _log_params(
         "timestamps": timestamps or None,
         "follow": follow or None,
     }
-
-
-def _query(params: Mapping[str, object] | None) -> httpx.QueryParams:
-    # Parameters left at None are not sent, so the server's defaults apply; a sequence is
-    # sent as the parameter repeated (`status=A&status=B`).
-    query: list[tuple[str, str | int | float | bool | None]] = []
-    for key, value in (params or {}).items():
-        values = value if isinstance(value, list | tuple) else [value]
-        query.extend((key, _text(item)) for item in values if item is not None)
-    return httpx.QueryParams(query)
-
-
-def _text(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)

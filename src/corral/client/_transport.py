@@ -1,38 +1,108 @@
-"""What the SDK's call mixins (`ClusterCalls`, `DeploymentCalls`) use of `Client`: its transport,
-declared once for the type checker (`Client` defines both)."""
+"""The SDK's transport: `Client`'s requests, streams and network errors, one implementation
+that the call mixins (`ClusterCalls`, `DeploymentCalls`) and `Client` itself inherit."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+import contextlib
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
 
-if TYPE_CHECKING:
-    import httpx
+import httpx
+
+from corral.client._http import answer_json, unreachable
+from corral.client.errors import UnreachableError, error_from_response
 
 
 class TransportCalls:
-    """A base for calls mixed into `Client`: `_json` and `_send` are `Client`'s."""
+    """Requests over `_http` to `url` (`Client` sets the three attributes)."""
 
-    if TYPE_CHECKING:
+    url: str
+    timeout_s: float
+    _http: httpx.AsyncClient
 
-        async def _json(
-            self,
-            method: str,
-            path: str,
-            *,
-            params: Mapping[str, object] | None = None,
-            json: object = None,
-            content: bytes | None = None,
-            headers: Mapping[str, str] | None = None,
-        ) -> Any: ...
+    async def _json(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, object] | None = None,
+        json: object = None,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
+        response = await self._send(
+            method, path, params=params, json=json, content=content, headers=headers
+        )
+        return answer_json(response, method, path, self.url)
 
-        async def _send(
-            self,
-            method: str,
-            path: str,
-            *,
-            params: Mapping[str, object] | None = None,
-            json: object = None,
-            content: bytes | None = None,
-            headers: Mapping[str, str] | None = None,
-        ) -> httpx.Response: ...
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, object] | None = None,
+        json: object = None,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        with self._network_errors():
+            response = await self._http.request(
+                method, path, params=_query(params), json=json, content=content, headers=headers
+            )
+        if response.is_error:
+            raise error_from_response(response)
+        return response
+
+    @contextlib.asynccontextmanager
+    async def _stream(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, object],
+        headers: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[httpx.Response]:
+        # A followed stream may stay quiet for as long as the session does: no read timeout.
+        timeout = httpx.Timeout(self.timeout_s, read=None)
+        answered = False
+        try:
+            async with self._http.stream(
+                method, path, params=_query(params), headers=headers, timeout=timeout
+            ) as response:
+                answered = True
+                if response.is_error:
+                    await response.aread()
+                    raise error_from_response(response)
+                yield response
+        except httpx.TransportError as exc:
+            if not answered:
+                raise self._unreachable(exc) from exc
+            raise UnreachableError(
+                f"lost the connection to corral at {self.url} in the middle of the stream: "
+                f"{exc or type(exc).__name__}"
+            ) from exc
+
+    @contextlib.contextmanager
+    def _network_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from exc
+
+    def _unreachable(self, exc: httpx.TransportError) -> UnreachableError:
+        return unreachable(self.url, self.timeout_s, exc)
+
+
+def _query(params: Mapping[str, object] | None) -> httpx.QueryParams:
+    # Parameters left at None are not sent, so the server's defaults apply; a sequence is
+    # sent as the parameter repeated (`status=A&status=B`).
+    query: list[tuple[str, str | int | float | bool | None]] = []
+    for key, value in (params or {}).items():
+        values = value if isinstance(value, list | tuple) else [value]
+        query.extend((key, _text(item)) for item in values if item is not None)
+    return httpx.QueryParams(query)
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
