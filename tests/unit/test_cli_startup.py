@@ -60,9 +60,11 @@ def test_the_commands_run_against_a_manager_load_the_client_only() -> None:
 # and httpx's own command line (click, rich and pygments, imported with httpx unless barred).
 UNUSED_BY_RUN = ("rich", "httpx._main", "click", "pygments")
 # What `run --detach` leaves to the commands that follow a session: the SDK's async client, its
-# models, the spec's models and the event loop (it sends one plain request; pydantic is still
-# imported, by typer itself, to check the flags).
+# models, the spec's models and the event loop (it sends one plain request), and pydantic (typer
+# checks plain flags without it: `cli._coercion`).
 UNUSED_BY_RUN_DETACH = (
+    "pydantic",
+    "pydantic_core",
     "asyncio",
     "corral.client._client",
     "corral.client.models",

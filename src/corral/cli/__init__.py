@@ -15,9 +15,11 @@ import typer
 
 from corral import package_version
 from corral._gc import tune_gc
-from corral.cli import _lazy, _startup, run  # noqa: F401 (_startup: before httpx)
+from corral.cli import _coercion, _lazy, _startup, run  # noqa: F401 (_startup: before httpx)
 from corral.cli._common import DEBUG_VARIABLE, FAILURE_EXIT, INTERRUPTED_EXIT
 from corral.cli._usage import is_help_shown, usage_message
+
+_coercion.install()
 
 
 def _agent_commands(app: typer.Typer) -> None:

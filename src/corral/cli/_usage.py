@@ -5,8 +5,9 @@ typer raises click's exceptions from its own copy of click, all `typer.TyperExce
 
 from __future__ import annotations
 
+import sys
+
 import typer
-from pydantic import ValidationError
 
 from corral.domain.field_errors import plain_message
 
@@ -40,8 +41,10 @@ def _parameter(error: typer.BadParameter) -> str:
 
 def _bad_value(error: typer.BadParameter) -> str:
     # typer checks types and `min=`/`max=` with pydantic: word its errors as the API does.
+    # (Imported by then if the error is pydantic's: a valid command line never loads it.)
     cause = error.__cause__
-    if isinstance(cause, ValidationError) and cause.errors():
+    pydantic = sys.modules.get("pydantic")
+    if pydantic is not None and isinstance(cause, pydantic.ValidationError) and cause.errors():
         detail = cause.errors()[0]
         given = detail.get("input")
         got = f" (got {given})" if isinstance(given, str | int | float) else ""
