@@ -130,7 +130,20 @@ def not_corral() -> Iterator[str]:
         server.server_close()
 
 
-@pytest.mark.parametrize("args", [("session", "ls"), ("session", "info", "1"), ("events",)])
+def test_an_answer_without_what_session_ls_reads_says_so_and_exits_1(
+    env: dict[str, str], not_corral: str
+) -> None:
+    """`session ls` (plain JSON) reading a server that is not corral: one line naming the
+    request, what it lacked and the URL to check, exit 1."""
+    done = corral("session", "ls", env={**env, "CORRAL_URL": not_corral, "CORRAL_TOKEN": "crl_x"})
+    assert done.returncode == FAILURE_EXIT, done.stderr
+    assert one_error_line(done.stderr) == (
+        "GET /v1/me answered without what corral expects (KeyError: 'name'); "
+        f"is {not_corral} a corral manager?"
+    )
+
+
+@pytest.mark.parametrize("args", [("session", "info", "1"), ("events",)])
 def test_an_unexpected_error_is_one_line_with_a_hint_and_exits_1(
     env: dict[str, str], not_corral: str, args: tuple[str, ...]
 ) -> None:

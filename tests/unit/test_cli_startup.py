@@ -59,9 +59,9 @@ def test_the_commands_run_against_a_manager_load_the_client_only() -> None:
 # Not server modules, but what a command that prints no table never needs: rich (tables only)
 # and httpx's own command line (click, rich and pygments, imported with httpx unless barred).
 UNUSED_BY_RUN = ("rich", "httpx._main", "click", "pygments")
-# What `run --detach` leaves to the commands that follow a session: the SDK's async client, its
-# models, the spec's models and the event loop (it sends one plain request), and pydantic (typer
-# checks plain flags without it: `cli._coercion`).
+# What `run --detach` and `session ls` leave to the commands that follow a session: the SDK's
+# async client, its models, the spec's models and the event loop (they send plain requests,
+# `cli._plain`), and pydantic (typer checks plain flags without it: `cli._coercion`).
 UNUSED_BY_RUN_DETACH = (
     "pydantic",
     "pydantic_core",
@@ -70,27 +70,35 @@ UNUSED_BY_RUN_DETACH = (
     "corral.client.models",
     "corral.domain.spec",
     "corral.domain.retry.policy",
-    "corral.cli._remote",
-    "corral.cli.session",
     "corral.cli.events",
 )
 
-# Runs `corral run --detach -- true` as the console script does, against a port nothing listens
-# on, and writes every module the process imported (None: barred) by its exit into argv[1].
-RUN_DETACH_PROBE = """
+# Runs a command line (argv[2:]) as the console script does, against a port nothing listens on,
+# and writes every module the process imported (None: barred) by its exit into argv[1].
+PROBE = """
 import atexit, sys
 out = sys.argv[1]
 names = lambda: "\\n".join(m for m, module in sys.modules.items() if module)
 atexit.register(lambda: open(out, "w").write(names()))
-sys.argv = ["corral", "run", "--detach", "--", "true"]
+sys.argv = ["corral", *sys.argv[2:]]
 from corral.cli import main
 main()
 """
 
 
-def test_run_detach_imports_neither_the_server_stack_nor_rich(tmp_path: Path) -> None:
-    """`corral run --detach` through its request: no server module, no rich, no httpx CLI, and
-    neither the SDK's async client nor the models."""
+@pytest.mark.parametrize(
+    ("args", "unused"),
+    [
+        (("run", "--detach", "--", "true"), (*UNUSED_BY_RUN, *UNUSED_BY_RUN_DETACH)),
+        (("session", "ls"), (*UNUSED_BY_RUN, *UNUSED_BY_RUN_DETACH)),
+    ],
+)
+def test_the_quick_verbs_import_neither_the_server_stack_nor_the_sdk(
+    tmp_path: Path, args: tuple[str, ...], unused: tuple[str, ...]
+) -> None:
+    """`corral run --detach` and `corral session ls` through their requests: no server
+    module, no pydantic, neither the SDK's async client nor its models, no asyncio, no rich
+    nor httpx's CLI."""
     listing = tmp_path / "modules.txt"
     env = {
         **os.environ,
@@ -99,7 +107,7 @@ def test_run_detach_imports_neither_the_server_stack_nor_rich(tmp_path: Path) ->
         "XDG_CONFIG_HOME": str(tmp_path),
     }
     ended = subprocess.run(
-        [sys.executable, "-c", RUN_DETACH_PROBE, str(listing)],
+        [sys.executable, "-c", PROBE, str(listing), *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -110,7 +118,7 @@ def test_run_detach_imports_neither_the_server_stack_nor_rich(tmp_path: Path) ->
     assert "cannot reach" in ended.stderr or "127.0.0.1:9" in ended.stderr, ended.stderr
     loaded = set(listing.read_text().split())
     assert "httpx" in loaded  # the probe saw the request's imports
-    unwanted = (*SERVER_MODULES, *UNUSED_BY_RUN, *UNUSED_BY_RUN_DETACH)
+    unwanted = (*SERVER_MODULES, *unused)
     assert sorted(m for m in loaded if m.startswith(tuple(f"{u}." for u in unwanted))) == []
     assert sorted(loaded.intersection(unwanted)) == []
 

@@ -1,22 +1,28 @@
-"""What the commands that talk to a manager share: the client, running a call, tables, JSON."""
+"""What the commands that talk to a manager share: the client, running a call, tables, JSON.
+
+Light to import: the SDK's client and models, asyncio and rich are loaded when used, so a
+command that needs none of them (`session ls`, over `_plain`) starts without them.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import io
 import json
-import signal
 import sys
+import unicodedata
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
-from pydantic import BaseModel
 
-from corral.cli._common import FAILURE_EXIT, INTERRUPTED_EXIT, USAGE_EXIT, fail
-from corral.client import Client, ClientConfigError, CorralError, ValidationError
-from corral.domain.refs import REF_AMBIGUOUS, REF_NAMES_ARRAY
+from corral.cli._common import INTERRUPTED_EXIT
+from corral.cli._plain import failed
+from corral.client.config import ClientConfigError
+from corral.client.errors import CorralError
+from corral.domain.refs import REF_NAMES_ARRAY
+
+if TYPE_CHECKING:
+    from corral.client import Client
 
 T = TypeVar("T")
 
@@ -29,8 +35,6 @@ SessionArgument = Annotated[
         "element 7 of job array 12.",
     ),
 ]
-# Problems that say the reference itself must be retyped: usage errors (exit 2).
-_REF_PROBLEMS = frozenset({REF_AMBIGUOUS, REF_NAMES_ARRAY})
 
 
 def names_array(exc: CorralError) -> bool:
@@ -40,6 +44,8 @@ def names_array(exc: CorralError) -> bool:
 
 def connect() -> Client:
     """The SDK client of the configured server (tests replace this to inject a transport)."""
+    from corral.client import Client
+
     return Client.from_config()
 
 
@@ -50,6 +56,9 @@ def call(work: Callable[[Client], Coroutine[Any, Any, T]]) -> T:
     reference that fits several sessions or names a whole job array) exits 2, like any usage
     error; anything else the API or the network says exits 1; Ctrl-C exits 130.
     """
+
+    import asyncio
+    import signal
 
     async def main() -> T:
         task = asyncio.current_task()
@@ -80,10 +89,8 @@ def call(work: Callable[[Client], Coroutine[Any, Any, T]]) -> T:
         return asyncio.run(main())
     except KeyboardInterrupt:
         raise typer.Exit(INTERRUPTED_EXIT) from None
-    except (ClientConfigError, ValidationError) as exc:
-        fail(str(exc), code=USAGE_EXIT)
-    except CorralError as exc:
-        fail(str(exc), code=USAGE_EXIT if exc.kind in _REF_PROBLEMS else FAILURE_EXIT)
+    except (ClientConfigError, CorralError) as exc:
+        failed(exc)
 
 
 def print_json(value: object) -> None:
@@ -98,7 +105,8 @@ def print_json_line(value: object) -> None:
 
 def jsonable(value: object) -> Any:
     """`value` as plain JSON values: models dumped, sequences of them too."""
-    if isinstance(value, BaseModel):
+    pydantic = sys.modules.get("pydantic")  # no model without it: not imported for one
+    if pydantic is not None and isinstance(value, pydantic.BaseModel):
         return value.model_dump(mode="json")
     if isinstance(value, list | tuple):
         return [jsonable(item) for item in value]
@@ -106,29 +114,30 @@ def jsonable(value: object) -> Any:
 
 
 def print_table(headers: Sequence[str] | None, rows: Iterable[Sequence[str]]) -> None:
-    """Print rows as aligned columns (bold headers on a terminal, never wrapped or cut)."""
-    # Imported here: rich costs a command that prints no table (`corral run`) tens of ms.
-    from rich.console import Console
-    from rich.table import Table
+    """Print rows as aligned columns, two spaces apart (bold headers on a terminal, never
+    wrapped or cut: a cut id is useless to copy or to `awk`), every cell as written."""
+    lines = [list(headers)] if headers is not None else []
+    lines += [[str(cell) for cell in row] for row in rows]
+    count = max((len(line) for line in lines), default=0)
+    for line in lines:
+        line += [""] * (count - len(line))
+    widths = [max(_width(line[i]) for line in lines) for i in range(count)]
+    bold = headers is not None and sys.stdout.isatty()
+    for n, line in enumerate(lines):
+        text = "  ".join(c + " " * (w - _width(c)) for c, w in zip(line, widths, strict=True))
+        text = text.rstrip()
+        typer.echo(f"\033[1m{text}\033[0m" if bold and n == 0 else text)
 
-    rows = list(rows)
-    table = Table(
-        box=None,
-        pad_edge=False,
-        show_edge=False,
-        show_header=headers is not None,
-        header_style="bold",
+
+def _width(text: str) -> int:
+    """The columns `text` takes on a terminal: two for a wide character (CJK), none for a
+    combining one."""
+    if text.isascii():
+        return len(text)
+    return sum(
+        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+        for c in text
     )
-    for header in headers or [""] * max((len(row) for row in rows), default=0):
-        table.add_column(header, no_wrap=True, overflow="ignore")
-    for row in rows:
-        table.add_row(*row)
-    terminal = sys.stdout.isatty()
-    buffer = io.StringIO()
-    # As wide as the content: a cut or wrapped id is useless to copy or to `awk`.
-    Console(file=buffer, width=100_000, force_terminal=terminal, no_color=not terminal).print(table)
-    for line in buffer.getvalue().splitlines():
-        typer.echo(line.rstrip())
 
 
 def age(moment: datetime | None, now: datetime | None = None) -> str:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
+from corral.cli import _plain
 from corral.cli._common import FAILURE_EXIT, env_flags, fail
 from corral.client.config import ClientConfigError
 from corral.client.errors import CorralError, FieldError, ValidationError
@@ -29,7 +30,6 @@ from corral.domain.time_limit import parse_time_limit
 # pydantic nor asyncio, and starts in about half the time.
 if TYPE_CHECKING:
     from corral.client import Client
-    from corral.client._http import PlainCall
     from corral.domain.spec import SessionSpec
 
 
@@ -329,15 +329,6 @@ def _submit_and_follow(
     return call(submit)
 
 
-def plain_call() -> PlainCall:
-    """The one-request client of the configured server (tests replace it to inject a transport)."""
-    from corral.client._http import PlainCall
-    from corral.client.config import load_client_config
-
-    config = load_client_config()
-    return PlainCall(config.url, config.token, ca_file=config.ca_file)
-
-
 def _submit_plain(fields: dict[str, Any], *, cpu: str, mem: str) -> int:
     """Submit with one plain request and print the session's number (`--detach`).
 
@@ -353,7 +344,7 @@ def _submit_plain(fields: dict[str, Any], *, cpu: str, mem: str) -> int:
         "cluster_mode": fields["cluster_mode"].value,
     }
     try:
-        session = plain_call().json("POST", "/v1/sessions", body)
+        session = _plain.plain_call().json("POST", "/v1/sessions", body)
     except ClientConfigError as exc:  # no server configured: a usage error, as in `call`
         fail(str(exc))
     except ValidationError as exc:

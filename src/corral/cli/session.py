@@ -5,13 +5,15 @@ from __future__ import annotations
 import shlex
 import shutil
 import sys
+from collections.abc import Mapping
 from contextlib import aclosing
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from corral.cli._common import FAILURE_EXIT, fail
+from corral.cli._plain import plain, unexpected
 from corral.cli._remote import (
     JsonOption,
     SessionArgument,
@@ -24,19 +26,28 @@ from corral.cli._remote import (
     text,
 )
 from corral.cli.session_outputs import outputs_command
-from corral.client import (
-    ArrayView,
-    Attempts,
-    Client,
-    ConflictError,
-    Explanation,
-    HistoryEntry,
-    LogStream,
-    Session,
-)
-from corral.domain.refs import collapse_indexes
+from corral.client._http import array_path
+from corral.client.errors import ConflictError
+from corral.domain.record import record
+from corral.domain.refs import collapse_indexes, session_ref
 from corral.domain.status import SESSION_TERMINAL, SessionStatus
 from corral.domain.time_limit import format_duration
+from corral.domain.types import ADMIN_ROLE
+
+# The SDK's client and models are imported by the commands that use them: `session ls` reads
+# the API's JSON through `_plain` and starts without them.
+if TYPE_CHECKING:
+    from corral.client import (
+        ArrayView,
+        Attempts,
+        Client,
+        Explanation,
+        HistoryEntry,
+        LogStream,
+        Session,
+    )
+    from corral.client._http import PlainCall
+
 
 app = typer.Typer(
     help="List and inspect sessions, read their logs, terminate and remove them.",
@@ -98,34 +109,44 @@ def ls_command(
     if not statuses and not all_states and array is None:
         statuses = [s.value for s in SessionStatus if s not in SESSION_TERMINAL]
 
-    async def fetch(client: Client) -> list[Session]:
-        me = await client.me()
-        if (every_owner or user not in (None, me.name)) and not me.is_admin:
+    def fetch(api: PlainCall) -> tuple[list[Mapping[str, Any]], list[Listed]]:
+        try:
+            me = api.json("GET", "/v1/me")
+            name, is_admin = me["name"], me["role"] == ADMIN_ROLE
+        except (KeyError, TypeError) as exc:
+            raise unexpected(api, "GET /v1/me", exc) from exc
+        if (every_owner or user not in (None, name)) and not is_admin:
             what = "--all" if every_owner else "--user"
-            fail(f"{what} lists other users' sessions, which needs an admin; you are {me.name}")
-        chosen = user if user is not None or every_owner else me.name
-        array_id = None if array is None else (await client.get_array(array)).id
-        found: list[Session] = []
-        sessions = client.iter_sessions(
-            status=statuses or None,
-            owner=chosen,
-            resource_group=resource_group,
-            type=session_type,
-            array_id=array_id,
-            since=since,
-            reasons=True,
-            page_size=min(limit or 1000, 1000),
-        )
-        async with aclosing(sessions):
-            async for session in sessions:
-                found.append(session)
-                if limit is not None and len(found) >= limit:
-                    break
-        return found
+            fail(f"{what} lists other users' sessions, which needs an admin; you are {name}")
+        array_id = None
+        if array is not None:
+            try:
+                array_id = api.json("GET", array_path(array))["id"]
+            except (KeyError, TypeError) as exc:
+                raise unexpected(api, f"GET {array_path(array)}", exc) from exc
+        params = {
+            "status": statuses or None,
+            "owner": user if user is not None or every_owner else name,
+            "resource_group": resource_group,
+            "type": session_type,
+            "array_id": array_id,
+            "since": since,
+            "reasons": True,
+            "limit": min(limit or 1000, 1000),
+        }
+        found: list[Mapping[str, Any]] = []
+        for item in api.items("/v1/sessions", params):
+            found.append(item)
+            if limit is not None and len(found) >= limit:
+                break
+        try:
+            return found, [Listed.of(item) for item in found]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise unexpected(api, "GET /v1/sessions", exc) from exc
 
-    sessions = call(fetch)
+    items, sessions = plain(fetch)
     if as_json:
-        print_json(sessions)
+        print_json(items)  # the API's JSON as it came
         return
     if not sessions:
         typer.echo("no sessions" if all_states or state else "no active sessions", err=True)
@@ -161,11 +182,58 @@ def ls_command(
     )
 
 
-def _one_a_line(sessions: list[Session]) -> list[tuple[str, Session]]:
+@record
+class Listed:
+    """A session as `session ls` shows it, read from the API's JSON (`Session`'s fields)."""
+
+    number: int
+    name: str | None
+    owner: str
+    status: SessionStatus
+    reason: str | None
+    resource_group: str
+    created_at: datetime
+    started_at: datetime | None
+    terminated_at: datetime | None
+    exit_code: int | None
+    array_number: int | None
+    array_index: int | None
+    array_throttle: int | None
+
+    @classmethod
+    def of(cls, item: Mapping[str, Any]) -> Listed:
+        """`item` of `GET /v1/sessions`; KeyError, TypeError or ValueError if it is not one."""
+        return cls(
+            number=int(item["number"]),
+            name=item.get("name"),
+            owner=item["owner"],
+            status=SessionStatus(item["status"]),
+            reason=item.get("reason"),
+            resource_group=item["resource_group"],
+            created_at=datetime.fromisoformat(item["created_at"]),
+            started_at=_moment(item.get("started_at")),
+            terminated_at=_moment(item.get("terminated_at")),
+            exit_code=item.get("exit_code"),
+            array_number=item.get("array_number"),
+            array_index=item.get("array_index"),
+            array_throttle=item.get("array_throttle"),
+        )
+
+    @property
+    def ref(self) -> str:
+        """What to type for it: `12_7` for a job array's element, else its number."""
+        return session_ref(self.number, self.array_number, self.array_index)
+
+
+def _moment(value: str | None) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value)
+
+
+def _one_a_line(sessions: list[Listed]) -> list[tuple[str, Listed]]:
     return [(s.ref, s) for s in sessions]
 
 
-def _collapsed(sessions: list[Session]) -> list[tuple[str, Session]]:
+def _collapsed(sessions: list[Listed]) -> list[tuple[str, Listed]]:
     """squeue's view: a job array's PENDING elements waiting for the same reason as one row,
     `12_[3-9%2]`, where the newest of them is listed."""
     waiting: dict[tuple[int, str | None], list[int]] = {}
@@ -176,7 +244,7 @@ def _collapsed(sessions: list[Session]) -> list[tuple[str, Session]]:
             and s.status is SessionStatus.PENDING
         ):
             waiting.setdefault((s.array_number, s.reason), []).append(s.array_index)
-    rows: list[tuple[str, Session]] = []
+    rows: list[tuple[str, Listed]] = []
     shown: set[tuple[int, str | None]] = set()
     for s in sessions:
         key = (s.array_number or 0, s.reason)
@@ -193,7 +261,7 @@ def _collapsed(sessions: list[Session]) -> list[tuple[str, Session]]:
     return rows
 
 
-def _run_time(session: Session, now: datetime) -> str:
+def _run_time(session: Listed, now: datetime) -> str:
     """How long the session ran (runs), squeue's TIME: `-` if it never started."""
     if session.started_at is None:
         return "-"
@@ -217,6 +285,8 @@ def info_command(session: SessionArgument, as_json: JsonOption = False) -> None:
     if as_json:
         print_json(found)
         return
+    from corral.client import ArrayView
+
     if isinstance(found, ArrayView):
         _show_array(found)
         return

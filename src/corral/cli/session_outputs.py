@@ -6,13 +6,15 @@ import io
 import re
 import tarfile
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from corral.cli._common import fail
 from corral.cli._remote import JsonOption, SessionArgument, call, print_json, print_table
-from corral.client import Client, OutputFile
+
+if TYPE_CHECKING:
+    from corral.client import Client, OutputFile
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 

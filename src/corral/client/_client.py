@@ -22,7 +22,7 @@ import pydantic
 from corral.client._cluster import ClusterCalls
 from corral.client._deployments import DeploymentCalls
 from corral.client._http import DEFAULT_TIMEOUT_S as DEFAULT_TIMEOUT_S
-from corral.client._http import http_options
+from corral.client._http import array_path, http_options, session_path
 from corral.client._paging import every_item
 from corral.client._sse import parse_sse
 from corral.client.config import (
@@ -142,16 +142,16 @@ class Client(ClusterCalls, DeploymentCalls):
     async def get_array(self, array: uuid.UUID | str) -> ArrayView:
         """A job array as a whole (by its number, name or id): its elements per state and each
         element."""
-        return ArrayView.model_validate(await self._json("GET", _array_path(array)))
+        return ArrayView.model_validate(await self._json("GET", array_path(array)))
 
     async def terminate_array(self, array: uuid.UUID | str) -> ArrayTerminateResult:
         """End every element of a job array: the pending ones cancelled, the others stopped."""
-        path = f"{_array_path(array)}/terminate"
+        path = f"{array_path(array)}/terminate"
         return ArrayTerminateResult.model_validate(await self._json("POST", path))
 
     async def delete_array(self, array: uuid.UUID | str) -> ArrayRemoveResult:
         """Remove every element of an ended job array (ConflictError while one has not ended)."""
-        return ArrayRemoveResult.model_validate(await self._json("DELETE", _array_path(array)))
+        return ArrayRemoveResult.model_validate(await self._json("DELETE", array_path(array)))
 
     async def list_sessions(
         self,
@@ -219,7 +219,7 @@ class Client(ClusterCalls, DeploymentCalls):
 
     async def get_session(self, session_id: SessionRef) -> Session:
         """The session, with its kernels."""
-        return Session.model_validate(await self._json("GET", _session_path(session_id)))
+        return Session.model_validate(await self._json("GET", session_path(session_id)))
 
     async def resolve_session_id(self, ref: SessionRef) -> uuid.UUID:
         """The id of the session `ref` names: its id, its number, a unique id prefix or name.
@@ -240,17 +240,17 @@ class Client(ClusterCalls, DeploymentCalls):
 
     async def terminate_session(self, session_id: SessionRef) -> TerminateResult:
         """Ask the session to end: cancelled if it never ran, else terminated on its agents."""
-        data = await self._json("POST", f"{_session_path(session_id)}/terminate")
+        data = await self._json("POST", f"{session_path(session_id)}/terminate")
         return TerminateResult.model_validate(data)
 
     async def activate_session(self, session_id: SessionRef) -> ActivateResult:
         """Put a session deactivated by all-or-nothing admission back in the queue."""
-        data = await self._json("POST", f"{_session_path(session_id)}/activate")
+        data = await self._json("POST", f"{session_path(session_id)}/activate")
         return ActivateResult.model_validate(data)
 
     async def session_attempts(self, session_id: SessionRef) -> Attempts:
         """The attempts of the session's retry chain, oldest first."""
-        data = await self._json("GET", f"{_session_path(session_id)}/attempts")
+        data = await self._json("GET", f"{session_path(session_id)}/attempts")
         return Attempts.model_validate(data)
 
     async def retry_settings(self) -> RetrySettings:
@@ -264,7 +264,7 @@ class Client(ClusterCalls, DeploymentCalls):
 
     async def delete_session(self, session_id: SessionRef) -> None:
         """Remove an ended session and its logs (ConflictError while it has not ended)."""
-        await self._send("DELETE", _session_path(session_id))
+        await self._send("DELETE", session_path(session_id))
 
     async def session_logs(
         self,
@@ -279,7 +279,7 @@ class Client(ClusterCalls, DeploymentCalls):
     ) -> bytes:
         """The session's output as stored so far (see `follow_logs` for the parameters)."""
         params = _log_params(stream, kernel, offset, tail, since, timestamps, follow=False)
-        response = await self._send("GET", f"{_session_path(session_id)}/logs", params=params)
+        response = await self._send("GET", f"{session_path(session_id)}/logs", params=params)
         return response.content
 
     async def follow_logs(
@@ -301,18 +301,18 @@ class Client(ClusterCalls, DeploymentCalls):
         with the time it was stored. Close it (`contextlib.aclosing`) when stopping early.
         """
         params = _log_params(stream, kernel, offset, tail, since, timestamps, follow=True)
-        async with self._stream("GET", f"{_session_path(session_id)}/logs", params) as response:
+        async with self._stream("GET", f"{session_path(session_id)}/logs", params) as response:
             async for chunk in response.aiter_bytes():
                 yield chunk
 
     async def session_history(self, session_id: SessionRef) -> list[HistoryEntry]:
         """The session's scheduling phases, oldest first."""
-        data = await self._json("GET", f"{_session_path(session_id)}/history")
+        data = await self._json("GET", f"{session_path(session_id)}/history")
         return [HistoryEntry.model_validate(item) for item in data["items"]]
 
     async def explain(self, session_id: SessionRef) -> Explanation:
         """Where the session stands in its resource group's queue, and why it waits."""
-        data = await self._json("GET", f"{_session_path(session_id)}/explain")
+        data = await self._json("GET", f"{session_path(session_id)}/explain")
         return Explanation.model_validate(data)
 
     # --- uploads and outputs ---------------------------------------------------------------
@@ -340,17 +340,17 @@ class Client(ClusterCalls, DeploymentCalls):
 
     async def list_outputs(self, session_id: SessionRef) -> list[OutputFile]:
         """The files the session's kernels wrote to CORRAL_OUTPUT_DIR, by kernel and name."""
-        data = await self._json("GET", f"{_session_path(session_id)}/outputs")
+        data = await self._json("GET", f"{session_path(session_id)}/outputs")
         return [OutputFile.model_validate(item) for item in data["items"]]
 
     async def download_output(self, session_id: SessionRef, kernel: int, name: str) -> bytes:
         """One output file of the kernel with that cluster index."""
-        path = f"{_session_path(session_id)}/outputs/{kernel}/{quote(name)}"
+        path = f"{session_path(session_id)}/outputs/{kernel}/{quote(name)}"
         return (await self._send("GET", path)).content
 
     async def download_outputs(self, session_id: SessionRef) -> bytes:
         """Every output file as one tar.gz (a `kernel-<index>/` folder each if several)."""
-        return (await self._send("GET", f"{_session_path(session_id)}/outputs/archive")).content
+        return (await self._send("GET", f"{session_path(session_id)}/outputs/archive")).content
 
     # --- agents, events, the caller -------------------------------------------------------
 
@@ -448,14 +448,6 @@ def validated(model: type[SpecT], fields: Mapping[str, Any]) -> SpecT:
             title="The session spec is not valid",
             errors=errors,
         ) from None
-
-
-def _array_path(array: uuid.UUID | str) -> str:
-    return f"/v1/arrays/{quote(str(array).strip(), safe='')}"
-
-
-def _session_path(session_id: SessionRef) -> str:
-    return f"/v1/sessions/{quote(str(session_id), safe='')}"
 
 
 def _log_params(

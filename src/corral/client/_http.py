@@ -8,9 +8,10 @@ word an unreachable server the same way.
 from __future__ import annotations
 
 import ssl
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -43,6 +44,32 @@ def http_options(url: str, token: str, ca_file: str | Path | None) -> dict[str, 
             "User-Agent": f"corral/{package_version()}",
         },
     }
+
+
+def query(params: Mapping[str, object] | None) -> httpx.QueryParams:
+    """A request's query: parameters left at None are not sent (the server's defaults apply);
+    a sequence is sent as the parameter repeated (`status=A&status=B`)."""
+    pairs: list[tuple[str, str | int | float | bool | None]] = []
+    for key, value in (params or {}).items():
+        values = value if isinstance(value, list | tuple) else [value]
+        pairs.extend((key, _text(item)) for item in values if item is not None)
+    return httpx.QueryParams(pairs)
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def session_path(ref: object) -> str:
+    """The path of the session a reference names (a number, an id, a prefix, a name, 12_7)."""
+    return f"/v1/sessions/{quote(str(ref), safe='')}"
+
+
+def array_path(ref: object) -> str:
+    """The path of the job array a reference names (its number or id)."""
+    return f"/v1/arrays/{quote(str(ref).strip(), safe='')}"
 
 
 def unreachable(url: str, timeout_s: float, exc: httpx.TransportError) -> UnreachableError:
@@ -95,11 +122,28 @@ class PlainCall:
         self.timeout_s = timeout_s
         self._options = {**options, "timeout": timeout_s, "transport": transport}
 
-    def json(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
+    def json(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        params: Mapping[str, object] | None = None,
+    ) -> Any:
         """Send `body` as JSON; the answer's JSON, or a `CorralError` subclass."""
         with httpx.Client(**self._options) as http:
             try:
-                response = http.request(method, path, json=body)
+                response = http.request(method, path, json=body, params=query(params))
             except httpx.TransportError as exc:
                 raise unreachable(self.url, self.timeout_s, exc) from exc
         return answer_json(response, method, path, self.url)
+
+    def items(self, path: str, params: Mapping[str, object]) -> Iterator[Any]:
+        """Every item of a listing, page by page (`next_cursor`), as the API's JSON."""
+        cursor = None
+        while True:
+            page = self.json("GET", path, params={**params, "cursor": cursor})
+            yield from page["items"]
+            cursor = page.get("next_cursor")
+            if cursor is None:
+                return

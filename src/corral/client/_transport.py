@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from corral.client._http import answer_json, unreachable
+from corral.client._http import answer_json, query, unreachable
 from corral.client.errors import UnreachableError, error_from_response
 
 
@@ -47,7 +47,7 @@ class TransportCalls:
     ) -> httpx.Response:
         with self._network_errors():
             response = await self._http.request(
-                method, path, params=_query(params), json=json, content=content, headers=headers
+                method, path, params=query(params), json=json, content=content, headers=headers
             )
         if response.is_error:
             raise error_from_response(response)
@@ -66,7 +66,7 @@ class TransportCalls:
         answered = False
         try:
             async with self._http.stream(
-                method, path, params=_query(params), headers=headers, timeout=timeout
+                method, path, params=query(params), headers=headers, timeout=timeout
             ) as response:
                 answered = True
                 if response.is_error:
@@ -90,19 +90,3 @@ class TransportCalls:
 
     def _unreachable(self, exc: httpx.TransportError) -> UnreachableError:
         return unreachable(self.url, self.timeout_s, exc)
-
-
-def _query(params: Mapping[str, object] | None) -> httpx.QueryParams:
-    # Parameters left at None are not sent, so the server's defaults apply; a sequence is
-    # sent as the parameter repeated (`status=A&status=B`).
-    query: list[tuple[str, str | int | float | bool | None]] = []
-    for key, value in (params or {}).items():
-        values = value if isinstance(value, list | tuple) else [value]
-        query.extend((key, _text(item)) for item in values if item is not None)
-    return httpx.QueryParams(query)
-
-
-def _text(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)

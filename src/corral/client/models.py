@@ -15,7 +15,7 @@ from corral.domain.deployment import (
     HealthCheck,
 )
 from corral.domain.outcome import SessionResult
-from corral.domain.refs import element_ref
+from corral.domain.refs import session_ref
 from corral.domain.slots import ResourceSlots
 from corral.domain.status import EndpointLifecycle, KernelStatus, RouteStatus, SessionStatus
 from corral.domain.types import ADMIN_ROLE
@@ -142,9 +142,7 @@ class Session(ApiModel):
     @property
     def ref(self) -> str:
         """What to type for this session: `12_7` for a job array's element, else its number."""
-        if self.array_number is not None and self.array_index is not None:
-            return element_ref(self.array_number, self.array_index)
-        return str(self.number)
+        return session_ref(self.number, self.array_number, self.array_index)
 
 
 class TerminateResult(ApiModel):

@@ -39,6 +39,13 @@ def element_ref(array_number: int, index: int) -> str:
     return f"{array_number}_{index}"
 
 
+def session_ref(number: int, array_number: int | None, array_index: int | None) -> str:
+    """What to type for a session: `12_7` for a job array's element, else its number."""
+    if array_number is not None and array_index is not None:
+        return element_ref(array_number, array_index)
+    return str(number)
+
+
 def parse_element_ref(text: str) -> ElementRef | None:
     """`text` as an array element's reference (`12_7`), if it is one."""
     match = _ELEMENT.fullmatch(text.strip())

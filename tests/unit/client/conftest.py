@@ -9,7 +9,7 @@ import pytest
 import typer
 from typer.testing import CliRunner, Result
 
-from corral.cli import _remote, agents_cli, events, run, session
+from corral.cli import _plain, _remote, agents_cli, events, run, session
 from tests.unit.client._fake_api import FakeApi
 
 
@@ -42,7 +42,7 @@ def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeApi]:
     """The fake API every command's client talks to (no real configuration is read)."""
     fake = FakeApi()
     monkeypatch.setattr(_remote, "connect", fake.client)
-    monkeypatch.setattr(run, "plain_call", fake.plain_call)
+    monkeypatch.setattr(_plain, "plain_call", fake.plain_call)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     yield fake
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from corral.cli import _remote
+from corral.cli import _plain, _remote
 from corral.client import Client
+from corral.client._http import PlainCall
 from tests.unit.client._fake_api import URL, FakeApi, kernel_json
 from tests.unit.client.conftest import Cli, cli_app
 
@@ -103,6 +104,20 @@ def test_ls_limit_stops_after_enough_sessions(cli: Cli, api: FakeApi) -> None:
     result = cli("session", "ls", "--limit", "2", "--json")
     assert len(json.loads(result.stdout)) == 2
     assert api.sent("GET", "/v1/sessions")[0].url.params["limit"] == "2"
+
+
+def test_ls_follows_every_page(cli: Cli, api: FakeApi) -> None:
+    """A listing longer than the server's page is read to its end, page by page."""
+    api.page_size = 2
+    for _ in range(5):
+        api.add_session()
+    result = cli("session", "ls")
+    assert [line.split()[0] for line in result.stdout.splitlines()[1:]] == list("54321")
+    cursors = [r.url.params.get("cursor") for r in api.sent("GET", "/v1/sessions")]
+    assert cursors == [None, "2", "4"]
+    assert [s["number"] for s in json.loads(cli("session", "ls", "--json").stdout)] == [
+        5, 4, 3, 2, 1,
+    ]  # fmt: skip
 
 
 def test_ls_without_sessions_says_so_on_stderr(cli: Cli) -> None:
@@ -267,11 +282,16 @@ def test_an_ambiguous_prefix_is_a_usage_error_naming_the_numbers(cli: Cli, api: 
     assert "fits several sessions (1, 2)" in result.stderr
 
 
-def test_a_refused_token_exits_1(cli: Cli, api: FakeApi, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A 401 prints the API's reason."""
+@pytest.mark.parametrize("args", [("session", "ls"), ("session", "info", "1")])
+def test_a_refused_token_exits_1(
+    cli: Cli, api: FakeApi, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...]
+) -> None:
+    """A 401 prints the API's reason, through the plain client (`ls`) as through the SDK's."""
     transport = httpx.MockTransport(api.handle)
     monkeypatch.setattr(_remote, "connect", lambda: Client(URL, "wrong", transport=transport))
-    result = cli("session", "ls")
+    plain = httpx.MockTransport(api.handle_now)
+    monkeypatch.setattr(_plain, "plain_call", lambda: PlainCall(URL, "wrong", transport=plain))
+    result = cli(*args)
     assert result.exit_code == 1
     assert result.stderr == "corral: error: the token is unknown or expired\n"
 
