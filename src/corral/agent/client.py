@@ -38,6 +38,10 @@ logger = logging.getLogger(__name__)
 FAILBACK_AFTER_S = 30.0
 # Connecting to a manager: beyond this it counts as unreachable and the next one is tried.
 CONNECT_TIMEOUT_S = 3.0
+# An idle connection to a manager is kept this long (httpx's default, 5 s, is shorter than the
+# pause between heartbeats, 10 s by default: each made a new connection, a TLS handshake with
+# it); the manager keeps it 5 s longer than the heartbeat interval (`manager.daemon`).
+KEEPALIVE_S = 12.0
 
 
 class ManagerUnavailableError(ConnectionError):
@@ -123,10 +127,14 @@ class HttpManagerClient:
         # Connecting to a manager that is gone should fail fast, so the next one is tried.
         timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, CONNECT_TIMEOUT_S))
         verify = verifying_context(ca_file)
+        limits = httpx.Limits(  # httpx's default counts
+            max_connections=100, max_keepalive_connections=20, keepalive_expiry=KEEPALIVE_S
+        )
         self._http = [
             httpx.AsyncClient(
                 base_url=e.url,
                 timeout=timeout,
+                limits=limits,
                 headers={"Host": e.host} if e.host is not None else None,
                 verify=verify,
             )

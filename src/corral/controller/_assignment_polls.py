@@ -1,10 +1,12 @@
 """Agents' assignment long-polls, answered in batches.
 
 Every waiting poll is parked here. One task per manager serves them all: whenever a poll
-arrives, the ASSIGNMENTS hint is set, or `recheck_s` passes (another manager may have moved a
-revision; hints are per bus, not per agent), it reads the revisions of every parked agent in
-one query and the assignments of those due (revision moved, first poll, wait over) in three
-more, whatever their number.
+arrives, the ASSIGNMENTS hint is set, or `recheck_s` passes (a hint's notification from
+another manager may have been lost; hints are per bus, not per agent), it reads the revisions
+of every parked agent in one query and the assignments of those due (revision moved, first
+poll, wait over) in three more, whatever their number. On a bus that loses no hint (the
+in-process one, `HintBus.lossless`), the recheck comes every `LOSSLESS_RECHECK_S` instead, as a
+dual loop's forced run does: an idle manager reads nothing every two seconds.
 
 A database outage ends no poll and stops nothing: a batch that fails to read is tried again
 after a backoff (the outage logged once), and polls whose wait ran out meanwhile are answered
@@ -34,6 +36,8 @@ logger = logging.getLogger(__name__)
 RETRY_BASE_S = 0.1
 RETRY_CAP_S = 2.0
 _CANCEL_RETRY_S = 0.1
+# The recheck on a lossless hint bus: a safety net only (the dual loops' long interval).
+LOSSLESS_RECHECK_S = 60.0
 
 
 class UnknownAgentError(LookupError):
@@ -175,7 +179,7 @@ class AssignmentPolls:
                     poll.future.set_result(assignment)
 
     async def _listen(self) -> None:
-        """Wake the server on the ASSIGNMENTS hint, and every `recheck_s` regardless.
+        """Wake the server on the ASSIGNMENTS hint, and every recheck interval regardless.
 
         While the hint bus is down, every `recheck_s` only: the agents' assignments come that
         much later, never not at all.
@@ -183,9 +187,10 @@ class AssignmentPolls:
         outage = OutageLog(
             logger, "agent.assignment_hints_unavailable", "agent.assignment_hints_restored"
         )
+        recheck_s = max(self._recheck_s, LOSSLESS_RECHECK_S if self._hints.lossless else 0.0)
         while True:
             try:
-                await self._hints.wait([Hint.ASSIGNMENTS.value], self._recheck_s)
+                await self._hints.wait([Hint.ASSIGNMENTS.value], recheck_s)
                 await self._hints.consume(Hint.ASSIGNMENTS.value)
             except HintBusError as exc:
                 outage.failure({"error": str(exc)})

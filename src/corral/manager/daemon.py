@@ -63,6 +63,8 @@ logger = logging.getLogger(__name__)
 
 SWEEP_TASK = "DetectLostAgents"
 SWEEP_HINT = "agents-sweep"
+# An idle HTTP connection is kept this much longer than the agents' heartbeat interval.
+KEEP_ALIVE_MARGIN_S = 5.0
 # Clears this manager's caches when any manager changes what they hold: the API's token cache
 # on a revocation, the kept resource-group options on a group's change.
 _CACHE_WATCH_TASK = "manager-cache-watch"
@@ -245,6 +247,9 @@ class ManagerDaemon:
             log_level="warning",
             lifespan="off",
             access_log=False,
+            # An agent's connection outlives the pause between its heartbeats (uvicorn's 5 s
+            # did not: a new connection, with its TLS handshake, for every heartbeat).
+            timeout_keep_alive=int(config.timings.heartbeat_interval_s + KEEP_ALIVE_MARGIN_S),
             timeout_graceful_shutdown=max(1, int(config.grace_period_s)),
             ssl_certfile=config.tls_cert,
             ssl_keyfile=config.tls_key,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 
 import pytest
 
-from corral.controller._assignment_polls import AssignmentPolls
+from corral.controller._assignment_polls import LOSSLESS_RECHECK_S, AssignmentPolls
+from corral.coordination.hints import Hint
 from corral.domain.types import AgentId
 from corral.infra._redis import redis_client
 from corral.infra.hints.memory import MemoryHintBus
@@ -72,3 +74,49 @@ async def test_a_bug_in_a_batch_still_ends_the_poll_server(
     finally:
         polls.close()
         await asyncio.gather(poll, return_exceptions=True)
+
+
+class _RecordingBus(MemoryHintBus):
+    """The in-process bus, recording how long each wait may last; `lossless` as given."""
+
+    def __init__(self, lossless: bool) -> None:
+        super().__init__()
+        self.lossless = lossless
+        self.timeouts: list[float] = []
+
+    async def wait(self, names: Collection[str], timeout_s: float) -> bool:
+        self.timeouts.append(timeout_s)
+        return await super().wait(names, timeout_s)
+
+
+@pytest.mark.parametrize(
+    ("lossless", "recheck_s"), [(True, LOSSLESS_RECHECK_S), (False, RECHECK_S)]
+)
+async def test_on_a_lossless_bus_an_idle_server_rechecks_only_at_the_long_interval(
+    db: Database, lossless: bool, recheck_s: float
+) -> None:
+    """A bus that loses no hint wakes the server for every change, so the recheck is only a
+    safety net (an idle `corral up` read the revisions every 2 s); a bus whose notifications
+    can be lost keeps the short recheck. Either way a hinted change is answered at once."""
+    [agent_id] = await add_agents(db, [{"cpu": 4000}])
+    [revision] = (await read_revisions(db, [agent_id])).values()
+    hints = _RecordingBus(lossless)
+    polls = AssignmentPolls(db, hints, RECHECK_S)
+    server = asyncio.create_task(polls.run())
+    try:
+        poll = asyncio.create_task(polls.get(agent_id, revision, WAIT_S))
+        await eventually(lambda: bool(hints.timeouts), "the listener waits for a hint")
+        assert set(hints.timeouts) == {recheck_s}
+        async with db.transaction() as conn:
+            await conn.execute(
+                agents.update()
+                .where(agents.c.id == agent_id)
+                .values(assignment_revision=agents.c.assignment_revision + 1)
+            )
+        await hints.set(Hint.ASSIGNMENTS.value)
+        assignment = await asyncio.wait_for(poll, DEADLINE_S)
+    finally:
+        polls.close()
+        server.cancel()
+        await asyncio.gather(server, return_exceptions=True)
+    assert assignment.revision == revision + 1

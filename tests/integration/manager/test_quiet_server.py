@@ -25,8 +25,18 @@ async def _hello(scope: dict[str, Any], receive: Any, send: Any) -> None:
 async def test_it_answers_with_a_date_and_stops_when_asked_from_a_thread(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # A tick longer than the test's deadline: only the exit's own wake-up can end serve().
-    monkeypatch.setattr(_http_server, "TICK_S", 3600.0)
+    """Each answer carries the Date of its second (the clock is the test's), the server never
+    ticks meanwhile, and a plain write of `should_exit` from a thread ends it at once."""
+    now = [1_700_000_000.0]
+    monkeypatch.setattr(_http_server, "wall_clock", lambda: now[0])
+    ticks: list[int] = []
+    real_tick = QuietServer.on_tick
+
+    async def counted(self: QuietServer, counter: int) -> bool:
+        ticks.append(counter)
+        return await real_tick(self, counter)
+
+    monkeypatch.setattr(QuietServer, "on_tick", counted)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -43,8 +53,12 @@ async def test_it_answers_with_a_date_and_stops_when_asked_from_a_thread(
                     await asyncio.sleep(0.05)
             else:
                 pytest.fail("the server never answered")
-        assert reply.text == "hello"
-        assert reply.headers["date"].endswith("GMT")  # renewed by its tick, as uvicorn's
+            assert reply.text == "hello"
+            assert reply.headers["date"] == "Tue, 14 Nov 2023 22:13:20 GMT"
+            now[0] += 61.5
+            later = await client.get(f"http://127.0.0.1:{port}/")
+            assert later.headers["date"] == "Tue, 14 Nov 2023 22:14:21 GMT"
+        assert ticks == [0]  # once at start: no tick while it served
         # As a signal handler or another thread would: a plain attribute write.
         asker = threading.Thread(target=setattr, args=(server, "should_exit", True))
         asker.start()
