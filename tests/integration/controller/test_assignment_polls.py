@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
 
 import pytest
 
@@ -16,6 +15,7 @@ from corral.infra.hints.redis import RedisHintBus
 from corral.store.assignments import read_revisions
 from corral.store.database import Database
 from corral.store.tables import agents
+from tests._hint_buses import WaitRecorder
 from tests.conftest import UNREACHABLE_REDIS_URL
 from tests.integration._polling import eventually
 from tests.integration.store._factories import add_agents
@@ -76,19 +76,6 @@ async def test_a_bug_in_a_batch_still_ends_the_poll_server(
         await asyncio.gather(poll, return_exceptions=True)
 
 
-class _RecordingBus(MemoryHintBus):
-    """The in-process bus, recording how long each wait may last; `lossless` as given."""
-
-    def __init__(self, lossless: bool) -> None:
-        super().__init__()
-        self.lossless = lossless
-        self.timeouts: list[float] = []
-
-    async def wait(self, names: Collection[str], timeout_s: float) -> bool:
-        self.timeouts.append(timeout_s)
-        return await super().wait(names, timeout_s)
-
-
 @pytest.mark.parametrize(
     ("lossless", "recheck_s"), [(True, LOSSLESS_RECHECK_S), (False, RECHECK_S)]
 )
@@ -100,7 +87,7 @@ async def test_on_a_lossless_bus_an_idle_server_rechecks_only_at_the_long_interv
     can be lost keeps the short recheck. Either way a hinted change is answered at once."""
     [agent_id] = await add_agents(db, [{"cpu": 4000}])
     [revision] = (await read_revisions(db, [agent_id])).values()
-    hints = _RecordingBus(lossless)
+    hints = WaitRecorder(lossless=lossless)
     polls = AssignmentPolls(db, hints, RECHECK_S)
     server = asyncio.create_task(polls.run())
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -15,6 +15,7 @@ from corral.coordination.tasks import Task, TaskRun
 from corral.infra.hints.memory import MemoryHintBus, MemoryHintHub
 from corral.infra.locks import Hold, LockUnavailableError
 from corral.infra.locks.memory import MemoryLockManager
+from tests._hint_buses import WaitRecorder
 
 HINT = "schedule"
 LOCK = "schedule-lock"
@@ -200,19 +201,6 @@ async def test_without_a_hint_the_short_loop_never_runs_the_task() -> None:
     async with running(loop):
         await eventually(lambda: loop.attempts >= 5)
     assert (loop.runs, recorder.calls) == (0, 0)
-
-
-class WaitRecorder(MemoryHintBus):
-    """A memory bus that records each wait's timeout; `lossless` as a test wants it."""
-
-    def __init__(self, *, lossless: bool) -> None:
-        super().__init__()
-        self.lossless = lossless
-        self.timeouts: list[float] = []
-
-    async def wait(self, names: Collection[str], timeout_s: float) -> bool:
-        self.timeouts.append(timeout_s)
-        return await super().wait(names, timeout_s)
 
 
 @pytest.mark.parametrize("lossless", [True, False])
