@@ -72,6 +72,22 @@ _UNDECIDED_ENDED = DirectStatement(
 )
 
 
+_ANY_UNDECIDED = DirectStatement(
+    lambda _dialect: (
+        sa.select(sa.literal(1))
+        .select_from(sessions)
+        .where(sa.text(RETRY_UNDECIDED), in_constants(sessions.c.status, _ENDED))
+        .limit(1)
+    )
+)
+
+
+async def any_undecided(conn: AsyncConnection) -> bool:
+    """Whether an ended session waits for its retry decision (a read of the partial index:
+    in a cluster where no session has a policy, the retry task then writes nothing)."""
+    return bool(await _ANY_UNDECIDED.rows(conn))
+
+
 async def read_undecided(conn: AsyncConnection, limit: int) -> list[Mapping[str, Any]]:
     """Up to `limit` ended sessions with a retry policy whose retry is not decided, oldest id
     first, as rows of `_TARGET_COLUMNS`."""

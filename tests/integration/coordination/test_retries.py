@@ -12,6 +12,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from corral.controller.sessions import SessionController
@@ -294,3 +295,36 @@ async def test_successes_are_decided_in_bulk_and_a_full_batch_is_due_again(db: D
         )
     assert {decisions[sid] for sid in ok} == {RetryDecision.SUCCEEDED.value}
     assert decisions[next(iter(failing))] == RetryDecision.SCHEDULED.value
+
+
+async def test_without_a_policy_the_retry_task_only_reads(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every ending wakes the retry task; where no session has a policy (the default), its run
+    is one read, no write transaction (it was a write per burst of endings in every cluster)."""
+    c = await make_cluster(db, [CPU4], exit_code=_exits(0))
+    ended = [await c.submit() for _ in range(3)]
+    await c.settle()
+    async with db.read() as conn:
+        statuses = (
+            await conn.execute(sa.select(sessions.c.status).where(sessions.c.id.in_(ended)))
+        ).scalars()
+        assert set(statuses) == {S.TERMINATED.value}
+    writes: list[object] = []
+    real = Database.transaction
+
+    def counted(self: Database, *args: Any, **kwargs: Any) -> Any:
+        writes.append(args)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Database, "transaction", counted)
+    done = await c.coordinator.retries.dispatch(c.clock())
+    assert (done.looked_at, done.decided, done.children, writes) == (0, (), (), [])
+    monkeypatch.undo()
+    with_policy = await c.submit(retry_policy=POLICY)
+    await c.settle()
+    async with db.read() as conn:
+        decided = await conn.scalar(
+            sa.select(sessions.c.retry_decision).where(sessions.c.id == with_policy)
+        )
+    assert decided == RetryDecision.SUCCEEDED.value  # a policy's session is still decided

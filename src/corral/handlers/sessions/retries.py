@@ -45,6 +45,7 @@ from corral.store.database import Database
 from corral.store.events import append_events
 from corral.store.history import record_session_history
 from corral.store.retries import (
+    any_undecided,
     read_retry_switch,
     read_undecided,
     record_decisions,
@@ -104,8 +105,11 @@ class DispatchRetries:
         """Decide the ended sessions waiting for it (up to a batch); create their retries."""
         async with self.db.read_statements() as conn:
             switch = await read_retry_switch(conn)
+            waiting = not switch.paused and await any_undecided(conn)
         if switch.paused:
             return Dispatched(paused=True)
+        if not waiting:  # every ending of a cluster wakes this task, policy or not
+            return Dispatched()
         async with self.db.transaction() as conn:
             succeeded = await record_successes(conn, self.batch)
         recovered = sum(1 for count in succeeded if count > 0)
