@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 
 from corral.cli import _plain
-from corral.cli._common import FAILURE_EXIT, env_flags, fail
+from corral.cli._common import env_flags, fail
 from corral.client.config import ClientConfigError
 from corral.client.errors import CorralError, FieldError, ValidationError
 from corral.domain.dependency_syntax import DependencySyntaxError, parse_after, parse_dependency
@@ -345,12 +345,10 @@ def _submit_plain(fields: dict[str, Any], *, cpu: str, mem: str) -> int:
     }
     try:
         session = _plain.plain_call().json("POST", "/v1/sessions", body)
-    except ClientConfigError as exc:  # no server configured: a usage error, as in `call`
-        fail(str(exc))
     except ValidationError as exc:
         fail(_flagged(exc))
-    except CorralError as exc:
-        fail(str(exc), code=FAILURE_EXIT)
+    except (ClientConfigError, CorralError) as exc:  # as every command's call ends
+        _plain.failed(exc)
     typer.echo(str(session["number"]))
     return 0
 
