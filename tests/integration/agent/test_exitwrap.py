@@ -8,7 +8,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,11 +63,23 @@ async def wrap(tmp_path: Path) -> AsyncIterator[Wrap]:
     """Start commands under the wrapper; whatever still runs is killed at teardown."""
     started: list[Wrapped] = []
 
-    async def start(*argv: str, env: Mapping[str, str] | None = None) -> Wrapped:
+    async def start(
+        *argv: str,
+        env: Mapping[str, str] | None = None,
+        cgroup_procs: Sequence[str] = (),
+        address_space_kib: int | None = None,
+    ) -> Wrapped:
         status_r, status_w = os.pipe()
         stdout = tmp_path / f"stdout-{len(started)}.log"
         out = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        wrapped = _exitwrap.argv(str(tmp_path), str(tmp_path / "exit.json"), SETSID, list(argv))
+        wrapped = _exitwrap.argv(
+            str(tmp_path),
+            str(tmp_path / "exit.json"),
+            SETSID,
+            list(argv),
+            cgroup_procs=cgroup_procs,
+            address_space_kib=address_space_kib,
+        )
         process = spawn(
             wrapped,
             env if env is not None else {"PATH": os.environ["PATH"]},
@@ -187,3 +199,29 @@ async def test_a_command_that_cannot_be_run_is_reported_on_the_status_pipe(wrap:
     assert wrapped.status[:2] == ["failed", "2"]
     assert "corral-no-such-program" in " ".join(wrapped.status)
     assert await wrapped.process.wait() == _exitwrap.EXEC_FAILED
+
+
+async def test_the_kernel_enters_its_cgroups_and_address_limit_before_it_runs(
+    wrap: Wrap, tmp_path: Path
+) -> None:
+    """The kernel's own pid is written to each `cgroup.procs` file (plain files stand in for
+    them here) and its RLIMIT_AS is set, before the command runs."""
+    procs = [tmp_path / "memory.procs", tmp_path / "cpu.procs"]
+    wrapped = await wrap(
+        "sh", "-c", "ulimit -v", cgroup_procs=[str(p) for p in procs], address_space_kib=262144
+    )
+    assert await wrapped.process.wait() == 0
+    assert [p.read_text() for p in procs] == [f"{wrapped.kernel_pid}\n"] * 2
+    assert wrapped.output() == b"262144\n"
+
+
+async def test_a_cgroup_the_kernel_cannot_enter_is_reported_and_nothing_runs(
+    wrap: Wrap, tmp_path: Path
+) -> None:
+    """`failed - <why>` names the cgroup; the command never runs; the wrapper exits 126."""
+    missing = tmp_path / "gone" / "cgroup.procs"
+    wrapped = await wrap("touch", "ran", cgroup_procs=[str(missing)])
+    assert wrapped.status[:2] == ["failed", _exitwrap.NO_ERRNO]
+    assert " ".join(wrapped.status[2:]) == f"cannot move the kernel into its cgroup ({missing})"
+    assert await wrapped.process.wait() == 126
+    assert not (tmp_path / "ran").exists()

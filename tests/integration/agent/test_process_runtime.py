@@ -17,7 +17,7 @@ import pytest
 
 from corral.agent.runtime import KernelLaunch, OutputFile, StageFailure, _process_kernel
 from corral.agent.runtime import process as process_runtime
-from corral.agent.runtime._cgroups import CgroupProbe
+from corral.agent.runtime._cgroups import Cgroup, CgroupProbe
 from corral.agent.runtime._kernel_record import RECORD_FILE, KernelRecord
 from corral.agent.runtime.process import ProcessKernel, ProcessRuntime
 from corral.domain.types import new_kernel_id, new_session_id
@@ -197,6 +197,30 @@ async def test_missing_executable_is_a_final_start_failure(
     assert failure.value.cause == "kernel_start_failure"
     assert not failure.value.retryable
     assert "corral-no-such-program" in failure.value.message
+
+
+async def test_a_cgroup_the_kernel_cannot_enter_fails_its_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel whose first process cannot join its cgroup never runs its command: the start
+    fails naming the cgroup. (A plain directory stands in for the cgroup v2 tree, its kernel's
+    `cgroup.procs` a directory that cannot be written.)"""
+    parent = Cgroup(2, tmp_path / "cgroups", frozenset({"cpu"}))
+    parent.path.mkdir()
+    probe = CgroupProbe((parent,), {"memory": "pretend"})
+    monkeypatch.setattr(process_runtime, "probe_cgroups", lambda controllers: probe)
+    runtime = ProcessRuntime()
+    launch = make_launch(tmp_path, ("touch ran",), image="shell", slots={"cpu": 1000})
+    procs = parent.path / f"corral-{launch.kernel_id}" / "cgroup.procs"
+    procs.mkdir(parents=True)
+    await runtime.preload(launch)
+    with pytest.raises(StageFailure) as failure:
+        await runtime.start(launch)
+    assert failure.value.cause == "kernel_start_failure"
+    assert failure.value.message == (
+        f"cannot start the kernel: cannot move the kernel into its cgroup ({procs})"
+    )
+    assert not (launch.start_dir / "ran").exists()
 
 
 async def test_terminate_kills_the_whole_process_tree(

@@ -1,12 +1,16 @@
 """The exit-status wrapper a `process` kernel runs under: a few lines of `/bin/sh`, ~1 ms a kernel.
 
-The agent starts `sh -c WRAPPER_SCRIPT corral-wrapper DIR EXIT_FILE SETSID ARGV...` in a session
-of its own, the status pipe on fd 3 (`argv()` builds it; `process._spawn` starts it). The wrapper
-changes to DIR, then runs the kernel in the foreground through `setsid` and a second `sh`: the
-kernel leads a session and process group of its own, as it would without the wrapper, and gets
-the default signal dispositions (a background job of a shell would have SIGINT and SIGQUIT
-ignored). That second `sh` writes one line to fd 3 before it execs ARGV: `started <pid>`, or
-`failed <errno> <message>` when ARGV[0] is no command it can find. When the kernel ends, the
+The agent starts `sh -c WRAPPER_SCRIPT corral-wrapper DIR EXIT_FILE SETSID PROCS... -- AS ARGV...`
+in a session of its own, the status pipe on fd 3 (`argv()` builds it; `process._spawn` starts
+it). The wrapper changes to DIR, then runs the kernel in the foreground through `setsid` and a
+second `sh`: the kernel leads a session and process group of its own, as it would without the
+wrapper, and gets the default signal dispositions (a background job of a shell would have SIGINT
+and SIGQUIT ignored). That second `sh` applies the kernel's limits to itself — it writes its pid
+into each cgroup's `cgroup.procs` file PROCS, and sets RLIMIT_AS to AS KiB unless AS is `-` —
+so they hold before ARGV runs and nothing it forks escapes them. Then it writes one line to fd 3
+and execs ARGV: `started <pid>`; or, instead, `failed <errno> <message>` when ARGV[0] is no
+command it can find, `failed - <message>` when a limit could not be applied. When the kernel
+ends, the
 wrapper writes its status to EXIT_FILE (`{"exit_code": N}`, negative: killed by signal -N) and
 ends the same way, so a parent waiting for the wrapper sees the kernel's own status.
 
@@ -33,6 +37,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+from collections.abc import Sequence
 
 SHELL = "/bin/sh"
 SETSID = "setsid"  # util-linux's; the runtime finds it once (`find_setsid`) and passes its path
@@ -42,16 +47,26 @@ EXEC_FAILED = 127
 # resets them, as subprocess does): the kernel gets them at their defaults.
 RESTORED = (signal.SIGPIPE, signal.SIGXFSZ)
 
-# The kernel's side, run by the second `sh` after `setsid`: report, close the pipe, become ARGV.
+NO_ADDRESS_LIMIT = "-"  # AS when the kernel's address space is not limited
+NO_ERRNO = "-"  # `failed - <message>`: a failure no errno names
+_CGROUP_FAILED = f"failed {NO_ERRNO} cannot move the kernel into its cgroup ($1)"
+_LIMIT_FAILED = f"failed {NO_ERRNO} cannot limit its address space to $1 KiB"
+# The kernel's side, run by the second `sh` after `setsid`: enter the cgroups, limit the address
+# space, report, close the pipe, become ARGV.
 _KERNEL_SCRIPT = (
     "exec 2>&4 4>&-; "
+    f'until [ "$1" = -- ]; do echo $$ > "$1" || {{ echo "{_CGROUP_FAILED}" >&3; exit 126; }}; '
+    "shift; done; shift; "
+    f'[ "$1" = {NO_ADDRESS_LIMIT} ] || ulimit -v "$1"'
+    f' || {{ echo "{_LIMIT_FAILED}" >&3; exit 126; }}; shift; '
     'command -v -- "$1" >/dev/null 2>&1'
     ' || { echo "failed 2 No such file or directory: $1" >&3; exit 127; }; '
     'echo "started $$" >&3; exec 3>&-; exec "$@"'
 )
-# $1: the directory to start in, $2: the exit file, $3: setsid, the rest: the kernel's argv. A
-# status from 129 to 192 is a death by signal (1 to 64); the wrapper ends by the same signal (no
-# core dump of its own), or, for a signal that does not end a process, exits 128 + N.
+# $1: the directory to start in, $2: the exit file, $3: setsid, the rest: the kernel script's
+# arguments (PROCS... -- AS ARGV...). A status from 129 to 192 is a death by signal (1 to 64);
+# the wrapper ends by the same signal (no core dump of its own), or, for a signal that does not
+# end a process, exits 128 + N.
 WRAPPER_SCRIPT = f"""old=${{OLDPWD-}} had_old=${{OLDPWD+1}}
 cd -- "$1" || exit 126
 if [ "$had_old" ]; then OLDPWD=$old; else unset OLDPWD; fi
@@ -79,6 +94,21 @@ def find_setsid() -> str:
     return found
 
 
-def argv(start_dir: str, exit_file: str, setsid: str, command: list[str]) -> list[str]:
-    """The argv that runs `command` in `start_dir` under the wrapper."""
-    return [SHELL, "-c", WRAPPER_SCRIPT, "corral-wrapper", start_dir, exit_file, setsid, *command]
+def argv(
+    start_dir: str,
+    exit_file: str,
+    setsid: str,
+    command: list[str],
+    *,
+    cgroup_procs: Sequence[str] = (),
+    address_space_kib: int | None = None,
+) -> list[str]:
+    """The argv that runs `command` in `start_dir` under the wrapper, in the cgroups whose
+    `cgroup.procs` files are `cgroup_procs`, its address space limited to `address_space_kib`."""
+    limit = NO_ADDRESS_LIMIT if address_space_kib is None else str(address_space_kib)
+    return [
+        *(SHELL, "-c", WRAPPER_SCRIPT, "corral-wrapper", start_dir, exit_file, setsid),
+        *cgroup_procs,
+        *("--", limit),
+        *command,
+    ]

@@ -19,9 +19,10 @@ The kernel's `mem` slot is enforced by a cgroup per kernel (v2, else v1) where t
 the agent make one, else by RLIMIT_AS (best effort, and not for kernels holding GPUs: CUDA
 reserves far more address space than it uses). Its `cpu` slot becomes a CFS quota in a cgroup
 the same way (`cpu.max` on v2, `cpu.cfs_quota_us` on v1) where the host allows, else it is not
-enforced. A tiny `/bin/sh` wrapper moves itself into the kernel's cgroups (one per v1
-hierarchy) or limits itself, then execs the kernel, so nothing the kernel forks escapes the
-limits. `notes()` says what this host allows.
+enforced. The kernel's first process moves itself into the kernel's cgroups (one per v1
+hierarchy) or limits itself before it execs the kernel's command (the exit-status wrapper's
+kernel side does it), so nothing the kernel forks escapes the limits. `notes()` says what this
+host allows.
 
 Every kernel runs under an exit-status wrapper (`_exitwrap.py`, a few lines of `/bin/sh` outside
 its process group and cgroups) that leaves the kernel's exit status in a file, and the runtime
@@ -86,13 +87,6 @@ _PYTHON_NAMES = frozenset({"python", "python3"})
 # The agent's environment may hold secrets: a kernel gets only these from it.
 _BASE_ENV = ("PATH", "HOME", "LANG", "TMPDIR")
 _IDLE_SCRIPT = "while :; do sleep 3600; done"
-# Run as `sh -c WRAPPER corral-kernel <args...> <argv...>`: the wrapper limits its own pid,
-# then execs the kernel in place, so the limits hold before the kernel can fork anything.
-# The cgroup wrapper's args are `cgroup.procs` files (absolute paths) and then `--`.
-_CGROUP_WRAPPER = (
-    'until [ "$1" = -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@"'
-)
-_RLIMIT_WRAPPER = 'ulimit -v "$1" || exit 126; shift; exec "$@"'
 
 
 @record
@@ -257,8 +251,11 @@ class ProcessRuntime:
             ) from exc
         cgroups: tuple[Cgroup, ...] = ()
         try:
-            argv, cgroups = self._limit(launch, argv)
-            wrapper, kernel = await _spawn(launch, cwd, argv, env, stdout, stderr, self._setsid)
+            limits = self._limits(launch)
+            cgroups = limits.cgroups
+            wrapper, kernel = await _spawn(
+                launch, cwd, argv, env, stdout, stderr, self._setsid, limits
+            )
         except OSError as exc:
             await release_cgroups(cgroups)
             message = f"cannot start the kernel: {exc}"
@@ -314,19 +311,18 @@ class ProcessRuntime:
         await asyncio.to_thread(record.remove)
         logger.info("runtime.kernel_discarded", extra={"kernel_id": str(record.kernel_id)})
 
-    def _limit(self, launch: KernelLaunch, argv: list[str]) -> tuple[list[str], tuple[Cgroup, ...]]:
-        """The argv wrapped to apply the kernel's `mem` and `cpu` slots, and its cgroups."""
+    def _limits(self, launch: KernelLaunch) -> _Limits:
+        """How the kernel's `mem` and `cpu` slots are applied: its cgroups (made now), or an
+        address space limit."""
         limit_bytes = launch.slots.get("mem", 0) // 1000
         # No cgroup carries "memory" when memory limits are off: the probe did not look for it.
         limits = {"memory": limit_bytes, "cpu": launch.slots.get("cpu", 0)}  # cpu: milli-cpus
         wanted = {controller: value for controller, value in limits.items() if value > 0}
         cgroups = self._cgroups.create(f"corral-{launch.kernel_id}", wanted)
-        if cgroups:
-            procs = [str(cgroup.path / "cgroup.procs") for cgroup in cgroups]
-            argv = _wrap(_CGROUP_WRAPPER, [*procs, "--"], argv)
+        address_space_kib = None
         if self._mode == "rlimit" and limit_bytes > 0 and not launch.devices:
-            argv = _wrap(_RLIMIT_WRAPPER, [str(max(1, limit_bytes // 1024))], argv)
-        return argv, cgroups
+            address_space_kib = max(1, limit_bytes // 1024)
+        return _Limits(cgroups, address_space_kib)
 
     def _image(self, name: str) -> _Image:
         if name == "python":
@@ -369,6 +365,14 @@ def _located(name: str, location: Path) -> _Image:
 
 
 @record
+class _Limits:
+    """What the kernel's first process applies to itself before it runs the command."""
+
+    cgroups: tuple[Cgroup, ...]
+    address_space_kib: int | None
+
+
+@record
 class _Started:
     """What the exit-status wrapper said once the kernel was started."""
 
@@ -384,11 +388,20 @@ async def _spawn(
     stdout: int,
     stderr: int,
     setsid: str,
+    limits: _Limits,
 ) -> tuple[Child, _Started]:
-    """Start `argv` under the exit-status wrapper; the wrapper and the started kernel."""
+    """Start `argv` under the exit-status wrapper, within `limits`; the wrapper and the
+    started kernel."""
     status_r, status_w = os.pipe()
     try:
-        wrapped = exitwrap.argv(str(cwd), str(launch.work_dir / EXIT_FILE), setsid, argv)
+        wrapped = exitwrap.argv(
+            str(cwd),
+            str(launch.work_dir / EXIT_FILE),
+            setsid,
+            argv,
+            cgroup_procs=[str(cgroup.path / "cgroup.procs") for cgroup in limits.cgroups],
+            address_space_kib=limits.address_space_kib,
+        )
         fds = {1: stdout, 2: stderr, exitwrap.STATUS_FD: status_w}
         wrapper = spawn(wrapped, env, fds, default_signals=exitwrap.RESTORED)
     except BaseException:
@@ -414,6 +427,8 @@ async def _spawn(
         return wrapper, _Started(kernel, running_since(wrapper.pid))
     code = await wrapper.wait()
     if words[:1] == ["failed"] and len(words) >= 2:
+        if words[1] == exitwrap.NO_ERRNO:
+            raise OSError(" ".join(words[2:]))
         raise OSError(int(words[1]), " ".join(words[2:]))
     raise OSError(f"its exit-status wrapper ended (status {code}) before starting it")
 
@@ -465,10 +480,6 @@ def _as_record(left: LeftKernel) -> KernelRecord:
     if not isinstance(left, KernelRecord):
         raise TypeError(f"{left!r} was not found by the process runtime; adopt its own finds")
     return left
-
-
-def _wrap(script: str, arguments: list[str], argv: list[str]) -> list[str]:
-    return [SHELL, "-c", script, "corral-kernel", *arguments, *argv]
 
 
 def _executable_exists(name: str, path: str, cwd: Path) -> bool:
