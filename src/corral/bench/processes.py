@@ -9,9 +9,15 @@ most of a core of the two itself), with `--submit array` one job array of them i
 From the sessions' `session.status_changed` events (the manager's clock) it reports jobs/s end
 to end, submit → RUNNING p50/p95 (from the session's creation), the median time in each phase;
 from /proc, the CPU the manager, the agent and the kernels (the agent's reaped children: the
-exit-status wrappers and the kernels under them) spent per job; the wall time of `--cli` calls
-of `corral run --detach -- true` made once the jobs ended; and how many POSTs lost their
+exit-status wrappers and the kernels under them) spent per job; and how many POSTs lost their
 connection without an answer (each is sent again with its creation id, so counted once).
+
+Then, on the idle cluster, one session at a time: `--latency` sessions POSTed over REST, and
+`--cli` calls of `corral run --detach`, each of `date +%s.%N`, the kernel's first act, whose
+output (read as `corral run` reads it, the session's log followed to its end) says when the
+process started. Submit → process start is from just before the POST is sent, or the CLI is
+started, to that time (one clock: everything runs on this host); for the CLI calls also their
+own wall time.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import sqlalchemy as sa
 
 from corral.bench._scratch import scratch_database
 from corral.bench.chaos.processes import Fleet, Manager, Supervised
+from corral.domain.images import default_image
 from corral.domain.status import SESSION_TERMINAL, SessionStatus
 from corral.store.database import Database
 from corral.store.tables import events, sessions
@@ -47,6 +54,13 @@ SUBMIT_CONCURRENCY = 32
 SUBMIT_MODES = ("each", "array")
 MAX_SENDS = 5  # tries of one POST whose connection closed with no answer
 SESSION_BODY: dict[str, Any] = {"image": "shell", "command": ["true"], "resources": {"cpu": 1}}
+# The one-at-a-time sessions: the kernel prints the wall clock as it starts.
+CLOCK_COMMAND = ("date", "+%s.%N")
+CLOCK_BODY: dict[str, Any] = {
+    "image": default_image(CLOCK_COMMAND),  # as `corral run` chooses it
+    "command": list(CLOCK_COMMAND),
+    "resources": {"cpu": 1},
+}
 # The phases a trivial job passes, each from the status entered to the next one's.
 PHASES = (
     SessionStatus.PENDING,
@@ -66,7 +80,13 @@ class ProcessesBenchError(RuntimeError):
 
 
 async def run_processes_bench(
-    jobs: int, slots: int, cli_calls: int, database: str, timeout_s: float, submit: str = "each"
+    jobs: int,
+    slots: int,
+    cli_calls: int,
+    database: str,
+    timeout_s: float,
+    submit: str = "each",
+    latency_sessions: int = 20,
 ) -> dict[str, Any]:
     """Run the bench (see the module docstring); its figures as JSON-ready values."""
     if submit not in SUBMIT_MODES:
@@ -121,7 +141,9 @@ async def run_processes_bench(
                 raise ProcessesBenchError(f"the {jobs} jobs did not all end in {timeout_s} s")
             cpu_after = {p.name: _cpu_s(p) for p in (manager, agent)}
             figures = await _figures(db, submitted)
-            cli = _cli_calls(manager.url, token, cli_calls, env)
+            rest_ids, rest_starts = await _rest_starts(manager.url, token, latency_sessions)
+            one_at_a_time = await _figures(db, rest_ids) if rest_ids else {}
+            cli, cli_starts = await _cli_calls(manager.url, token, cli_calls, env)
     cpu = {
         name: {
             part: (cpu_after[name][part] - cpu_before[name][part]) * 1000 / jobs
@@ -143,6 +165,9 @@ async def run_processes_bench(
                 cpu["manager"]["self"] + cpu["agent"]["self"] + cpu["agent"]["children"], 2
             ),
         },
+        "rest_submit_to_start_ms": _percentiles(rest_starts),
+        "rest_phase_p50_ms": one_at_a_time.get("phase_p50_ms"),
+        "cli_submit_to_start_ms": _percentiles(cli_starts),
         "cli_call_ms_p50": round(statistics.median(cli), 1) if cli else None,
         # Issue 35: a POST whose connection closed with no answer (sent again); should be 0.
         "submit_transport_errors": failed,
@@ -296,17 +321,60 @@ def _cpu_s(process: Supervised) -> dict[str, float]:
     return {"self": utime + stime, "children": cutime + cstime}
 
 
-def _cli_calls(url: str, token: str, count: int, env: dict[str, str]) -> list[float]:
-    """The wall time of `count` calls of `corral run --detach -- true`, in ms."""
+async def _rest_starts(url: str, token: str, count: int) -> tuple[list[str], list[float]]:
+    """`count` sessions POSTed one at a time: their ids, and each one's submit → process start
+    in ms."""
+    headers = {"Authorization": f"Bearer {token}"}
+    run = uuid.uuid4().hex[:8]
+    ids, starts = [], []
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        for index in range(count):
+            body = {**CLOCK_BODY, "creation_id": f"bench-clock-{run}-{index}"}
+            sent = time.time()
+            answer, _ = await _post(http, f"{url}/v1/sessions", body, headers)
+            ids.append(str(answer["id"]))
+            started = await _start_time(http, url, ids[-1], headers)
+            starts.append((started - sent) * 1000)
+    return ids, starts
+
+
+async def _cli_calls(
+    url: str, token: str, count: int, env: dict[str, str]
+) -> tuple[list[float], list[float]]:
+    """`count` calls of `corral run --detach` one at a time: each call's wall time, and each
+    session's submit → process start (from the call's start), in ms."""
     cli_env = {**env, "CORRAL_URL": url, "CORRAL_TOKEN": token}
-    times = []
-    for _ in range(count):
-        begun = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "corral", "run", "--detach", "--", "true"],
-            env=cli_env,
-            check=True,
-            capture_output=True,
-        )
-        times.append((time.perf_counter() - begun) * 1000)
-    return times
+    headers = {"Authorization": f"Bearer {token}"}
+    walls, starts = [], []
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        for _ in range(count):
+            begun, sent = time.perf_counter(), time.time()
+            done = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "corral", "run", "--detach", "--", *CLOCK_COMMAND],
+                env=cli_env,
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            walls.append((time.perf_counter() - begun) * 1000)
+            started = await _start_time(http, url, done.stdout.strip(), headers)
+            starts.append((started - sent) * 1000)
+    return walls, starts
+
+
+async def _start_time(
+    http: httpx.AsyncClient, url: str, session: str, headers: dict[str, str]
+) -> float:
+    """The wall clock a `date +%s.%N` session's kernel printed, read once the session ended
+    (its log followed, as `corral run` does)."""
+    reply = await http.get(
+        f"{url}/v1/sessions/{session}/logs", params={"follow": "true"}, headers=headers
+    )
+    try:
+        return float(reply.text.strip())
+    except ValueError:
+        raise ProcessesBenchError(
+            f"session {session} printed {reply.text!r}, not the time it started "
+            f"(GET logs: {reply.status_code})"
+        ) from None

@@ -268,8 +268,12 @@ def processes_command(
         int, typer.Option(min=1, help="Sessions of `true` to run (1 cpu each).")
     ] = 1000,
     slots: Annotated[int, typer.Option(min=1, help="The agent's cpus (jobs at once).")] = 64,
+    latency: Annotated[
+        int,
+        typer.Option(min=0, help="Sessions POSTed one at a time after: submit -> process start."),
+    ] = 20,
     cli: Annotated[
-        int, typer.Option(min=0, help="Timed `corral run --detach -- true` calls after.")
+        int, typer.Option(min=0, help="Timed `corral run --detach` calls after, one at a time.")
     ] = 10,
     database: Annotated[
         str, typer.Option("--database", help="`sqlite` (a temporary file) or a postgresql:// URL.")
@@ -294,7 +298,9 @@ def processes_command(
     if not as_json:
         _err.print(f"[dim]bench processes: {jobs} x true on {slots} slots ({submit}) ...[/]")
     try:
-        result = asyncio.run(run_processes_bench(jobs, slots, cli, database, timeout_s, submit))
+        result = asyncio.run(
+            run_processes_bench(jobs, slots, cli, database, timeout_s, submit, latency)
+        )
     except ProcessesBenchError as exc:
         fail(str(exc), code=1)
     if as_json:
@@ -307,5 +313,11 @@ def processes_command(
     )
     typer.echo(f"CPU per job (ms): {result['cpu_ms_per_job']}")
     typer.echo(f"phases (p50 ms): {result['phase_p50_ms']}")
+    for how, key in (("REST", "rest_submit_to_start_ms"), ("CLI", "cli_submit_to_start_ms")):
+        figures = result[key] or {}
+        typer.echo(
+            f"submit -> process start, one at a time ({how}): p50 {figures.get('p50')} ms, "
+            f"p95 {figures.get('p95')} ms"
+        )
     typer.echo(f"corral run --detach: p50 {result['cli_call_ms_p50']} ms")
     typer.echo(f"POSTs that lost their connection: {result['submit_transport_errors']}")
