@@ -306,10 +306,10 @@ def processes_command(
     if as_json:
         typer.echo(json.dumps(result))
         return
-    latency = result["submit_to_running_ms"] or {}
+    to_running = result["submit_to_running_ms"] or {}
     typer.echo(
         f"{result['terminated']}/{jobs} jobs ended, {result['jobs_per_s']} jobs/s; submit -> "
-        f"RUNNING p50 {latency.get('p50')} ms, p95 {latency.get('p95')} ms"
+        f"RUNNING p50 {to_running.get('p50')} ms, p95 {to_running.get('p95')} ms"
     )
     typer.echo(f"CPU per job (ms): {result['cpu_ms_per_job']}")
     typer.echo(f"phases (p50 ms): {result['phase_p50_ms']}")
