@@ -180,6 +180,8 @@ class KernelWorker:
         self._stage_stopped = False  # `update()` cancelled that stage for a STOP
         self._reported: KernelStatus = kernel.status
         self._running: RunningKernel | None = None
+        # The runtime getting the kernel ready to start (`Runtime.stage`), once it is prepared.
+        self._staging: asyncio.Task[None] | None = None
         self._adopt = adopt  # set: the kernel runs already, started by an earlier agent
         self._log_offsets = dict.fromkeys(LOG_STREAMS, 0)  # shipped up to here, per stream
         self._log_resend: dict[str, int] = {}  # a chunk sent without an answer: where it ended
@@ -239,6 +241,9 @@ class KernelWorker:
             elif self._running is not None:
                 self._running.detach()
             raise
+        finally:
+            if self._staging is not None:
+                await asyncio.shield(self._unstage())
 
     async def shutdown(self, cause: str) -> None:
         """The agent is stopping: end the kernel now and report it failed with `cause`."""
@@ -262,6 +267,10 @@ class KernelWorker:
         self._move(P.PRELOADING)
         await self._attempt(self._preload)
         self._move(P.PRELOADING_COMPLETE)
+        # Reported first: the runtime gets the start ready while the manager moves the session on.
+        self._staging = asyncio.create_task(
+            self._runtime.stage(self.launch), name=f"kernel-{self.kernel_id}-stage"
+        )
 
     async def _preload(self) -> None:
         """The runtime's preload, then the session's upload unpacked (only if it names one)."""
@@ -272,10 +281,30 @@ class KernelWorker:
 
     async def _start(self) -> RunningKernel:
         self._move(P.GENERATING, report=False)
-        running = await self._attempt(lambda: self._runtime.start(self.launch))
+        running = await self._attempt(self._start_staged)
         self._running = running
         self._emit(KernelStatus.RUNNING, runtime_info=dict(running.info))
         return running
+
+    async def _start_staged(self) -> RunningKernel:
+        """The runtime's start, once its staging (if any) is over, whichever way it ended."""
+        if self._staging is not None:
+            await asyncio.wait({self._staging})
+        return await self._runtime.start(self.launch)
+
+    async def _unstage(self) -> None:
+        """The worker ends: a kernel staged and never started is given up (`Runtime.unstage`;
+        nothing when it was started)."""
+        assert self._staging is not None
+        self._staging.cancel()
+        await asyncio.wait({self._staging})
+        if not self._staging.cancelled() and self._staging.exception() is not None:
+            extra = {"kernel_id": str(self.kernel_id)}
+            logger.error("kernel.stage_crashed", extra=extra, exc_info=self._staging.exception())
+        try:
+            await self._runtime.unstage(self.launch)
+        except Exception:  # the worker is ending: say so, never hide how it ended
+            logger.exception("kernel.unstage_failed", extra={"kernel_id": str(self.kernel_id)})
 
     async def _take_over(self, adopt: Callable[[], Awaitable[RunningKernel]]) -> RunningKernel:
         """Adopt a kernel an earlier agent started: it is past preparing and start already."""

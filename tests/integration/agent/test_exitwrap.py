@@ -225,3 +225,37 @@ async def test_a_cgroup_the_kernel_cannot_enter_is_reported_and_nothing_runs(
     assert " ".join(wrapped.status[2:]) == f"cannot move the kernel into its cgroup ({missing})"
     assert await wrapped.process.wait() == 126
     assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("told", [True, False])
+async def test_a_staged_kernel_waits_for_go_and_ends_unstarted_when_its_pipe_closes(
+    tmp_path: Path, told: bool
+) -> None:
+    """Staged, the kernel's side says `ready <pid>` and waits: a line on the go pipe lets it
+    run (`started` with the same pid); the pipe closing instead (as when the agent dies) ends
+    it with ABANDONED, its command never run."""
+    status_r, status_w = os.pipe()
+    go_r, go_w = os.pipe()
+    wrapped = _exitwrap.argv(
+        str(tmp_path), str(tmp_path / "exit.json"), SETSID, ["touch", "ran"], staged=True
+    )
+    fds = {_exitwrap.STATUS_FD: status_w, _exitwrap.GO_FD: go_r}
+    process = spawn(wrapped, {"PATH": os.environ["PATH"]}, fds)
+    os.close(status_w)
+    os.close(go_r)
+    with os.fdopen(status_r, "rb") as status:
+        ready = (await asyncio.to_thread(status.readline)).decode().split()
+        assert ready[0] == "ready"
+        assert not (tmp_path / "ran").exists()
+        if told:
+            os.write(go_w, b"go\n")
+        os.close(go_w)
+        after = (await asyncio.to_thread(status.readline)).decode().split()
+    if told:
+        assert after == ["started", ready[1]]
+        assert await process.wait() == 0
+        assert (tmp_path / "ran").exists()
+    else:
+        assert after == []
+        assert await process.wait() == _exitwrap.ABANDONED
+        assert not (tmp_path / "ran").exists()

@@ -223,6 +223,45 @@ async def test_a_cgroup_the_kernel_cannot_enter_fails_its_start(
     assert not (launch.start_dir / "ran").exists()
 
 
+async def test_a_staged_kernel_runs_its_command_only_once_started(
+    runtime: ProcessRuntime, run: Run, tmp_path: Path
+) -> None:
+    """Staged, the kernel's processes wait (in its cgroups where the host allows them) and its
+    command has not run; started, it runs and is reported as any kernel."""
+    launch = make_launch(tmp_path, ("echo ran > ran; cat /proc/self/cgroup",), image="shell")
+    await runtime.preload(launch)
+    await runtime.stage(launch)
+    spawned = runtime._staged[launch.kernel_id]
+    assert not process_gone(spawned.wrapper.pid)
+    assert not (launch.start_dir / "ran").exists()
+    kernel = await run(runtime, launch)  # preload again (idempotent), then start: no new spawn
+    assert kernel.info["pid"] != spawned.wrapper.pid
+    assert (await kernel.wait()).exit_code == 0
+    assert (launch.start_dir / "ran").read_text() == "ran\n"
+    in_cgroups = (await stdout_of(kernel)).count(f"/corral-{launch.kernel_id}\n")
+    assert in_cgroups == len(set(kernel.info.get("cgroups", {}).values()))  # a line per cgroup
+
+
+async def test_an_unstaged_kernel_never_runs_and_leaves_nothing(
+    runtime: ProcessRuntime, run: Run, tmp_path: Path
+) -> None:
+    """Given up after staging, the kernel's processes end without running its command and its
+    cgroups are removed, while another kernel started meanwhile runs on: the go pipe's write
+    end is the agent's alone (no kernel inherits it, or the first would wait for the second)."""
+    launch = make_launch(tmp_path, ("touch ran",), image="shell", slots={"cpu": 1000})
+    await runtime.preload(launch)
+    await runtime.stage(launch)
+    spawned = runtime._staged[launch.kernel_id]
+    cgroups = [cgroup.path for cgroup in spawned.cgroups]
+    other = await run(runtime, make_launch(tmp_path, ("exec sleep 600",), image="shell"))
+    await runtime.unstage(launch)
+    assert process_gone(spawned.wrapper.pid)
+    assert not (launch.start_dir / "ran").exists()
+    assert not any(path.exists() for path in cgroups)
+    assert not process_gone(other.info["pid"])
+    await runtime.unstage(launch)  # again: nothing left to do
+
+
 async def test_terminate_kills_the_whole_process_tree(
     runtime: ProcessRuntime, run: Run, tmp_path: Path
 ) -> None:

@@ -300,9 +300,17 @@ class FakeRuntime:
         self.preload_calls: list[KernelId] = []
         self.preloads_cancelled = 0
         self.start_calls: list[KernelId] = []
+        self.stage_calls: list[KernelId] = []
+        self.unstage_calls: list[KernelId] = []
         self.launches: list[KernelLaunch] = []  # every start's launch, in order
         self.kernels: dict[KernelId, FakeKernel] = {}
         self.adoption: FakeAdoption | None = None  # set one to play a runtime that adopts
+
+    async def stage(self, launch: KernelLaunch) -> None:
+        self.stage_calls.append(launch.kernel_id)
+
+    async def unstage(self, launch: KernelLaunch) -> None:
+        self.unstage_calls.append(launch.kernel_id)
 
     async def preload(self, launch: KernelLaunch) -> None:
         self.preload_calls.append(launch.kernel_id)

@@ -151,6 +151,9 @@ async def test_happy_path_reports_every_status_and_walks_every_post_run_stage(
     await h.finished()
 
     assert h.shipper.statuses == [K.PULLING, K.PREPARED, K.RUNNING, K.TERMINATING, K.TERMINATED]
+    # Staged once prepared, then started; the unstage at the end finds nothing to give up.
+    kernel_id = h.worker.kernel_id
+    assert h.runtime.stage_calls == h.runtime.start_calls == h.runtime.unstage_calls == [kernel_id]
     running = h.shipper.reports[2]
     assert running.runtime_info == {"host": "fake-host", "pid": 4242}
     assert last(h.shipper).exit_code == 0
@@ -314,6 +317,8 @@ async def test_stop_while_waiting_for_run_ends_terminated_without_running(
 
     assert h.shipper.statuses == [K.PULLING, K.PREPARED, K.TERMINATING, K.TERMINATED]
     assert h.runtime.start_calls == []
+    # The staged kernel is given up: its processes never run the command.
+    assert h.runtime.stage_calls == h.runtime.unstage_calls == [h.worker.kernel_id]
     assert h.worker.progress.state is P.USER_ABORT_COMPLETE
 
 

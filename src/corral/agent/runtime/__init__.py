@@ -258,6 +258,15 @@ class Runtime(Protocol):
         """PRELOADING: resolve the image, create the work and output directories."""
         ...
 
+    async def stage(self, launch: KernelLaunch) -> None:
+        """Once prepared (and reported so): get the kernel ready to start at once, if this
+        runtime can (best effort, never raises a StageFailure; `start` does what is left)."""
+        ...
+
+    async def unstage(self, launch: KernelLaunch) -> None:
+        """The kernel will not be started after all: undo `stage` (nothing if it did nothing)."""
+        ...
+
     async def start(self, launch: KernelLaunch) -> RunningKernel:
         """GENERATING begins: start the kernel and return at once."""
         ...

@@ -1,18 +1,25 @@
 """The exit-status wrapper a `process` kernel runs under: a few lines of `/bin/sh`, ~1 ms a kernel.
 
-The agent starts `sh -c WRAPPER_SCRIPT corral-wrapper DIR EXIT_FILE SETSID PROCS... -- AS ARGV...`
-in a session of its own, the status pipe on fd 3 (`argv()` builds it; `process._spawn` starts
-it). The wrapper changes to DIR, then runs the kernel in the foreground through `setsid` and a
-second `sh`: the kernel leads a session and process group of its own, as it would without the
-wrapper, and gets the default signal dispositions (a background job of a shell would have SIGINT
-and SIGQUIT ignored). That second `sh` applies the kernel's limits to itself — it writes its pid
-into each cgroup's `cgroup.procs` file PROCS, and sets RLIMIT_AS to AS KiB unless AS is `-` —
-so they hold before ARGV runs and nothing it forks escapes them. Then it writes one line to fd 3
-and execs ARGV: `started <pid>`; or, instead, `failed <errno> <message>` when ARGV[0] is no
-command it can find, `failed - <message>` when a limit could not be applied. When the kernel
-ends, the
-wrapper writes its status to EXIT_FILE (`{"exit_code": N}`, negative: killed by signal -N) and
-ends the same way, so a parent waiting for the wrapper sees the kernel's own status.
+The agent starts `sh -c WRAPPER_SCRIPT corral-wrapper DIR EXIT_FILE SETSID PROCS... -- AS GO
+ARGV...` in a session of its own, the status pipe on fd 3 (`argv()` builds it; `process._spawn`
+starts it). The wrapper changes to DIR, then runs the kernel in the foreground through `setsid`
+and a second `sh`: the kernel leads a session and process group of its own, as it would without
+the wrapper, and gets the default signal dispositions (a background job of a shell would have
+SIGINT and SIGQUIT ignored). That second `sh` applies the kernel's limits to itself — it writes
+its pid into each cgroup's `cgroup.procs` file PROCS, and sets RLIMIT_AS to AS KiB unless AS is
+`-` — so they hold before ARGV runs and nothing it forks escapes them. A staged kernel (GO is
+`5`: the read end of the go pipe is fd 5) then writes `ready <pid>` to fd 3 and waits until the
+agent writes a line to the go pipe; if the pipe closes instead (the agent gave the kernel up, or
+died), it exits ABANDONED without running ARGV. Then it writes one line to fd 3 and execs ARGV:
+`started <pid>`; or, instead, `failed <errno> <message>` when ARGV[0] is no command it can find,
+`failed - <message>` when a limit could not be applied. When the kernel ends, the wrapper writes
+its status to EXIT_FILE (`{"exit_code": N}`, negative: killed by signal -N) and ends the same
+way, so a parent waiting for the wrapper sees the kernel's own status.
+
+Why staged: everything up to the command — three execs and, where the kernel has cgroups, its
+move into them, which on cgroup v1 waits for an RCU grace period (5 to 15 ms) unless another move
+happened just before — is done while the kernel is prepared, so that starting it is one line on
+a pipe.
 
 Why a wrapper: an agent restarted under the `leave` policy is not the kernel's parent and cannot
 wait for it; the file tells it how the kernel ended. The wrapper stays outside the kernel's
@@ -48,23 +55,28 @@ EXEC_FAILED = 127
 RESTORED = (signal.SIGPIPE, signal.SIGXFSZ)
 
 NO_ADDRESS_LIMIT = "-"  # AS when the kernel's address space is not limited
+GO_FD = 5  # a staged kernel's go pipe (its read end)
+NOT_STAGED = "-"  # GO when the kernel starts at once
+ABANDONED = 125  # a staged kernel's status when its go pipe closed before it was started
 NO_ERRNO = "-"  # `failed - <message>`: a failure no errno names
 _CGROUP_FAILED = f"failed {NO_ERRNO} cannot move the kernel into its cgroup ($1)"
 _LIMIT_FAILED = f"failed {NO_ERRNO} cannot limit its address space to $1 KiB"
 # The kernel's side, run by the second `sh` after `setsid`: enter the cgroups, limit the address
-# space, report, close the pipe, become ARGV.
+# space, wait to be started if staged, report, close the pipe, become ARGV.
 _KERNEL_SCRIPT = (
     "exec 2>&4 4>&-; "
     f'until [ "$1" = -- ]; do echo $$ > "$1" || {{ echo "{_CGROUP_FAILED}" >&3; exit 126; }}; '
     "shift; done; shift; "
     f'[ "$1" = {NO_ADDRESS_LIMIT} ] || ulimit -v "$1"'
     f' || {{ echo "{_LIMIT_FAILED}" >&3; exit 126; }}; shift; '
+    f'[ "$1" = {NOT_STAGED} ] || {{ echo "ready $$" >&3; '
+    f"read -r go <&{GO_FD} || exit {ABANDONED}; exec {GO_FD}<&-; }}; shift; "
     'command -v -- "$1" >/dev/null 2>&1'
     ' || { echo "failed 2 No such file or directory: $1" >&3; exit 127; }; '
     'echo "started $$" >&3; exec 3>&-; exec "$@"'
 )
 # $1: the directory to start in, $2: the exit file, $3: setsid, the rest: the kernel script's
-# arguments (PROCS... -- AS ARGV...). A status from 129 to 192 is a death by signal (1 to 64);
+# arguments (PROCS... -- AS GO ARGV...). A status from 129 to 192 is a death by signal (1 to 64);
 # the wrapper ends by the same signal (no core dump of its own), or, for a signal that does not
 # end a process, exits 128 + N.
 WRAPPER_SCRIPT = f"""old=${{OLDPWD-}} had_old=${{OLDPWD+1}}
@@ -102,13 +114,16 @@ def argv(
     *,
     cgroup_procs: Sequence[str] = (),
     address_space_kib: int | None = None,
+    staged: bool = False,
 ) -> list[str]:
     """The argv that runs `command` in `start_dir` under the wrapper, in the cgroups whose
-    `cgroup.procs` files are `cgroup_procs`, its address space limited to `address_space_kib`."""
+    `cgroup.procs` files are `cgroup_procs`, its address space limited to `address_space_kib`;
+    `staged`: it waits for a line on fd GO_FD before it runs `command`."""
     limit = NO_ADDRESS_LIMIT if address_space_kib is None else str(address_space_kib)
+    go = str(GO_FD) if staged else NOT_STAGED
     return [
         *(SHELL, "-c", WRAPPER_SCRIPT, "corral-wrapper", start_dir, exit_file, setsid),
         *cgroup_procs,
-        *("--", limit),
+        *("--", limit, go),
         *command,
     ]

@@ -73,6 +73,7 @@ from corral.agent.runtime._process_kernel import AdoptedKernel, ProcessKernel
 from corral.agent.runtime._run_as import RunAs, give_to
 from corral.domain.failure_causes import FailureCause
 from corral.domain.record import record
+from corral.domain.types import KernelId
 
 __all__ = ["BUILTIN_IMAGES", "AdoptedKernel", "ProcessKernel", "ProcessRuntime"]
 
@@ -154,6 +155,7 @@ class ProcessRuntime:
             raise ValueError(str(exc)) from exc
         # An adopted kernel is not the agent's child: how often it checks that it still runs.
         self._adopted_poll_s = adopted_poll_s
+        self._staged: dict[KernelId, _Spawned] = {}  # waiting for `start` (see `stage`)
         self._cgroups = probe_cgroups(("memory", "cpu") if memory_limits else ("cpu",))
         self._mode: MemoryLimitMode = "cgroup" if self._cgroups.parent("memory") else "rlimit"
         where = _where(
@@ -217,8 +219,69 @@ class ProcessRuntime:
             message = f"cannot create {launch.output_dir}: {exc}"
             raise StageFailure(FailureCause.WORK_DIR_FAILURE, message) from exc
 
+    async def stage(self, launch: KernelLaunch) -> None:
+        """Start the kernel's processes up to its command, which runs once `start` is called.
+
+        Everything before the command — the exit-status wrapper, `setsid`, the kernel's limits
+        (a cgroup join may wait for an RCU grace period) — is done while the manager moves the
+        session on, so that `start` only has to say go. Best effort: where staging fails,
+        `start` does it all again and reports what fails then.
+        """
+        if launch.kernel_id in self._staged:
+            return
+        try:
+            spawned = await self._spawn(launch, staged=True)
+        except StageFailure as exc:
+            extra = {"kernel_id": str(launch.kernel_id), "error": exc.message}
+            logger.info("runtime.kernel_not_staged", extra=extra)
+            return
+        self._staged[launch.kernel_id] = spawned
+
+    async def unstage(self, launch: KernelLaunch) -> None:
+        """Give up a staged kernel that will not be started: its processes end without running
+        its command, and its cgroups are removed. Nothing to do for one not staged."""
+        spawned = self._staged.pop(launch.kernel_id, None)
+        if spawned is not None:
+            await spawned.abandon()
+
     async def start(self, launch: KernelLaunch) -> ProcessKernel:
-        """Spawn the kernel in its own session, logs to files in its work directory."""
+        """Run the kernel in its own session, logs to files in its work directory (staged
+        already, or spawned now)."""
+        spawned = self._staged.pop(launch.kernel_id, None)
+        if spawned is not None and spawned.launch != launch:  # staged for another run of it
+            await spawned.abandon()
+            spawned = None
+        if spawned is None:
+            spawned = await self._spawn(launch, staged=False)
+        try:
+            kernel = await spawned.run()
+        except OSError as exc:
+            message = f"cannot start the kernel: {exc}"
+            raise StageFailure(FailureCause.KERNEL_START_FAILURE, message, retryable=False) from exc
+        record = KernelRecord(
+            kernel_id=launch.kernel_id,
+            work_dir=launch.work_dir,
+            wrapper=ProcessIdentity(spawned.wrapper.pid, running_since(spawned.wrapper.pid)),
+            kernel=kernel,
+            devices=launch.devices,
+            cgroups=spawned.cgroups,
+            logs={stream: launch.work_dir / f"{stream}.log" for stream in LOG_STREAMS},
+            cwd=spawned.cwd,
+            port=launch.port,
+            restart=launch.restart,
+        )
+        try:
+            record.write()  # a small file on the agent's disk: no thread hop (see preload)
+        except OSError as exc:
+            unwritten = {"kernel_id": str(launch.kernel_id), "error": str(exc)}
+            logger.warning("runtime.kernel_record_unwritten", extra=unwritten)  # not adoptable
+        extra = {"kernel_id": str(launch.kernel_id), "pid": kernel.pid, "cwd": str(spawned.cwd)}
+        logger.info("runtime.kernel_started", extra={**extra, "image": launch.image})
+        return ProcessKernel(launch, spawned.wrapper, record, self._host)
+
+    async def _spawn(self, launch: KernelLaunch, *, staged: bool) -> _Spawned:
+        """The kernel's processes up to its command (`staged`: waiting to be told to go, which
+        they said they are), its logs opened and its cgroups made."""
         image = self._image(launch.image)
         user = self._run_as.user(launch.owner)
         base = {key: os.environ[key] for key in _BASE_ENV if key in os.environ}
@@ -253,39 +316,23 @@ class ProcessRuntime:
         try:
             limits = self._limits(launch)
             cgroups = limits.cgroups
-            wrapper, kernel = await _spawn(
-                launch, cwd, argv, env, stdout, stderr, self._setsid, limits
-            )
+            spawned = _spawn(launch, cwd, argv, env, stdout, stderr, self._setsid, limits, staged)
         except OSError as exc:
             await release_cgroups(cgroups)
             message = f"cannot start the kernel: {exc}"
             raise StageFailure(FailureCause.KERNEL_START_FAILURE, message, retryable=False) from exc
-        except asyncio.CancelledError:
-            await asyncio.shield(release_cgroups(cgroups))  # _spawn killed what it started
-            raise
         finally:
             os.close(stdout)
             os.close(stderr)
-        record = KernelRecord(
-            kernel_id=launch.kernel_id,
-            work_dir=launch.work_dir,
-            wrapper=ProcessIdentity(wrapper.pid, kernel.wrapper_start_ticks),
-            kernel=kernel.identity,
-            devices=launch.devices,
-            cgroups=cgroups,
-            logs={stream: launch.work_dir / f"{stream}.log" for stream in LOG_STREAMS},
-            cwd=cwd,
-            port=launch.port,
-            restart=launch.restart,
-        )
-        try:
-            record.write()  # a small file on the agent's disk: no thread hop (see preload)
-        except OSError as exc:
-            unwritten = {"kernel_id": str(launch.kernel_id), "error": str(exc)}
-            logger.warning("runtime.kernel_record_unwritten", extra=unwritten)  # not adoptable
-        extra = {"kernel_id": str(launch.kernel_id), "pid": kernel.identity.pid, "cwd": str(cwd)}
-        logger.info("runtime.kernel_started", extra={**extra, "image": image.name})
-        return ProcessKernel(launch, wrapper, record, self._host)
+        if staged:
+            try:
+                await spawned.ready()
+            except OSError as exc:
+                message = f"cannot start the kernel: {exc}"
+                raise StageFailure(
+                    FailureCause.KERNEL_START_FAILURE, message, retryable=False
+                ) from exc
+        return spawned
 
     async def find_left(self, kernels_dir: Path) -> list[LeftKernel]:
         """The kernels recorded in the work directories under `kernels_dir`."""
@@ -372,15 +419,7 @@ class _Limits:
     address_space_kib: int | None
 
 
-@record
-class _Started:
-    """What the exit-status wrapper said once the kernel was started."""
-
-    identity: ProcessIdentity  # the kernel's first process, its group's leader
-    wrapper_start_ticks: int | None
-
-
-async def _spawn(
+def _spawn(
     launch: KernelLaunch,
     cwd: Path,
     argv: list[str],
@@ -389,10 +428,11 @@ async def _spawn(
     stderr: int,
     setsid: str,
     limits: _Limits,
-) -> tuple[Child, _Started]:
-    """Start `argv` under the exit-status wrapper, within `limits`; the wrapper and the
-    started kernel."""
+    staged: bool,
+) -> _Spawned:
+    """Start `argv` under the exit-status wrapper, within `limits` (`staged`: to wait for go)."""
     status_r, status_w = os.pipe()
+    go_r, go_w = os.pipe() if staged else (None, None)
     try:
         wrapped = exitwrap.argv(
             str(cwd),
@@ -401,64 +441,150 @@ async def _spawn(
             argv,
             cgroup_procs=[str(cgroup.path / "cgroup.procs") for cgroup in limits.cgroups],
             address_space_kib=limits.address_space_kib,
+            staged=staged,
         )
         fds = {1: stdout, 2: stderr, exitwrap.STATUS_FD: status_w}
+        if go_r is not None:
+            fds[exitwrap.GO_FD] = go_r
         wrapper = spawn(wrapped, env, fds, default_signals=exitwrap.RESTORED)
     except BaseException:
-        os.close(status_r)
+        for fd in (status_r, go_w):
+            if fd is not None:
+                os.close(fd)
         raise
     finally:
-        os.close(status_w)
-    # The wrapper answers as soon as the kernel leads its own group. Shielded: a start cancelled
-    # meanwhile still learns the kernel's pid, and kills it instead of leaving it behind.
-    answer = asyncio.ensure_future(_read_line(status_r))
-    try:
-        words = (await asyncio.shield(answer)).split()
-    except asyncio.CancelledError:
-        words = (await answer).split()
-        if words[:1] == ["started"]:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(int(words[1]), signal.SIGKILL)
-        await wrapper.wait()
-        raise
-    if words[:1] == ["started"] and len(words) == 2:
-        pid = int(words[1])
-        kernel = ProcessIdentity(pid, running_since(pid))
-        return wrapper, _Started(kernel, running_since(wrapper.pid))
-    code = await wrapper.wait()
-    if words[:1] == ["failed"] and len(words) >= 2:
-        if words[1] == exitwrap.NO_ERRNO:
-            raise OSError(" ".join(words[2:]))
-        raise OSError(int(words[1]), " ".join(words[2:]))
-    raise OSError(f"its exit-status wrapper ended (status {code}) before starting it")
+        for fd in (status_w, go_r):
+            if fd is not None:
+                os.close(fd)
+    return _Spawned(launch, wrapper, _StatusPipe(status_r), go_w, limits.cgroups, cwd)
 
 
-async def _read_line(fd: int) -> str:
-    """The first line the wrapper writes to the pipe `fd` (what came before EOF, if no line).
+class _Spawned:
+    """A kernel's processes under way: the wrapper, what they say on the status pipe, and (for
+    a staged kernel) the go pipe's write end; the agent is the only holder of that end, so the
+    kernel's processes end unstarted when it is closed or the agent dies."""
 
-    Read as the event loop finds the pipe readable: no thread. The pipe is closed after.
-    """
-    loop = asyncio.get_running_loop()
-    os.set_blocking(fd, False)
-    received = bytearray()
-    done: asyncio.Future[None] = loop.create_future()
+    def __init__(
+        self,
+        launch: KernelLaunch,
+        wrapper: Child,
+        status: _StatusPipe,
+        go: int | None,
+        cgroups: tuple[Cgroup, ...],
+        cwd: Path,
+    ) -> None:
+        self.launch = launch
+        self.wrapper = wrapper
+        self.cgroups = cgroups
+        self.cwd = cwd
+        self._status = status
+        self._go = go
 
-    def readable() -> None:
+    async def ready(self) -> None:
+        """Until a staged kernel waits for go (OSError: it cannot, and was given up)."""
         try:
-            chunk = os.read(fd, 4096)
+            words = (await self._status.line()).split()
+            if words[:1] != ["ready"]:
+                raise await self._failure(words)
+        except BaseException:
+            await asyncio.shield(self.abandon())
+            raise
+
+    async def run(self) -> ProcessIdentity:
+        """Let the command run (a staged kernel is told to go); the kernel, once it runs.
+
+        OSError: it could not start (its processes ended, its cgroups are removed). Cancelled
+        meanwhile, the kernel is still waited for, then killed, so none is left behind.
+        """
+        if self._go is not None:
+            with contextlib.suppress(OSError):  # gone already: its status says why
+                os.write(self._go, b"go\n")
+            self._close_go()
+        answer = asyncio.ensure_future(self._status.line())
+        try:
+            words = (await asyncio.shield(answer)).split()
+        except asyncio.CancelledError:
+            words = (await answer).split()
+            if words[:1] == ["started"]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(int(words[1]), signal.SIGKILL)
+            await asyncio.shield(self.abandon())
+            raise
+        if words[:1] == ["started"] and len(words) == 2:
+            self._status.close()
+            pid = int(words[1])
+            return ProcessIdentity(pid, running_since(pid))
+        failure = await self._failure(words)
+        await self.abandon()
+        raise failure
+
+    async def abandon(self) -> None:
+        """End the kernel's processes unstarted (or what is left of them), remove its cgroups."""
+        self._close_go()
+        self._status.close()
+        await self.wrapper.wait()
+        await release_cgroups(self.cgroups)
+
+    async def _failure(self, words: list[str]) -> OSError:
+        """What the kernel's side said instead of going on, as an OSError."""
+        if words[:1] == ["failed"] and len(words) >= 2:
+            if words[1] == exitwrap.NO_ERRNO:
+                return OSError(" ".join(words[2:]))
+            return OSError(int(words[1]), " ".join(words[2:]))
+        self._close_go()
+        code = await self.wrapper.wait()
+        return OSError(f"its exit-status wrapper ended (status {code}) before starting it")
+
+    def _close_go(self) -> None:
+        if self._go is not None:
+            os.close(self._go)
+            self._go = None
+
+
+class _StatusPipe:
+    """The lines the wrapper's kernel side writes to the status pipe, read as the event loop
+    finds the pipe readable: no thread."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+        self._loop = asyncio.get_running_loop()
+        self._received = bytearray()
+        self._ended = False
+        self._arrived: asyncio.Future[None] | None = None
+        os.set_blocking(fd, False)
+        self._loop.add_reader(fd, self._readable)
+
+    async def line(self) -> str:
+        """The next line (at the end: what came before it, or "" when nothing did)."""
+        while b"\n" not in self._received and not self._ended:
+            self._arrived = self._loop.create_future()
+            await self._arrived
+        line, _, rest = bytes(self._received).partition(b"\n")
+        self._received = bytearray(rest)
+        return line.decode(errors="replace")
+
+    def close(self) -> None:
+        """Stop reading; the pipe is closed."""
+        if self._fd is not None:
+            self._loop.remove_reader(self._fd)
+            os.close(self._fd)
+            self._fd = None
+        self._ended = True
+
+    def _readable(self) -> None:
+        assert self._fd is not None
+        try:
+            chunk = os.read(self._fd, 4096)
         except BlockingIOError:
             return
-        received.extend(chunk)
-        if (not chunk or b"\n" in chunk) and not done.done():
-            done.set_result(None)
-
-    loop.add_reader(fd, readable)
-    try:
-        await done
-    finally:
-        loop.remove_reader(fd)
-        os.close(fd)
-    return received.split(b"\n", 1)[0].decode(errors="replace")
+        self._received.extend(chunk)
+        if not chunk:
+            self._loop.remove_reader(self._fd)
+            self._ended = True
+        waiting = self._arrived is not None and not self._arrived.done()
+        if waiting and (self._ended or b"\n" in self._received):
+            assert self._arrived is not None
+            self._arrived.set_result(None)
 
 
 def _read_records(kernels_dir: Path) -> list[KernelRecord]:

@@ -417,6 +417,12 @@ class SimulatedRuntime:
                 FailureCause.IMAGE_PULL_FAILURE, f"simulated: cannot pull {launch.image!r}"
             )
 
+    async def stage(self, launch: KernelLaunch) -> None:
+        """Nothing to get ready: a simulated start's latency is drawn at start."""
+
+    async def unstage(self, launch: KernelLaunch) -> None:
+        """Nothing was staged."""
+
     async def start(self, launch: KernelLaunch) -> SimulatedKernel:
         """Wait the start latency; maybe fail with kernel_start_failure (not retryable)."""
         profile, rng = self._profile, self._rng
