@@ -262,6 +262,24 @@ async def test_an_unstaged_kernel_never_runs_and_leaves_nothing(
     await runtime.unstage(launch)  # again: nothing left to do
 
 
+async def test_a_staged_kernel_whose_processes_were_killed_is_started_anew(
+    runtime: ProcessRuntime, run: Run, tmp_path: Path
+) -> None:
+    """Staged processes killed before the start (an admin, the OOM killer) do not fail it:
+    the kernel is spawned again and runs."""
+    launch = make_launch(tmp_path, ("echo ran",), image="shell")
+    await runtime.preload(launch)
+    await runtime.stage(launch)
+    wrapper = runtime._staged[launch.kernel_id].wrapper
+    children_of = Path(f"/proc/{wrapper.pid}/task/{wrapper.pid}/children")
+    children = (await asyncio.to_thread(children_of.read_text)).split()
+    os.kill(int(children[0]), signal.SIGKILL)  # the kernel's side, waiting for go
+    assert await wrapper.wait() == -signal.SIGKILL
+    kernel = await run(runtime, launch)
+    assert kernel.info["pid"] != int(children[0])
+    assert await stdout_of(kernel) == "ran\n"
+
+
 async def test_terminate_kills_the_whole_process_tree(
     runtime: ProcessRuntime, run: Run, tmp_path: Path
 ) -> None:

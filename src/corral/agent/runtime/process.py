@@ -251,10 +251,17 @@ class ProcessRuntime:
         if spawned is not None and spawned.launch != launch:  # staged for another run of it
             await spawned.abandon()
             spawned = None
-        if spawned is None:
-            spawned = await self._spawn(launch, staged=False)
         try:
-            kernel = await spawned.run()
+            if spawned is not None:
+                try:
+                    kernel = await spawned.run()
+                except _Vanished:
+                    # Its processes were killed while staged (an admin, the OOM killer): anew.
+                    await spawned.abandon()
+                    spawned = None
+            if spawned is None:
+                spawned = await self._spawn(launch, staged=False)
+                kernel = await spawned.run()
         except OSError as exc:
             message = f"cannot start the kernel: {exc}"
             raise StageFailure(FailureCause.KERNEL_START_FAILURE, message, retryable=False) from exc
@@ -533,12 +540,16 @@ class _Spawned:
             return OSError(int(words[1]), " ".join(words[2:]))
         self._close_go()
         code = await self.wrapper.wait()
-        return OSError(f"its exit-status wrapper ended (status {code}) before starting it")
+        return _Vanished(f"its exit-status wrapper ended (status {code}) before starting it")
 
     def _close_go(self) -> None:
         if self._go is not None:
             os.close(self._go)
             self._go = None
+
+
+class _Vanished(OSError):
+    """The kernel's processes ended before they said how its start went."""
 
 
 class _StatusPipe:
