@@ -43,16 +43,19 @@ def test_bench_processes_runs_every_job_and_prints_its_figures(tmp_path: Path) -
 
 def test_bench_processes_submits_one_job_array_like_sbatch_array(tmp_path: Path) -> None:
     """`--submit array`: the jobs go in as one job array (one request), and all of them end;
-    an unknown mode is a usage error naming the modes."""
+    with `--sleep`, jobs of `sleep S` whose makespan is set against the ideal (3 waves of 2
+    here: 1.5 s, which no run can beat); an unknown mode is a usage error naming the modes."""
     env = {**os.environ, "CORRAL_CONFIG": str(tmp_path / "none.toml")}
     result = corral(
         "bench", "processes", "--jobs", "6", "--slots", "2", "--latency", "0", "--cli", "0",
-        "--submit", "array", "--json", env=env, timeout_s=300,
+        "--submit", "array", "--sleep", "0.5", "--json", env=env, timeout_s=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     output = json.loads(result.stdout)
     assert output["submit"] == "array"
     assert output["jobs"] == output["terminated"] == 6
+    assert output["command"] == "sleep 0.5"
+    assert output["ideal_s"] == 1.5 <= output["makespan_s"]
     assert output["submit_transport_errors"] == 0
     assert output["rest_submit_to_start_ms"] is None  # --latency 0: none sent one at a time
     wrong = corral("bench", "processes", "--submit", "bulk", env=env)

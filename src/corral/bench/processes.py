@@ -1,13 +1,14 @@
 """`corral bench processes`: trivial jobs through a real manager and a real `process` agent.
 
 A `corral manager` and one `corral agent --runtime process` run as separate processes, as a user
-runs them, on a scratch database. The harness submits `--jobs` sessions of `true` over REST (one
-cpu each, the agent offering `--slots` cpus) and waits for all of them to end: with `--submit
-each` one POST per session, 32 in flight (a submit loop; the harness's HTTP client then takes
-most of a core of the two itself), with `--submit array` one job array of them in one request
-(`sbatch --array`'s way).
+runs them, on a scratch database. The harness submits `--jobs` sessions of `true` (or of `sleep
+S` with `--sleep S`) over REST (one cpu each, the agent offering `--slots` cpus) and waits for
+all of them to end: with `--submit each` one POST per session, 32 in flight (a submit loop; the
+harness's HTTP client then takes most of a core of the two itself), with `--submit array` one
+job array of them in one request (`sbatch --array`'s way).
 From the sessions' `session.status_changed` events (the manager's clock) it reports jobs/s end
-to end, submit → RUNNING p50/p95 (from the session's creation), the median time in each phase;
+to end and the makespan (with `--sleep`, against the ideal: the jobs in waves of `--slots`),
+submit → RUNNING p50/p95 (from the session's creation), the median time in each phase;
 from /proc, the CPU the manager, the agent and the kernels (the agent's reaped children: the
 exit-status wrappers and the kernels under them) spent per job; and how many POSTs lost their
 connection without an answer (each is sent again with its creation id, so counted once).
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import os
 import statistics
 import subprocess
@@ -87,12 +89,14 @@ async def run_processes_bench(
     timeout_s: float,
     submit: str = "each",
     latency_sessions: int = 20,
+    sleep_s: float = 0.0,
 ) -> dict[str, Any]:
     """Run the bench (see the module docstring); its figures as JSON-ready values."""
     if submit not in SUBMIT_MODES:
         raise ProcessesBenchError(
             f"submit must be one of {', '.join(SUBMIT_MODES)}, not {submit!r}"
         )
+    body = job_body(sleep_s)
     fleet = Fleet()
     with tempfile.TemporaryDirectory(prefix="corral-bench-processes-") as tmp:
         workdir = Path(tmp)
@@ -134,9 +138,9 @@ async def run_processes_bench(
             cpu_before = {p.name: _cpu_s(p) for p in (manager, agent)}
             begun = time.monotonic()
             if submit == "array":
-                submitted, failed = await _submit_array(manager.url, token, jobs)
+                submitted, failed = await _submit_array(manager.url, token, jobs, body)
             else:
-                submitted, failed = await _submit(manager.url, token, jobs)
+                submitted, failed = await _submit(manager.url, token, jobs, body)
             if not await _until_ended(db, timeout_s - (time.monotonic() - begun)):
                 raise ProcessesBenchError(f"the {jobs} jobs did not all end in {timeout_s} s")
             cpu_after = {p.name: _cpu_s(p) for p in (manager, agent)}
@@ -156,7 +160,10 @@ async def run_processes_bench(
         "jobs": jobs,
         "slots": slots,
         "submit": submit,
+        "command": body["command"][0],
         **figures,
+        # The whole run against its ideal: the jobs in waves of `slots`, each wave `sleep_s`.
+        "ideal_s": math.ceil(jobs / slots) * sleep_s if sleep_s else None,
         "cpu_ms_per_job": {
             "manager": round(cpu["manager"]["self"], 2),
             "agent": round(cpu["agent"]["self"], 2),
@@ -190,7 +197,14 @@ async def _until_agent(url: str, token: str, agent: Supervised, deadline_s: floa
     raise ProcessesBenchError(f"the agent did not register in {deadline_s} s:\n{agent.tail()}")
 
 
-async def _submit(url: str, token: str, count: int) -> tuple[list[str], int]:
+def job_body(sleep_s: float) -> dict[str, Any]:
+    """A job of `true`, or of `sleep sleep_s` when that is above 0."""
+    if sleep_s < 0:
+        raise ProcessesBenchError(f"sleep must be 0 or more seconds, not {sleep_s!r}")
+    return {**SESSION_BODY, "command": [f"sleep {sleep_s:g}"] if sleep_s else ["true"]}
+
+
+async def _submit(url: str, token: str, count: int, job: dict[str, Any]) -> tuple[list[str], int]:
     """POST `count` sessions, SUBMIT_CONCURRENCY in flight; their ids, and how many requests
     failed on the wire (a connection closed with no answer: sent again, same creation id)."""
     ids: list[str] = []
@@ -202,7 +216,7 @@ async def _submit(url: str, token: str, count: int) -> tuple[list[str], int]:
     async def worker(http: httpx.AsyncClient) -> None:
         nonlocal failed
         while left:
-            body = {**SESSION_BODY, "creation_id": f"bench-{run}-{left.pop()}"}
+            body = {**job, "creation_id": f"bench-{run}-{left.pop()}"}
             answer, lost = await _post(http, f"{url}/v1/sessions", body, headers)
             failed += lost
             ids.append(str(answer["id"]))
@@ -213,10 +227,12 @@ async def _submit(url: str, token: str, count: int) -> tuple[list[str], int]:
     return ids, failed
 
 
-async def _submit_array(url: str, token: str, count: int) -> tuple[list[str], int]:
+async def _submit_array(
+    url: str, token: str, count: int, job: dict[str, Any]
+) -> tuple[list[str], int]:
     """Submit `count` sessions as one job array (indices 0 to count - 1); their ids, and how
     many requests failed on the wire (sent again with the array's creation id)."""
-    body = {**SESSION_BODY, "array": f"0-{count - 1}", "creation_id": f"bench-{uuid.uuid4().hex}"}
+    body = {**job, "array": f"0-{count - 1}", "creation_id": f"bench-{uuid.uuid4().hex}"}
     headers = {"Authorization": f"Bearer {token}"}
     async with httpx.AsyncClient(timeout=60.0) as http:
         answer, failed = await _post(http, f"{url}/v1/arrays", body, headers)
@@ -294,6 +310,7 @@ async def _figures(db: Database, ids: list[str]) -> dict[str, Any]:
     return {
         "terminated": ok,
         "jobs_per_s": round(len(ids) / span_s, 1) if span_s > 0 else None,
+        "makespan_s": round(span_s, 2),
         "submit_to_running_ms": _percentiles(to_running),
         "phase_p50_ms": phases,
     }

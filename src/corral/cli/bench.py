@@ -275,6 +275,12 @@ def processes_command(
     cli: Annotated[
         int, typer.Option(min=0, help="Timed `corral run --detach` calls after, one at a time.")
     ] = 10,
+    sleep_s: Annotated[
+        float,
+        typer.Option(
+            "--sleep", min=0, help="Jobs of `sleep S` instead of `true` (S > 0): makespan vs ideal."
+        ),
+    ] = 0.0,
     database: Annotated[
         str, typer.Option("--database", help="`sqlite` (a temporary file) or a postgresql:// URL.")
     ] = "sqlite",
@@ -296,10 +302,11 @@ def processes_command(
     if submit not in SUBMIT_MODES:
         fail(f"--submit must be one of {', '.join(SUBMIT_MODES)}, not {submit!r}", code=2)
     if not as_json:
-        _err.print(f"[dim]bench processes: {jobs} x true on {slots} slots ({submit}) ...[/]")
+        what = f"sleep {sleep_s:g}" if sleep_s else "true"
+        _err.print(f"[dim]bench processes: {jobs} x {what} on {slots} slots ({submit}) ...[/]")
     try:
         result = asyncio.run(
-            run_processes_bench(jobs, slots, cli, database, timeout_s, submit, latency)
+            run_processes_bench(jobs, slots, cli, database, timeout_s, submit, latency, sleep_s)
         )
     except ProcessesBenchError as exc:
         fail(str(exc), code=1)
@@ -311,6 +318,11 @@ def processes_command(
         f"{result['terminated']}/{jobs} jobs ended, {result['jobs_per_s']} jobs/s; submit -> "
         f"RUNNING p50 {to_running.get('p50')} ms, p95 {to_running.get('p95')} ms"
     )
+    if result["ideal_s"]:
+        typer.echo(
+            f"makespan {result['makespan_s']} s, ideal {result['ideal_s']} s "
+            f"({result['makespan_s'] / result['ideal_s']:.2f}x)"
+        )
     typer.echo(f"CPU per job (ms): {result['cpu_ms_per_job']}")
     typer.echo(f"phases (p50 ms): {result['phase_p50_ms']}")
     for how, key in (("REST", "rest_submit_to_start_ms"), ("CLI", "cli_submit_to_start_ms")):

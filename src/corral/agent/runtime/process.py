@@ -33,6 +33,9 @@ still running is watched by polling its wrapper, one that ended meanwhile is rep
 exit status, and only one with neither is lost.
 
 An agent running as root may run each kernel as its owner's Unix user (`run_as`, `_run_as.py`).
+
+A prepared kernel is staged (`stage`): its processes are started up to the command, which waits
+on a go pipe, so that `start` is one line on that pipe (`_exitwrap.py` says why it pays).
 """
 
 from __future__ import annotations
