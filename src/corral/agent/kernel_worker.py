@@ -242,7 +242,7 @@ class KernelWorker:
                 self._running.detach()
             raise
         finally:
-            if self._staging is not None:
+            if self._adopt is None:
                 await asyncio.shield(self._unstage())
 
     async def shutdown(self, cause: str) -> None:
@@ -293,14 +293,15 @@ class KernelWorker:
         return await self._runtime.start(self.launch)
 
     async def _unstage(self) -> None:
-        """The worker ends: a kernel staged and never started is given up (`Runtime.unstage`;
-        nothing when it was started)."""
-        assert self._staging is not None
-        self._staging.cancel()
-        await asyncio.wait({self._staging})
-        if not self._staging.cancelled() and self._staging.exception() is not None:
-            extra = {"kernel_id": str(self.kernel_id)}
-            logger.error("kernel.stage_crashed", extra=extra, exc_info=self._staging.exception())
+        """The worker ends: a kernel preloaded or staged and never started is given up
+        (`Runtime.unstage`; nothing when it was started)."""
+        staging = self._staging
+        if staging is not None:
+            staging.cancel()
+            await asyncio.wait({staging})
+            if not staging.cancelled() and staging.exception() is not None:
+                extra = {"kernel_id": str(self.kernel_id)}
+                logger.error("kernel.stage_crashed", extra=extra, exc_info=staging.exception())
         try:
             await self._runtime.unstage(self.launch)
         except Exception:  # the worker is ending: say so, never hide how it ended

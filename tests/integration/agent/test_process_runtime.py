@@ -262,6 +262,27 @@ async def test_an_unstaged_kernel_never_runs_and_leaves_nothing(
     await runtime.unstage(launch)  # again: nothing left to do
 
 
+async def test_kernels_prepared_together_are_not_staged(
+    runtime: ProcessRuntime, run: Run, tmp_path: Path
+) -> None:
+    """Staging is for the one kernel an idle agent prepares: two preloaded and not yet started
+    (a burst, a gang) are started the ordinary way; once one of them started, and the other was
+    given up, a kernel prepared alone is staged again."""
+    first, second = (make_launch(tmp_path, ("true",), image="shell") for _ in range(2))
+    for launch in (first, second):
+        await runtime.preload(launch)
+    for launch in (first, second):
+        await runtime.stage(launch)
+    assert runtime._staged == {}
+    kernel = await run(runtime, first)
+    assert (await kernel.wait()).exit_code == 0
+    await runtime.unstage(second)
+    alone = make_launch(tmp_path, ("true",), image="shell")
+    await runtime.preload(alone)
+    await runtime.stage(alone)
+    assert list(runtime._staged) == [alone.kernel_id]
+
+
 async def test_a_staged_kernel_whose_processes_were_killed_is_started_anew(
     runtime: ProcessRuntime, run: Run, tmp_path: Path
 ) -> None:

@@ -159,6 +159,7 @@ class ProcessRuntime:
         # An adopted kernel is not the agent's child: how often it checks that it still runs.
         self._adopted_poll_s = adopted_poll_s
         self._staged: dict[KernelId, _Spawned] = {}  # waiting for `start` (see `stage`)
+        self._preparing: set[KernelId] = set()  # preloaded, not yet started nor given up
         self._cgroups = probe_cgroups(("memory", "cpu") if memory_limits else ("cpu",))
         self._mode: MemoryLimitMode = "cgroup" if self._cgroups.parent("memory") else "rlimit"
         where = _where(
@@ -213,6 +214,7 @@ class ProcessRuntime:
 
     async def preload(self, launch: KernelLaunch) -> None:
         """Resolve the image and create the kernel's work and output directories."""
+        self._preparing.add(launch.kernel_id)  # until started or given up (`unstage`)
         self._image(launch.image)
         try:
             # On the event loop: three mkdir calls on the agent's own disk cost less than the
@@ -230,7 +232,11 @@ class ProcessRuntime:
         session on, so that `start` only has to say go. Best effort: where staging fails,
         `start` does it all again and reports what fails then.
         """
-        if launch.kernel_id in self._staged:
+        # Only the one kernel between preload and start: staging pays off on an idle agent,
+        # where it overlaps the manager's round trip. Among several (a burst, a gang) the spawns
+        # would hold up the agent's reports and the others' starts, and on cgroup v1 a cgroup
+        # join waiting for its grace period holds up every fork on the host meanwhile.
+        if self._preparing != {launch.kernel_id}:
             return
         try:
             spawned = await self._spawn(launch, staged=True)
@@ -243,6 +249,7 @@ class ProcessRuntime:
     async def unstage(self, launch: KernelLaunch) -> None:
         """Give up a staged kernel that will not be started: its processes end without running
         its command, and its cgroups are removed. Nothing to do for one not staged."""
+        self._preparing.discard(launch.kernel_id)
         spawned = self._staged.pop(launch.kernel_id, None)
         if spawned is not None:
             await spawned.abandon()
@@ -250,6 +257,7 @@ class ProcessRuntime:
     async def start(self, launch: KernelLaunch) -> ProcessKernel:
         """Run the kernel in its own session, logs to files in its work directory (staged
         already, or spawned now)."""
+        self._preparing.discard(launch.kernel_id)
         spawned = self._staged.pop(launch.kernel_id, None)
         if spawned is not None and spawned.launch != launch:  # staged for another run of it
             await spawned.abandon()
