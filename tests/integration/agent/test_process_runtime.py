@@ -371,6 +371,18 @@ async def test_outputs_are_listed_and_read(
             await kernel.read_output(escape)
 
 
+async def test_a_kernel_that_leaves_no_outputs_lists_none(
+    runtime: ProcessRuntime, run: Run, tmp_path: Path
+) -> None:
+    """No file in the output directory, or no output directory at all: no outputs."""
+    launch = make_launch(tmp_path, ("true",), image="shell")
+    kernel = await run(runtime, launch)
+    assert (await kernel.wait()).exit_code == 0
+    assert await kernel.list_outputs() == []
+    launch.output_dir.rmdir()
+    assert await kernel.list_outputs() == []
+
+
 async def test_logs_are_read_by_offset_and_limit(
     runtime: ProcessRuntime, run: Run, tmp_path: Path
 ) -> None:

@@ -100,6 +100,10 @@ class _HostKernel:
 
     async def list_outputs(self) -> list[OutputFile]:
         """The regular files under the output directory, sorted by name (symlinks skipped)."""
+        # Most kernels leave none: one look on the event loop (~0.01 ms) says so, where the
+        # walk's hop to a thread and back costs ~0.15 ms of CPU. A walk may be long: a thread.
+        if _empty_or_missing(self._launch.output_dir):
+            return []
         return await asyncio.to_thread(_list_files, self._launch.output_dir)
 
     async def read_output(self, name: str) -> bytes:
@@ -216,6 +220,15 @@ def _read_range(path: Path, offset: int, limit: int) -> bytes:
             return file.read(limit)
     except FileNotFoundError:
         return b""
+
+
+def _empty_or_missing(directory: Path) -> bool:
+    """Whether `directory` holds nothing (or is not there, or not a directory)."""
+    try:
+        with os.scandir(directory) as entries:
+            return next(entries, None) is None
+    except (FileNotFoundError, NotADirectoryError):
+        return True
 
 
 def _kernel_uid(root: Path) -> int | None:
