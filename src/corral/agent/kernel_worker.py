@@ -242,7 +242,7 @@ class KernelWorker:
                 self._running.detach()
             raise
         finally:
-            if self._adopt is None:
+            if self._adopt is None and self._runtime.stages:
                 await asyncio.shield(self._unstage())
 
     async def shutdown(self, cause: str) -> None:
@@ -267,10 +267,11 @@ class KernelWorker:
         self._move(P.PRELOADING)
         await self._attempt(self._preload)
         self._move(P.PRELOADING_COMPLETE)
-        # Reported first: the runtime gets the start ready while the manager moves the session on.
-        self._staging = asyncio.create_task(
-            self._runtime.stage(self.launch), name=f"kernel-{self.kernel_id}-stage"
-        )
+        if self._runtime.stages:
+            # Reported first: the runtime gets the start ready while the manager moves on.
+            self._staging = asyncio.create_task(
+                self._runtime.stage(self.launch), name=f"kernel-{self.kernel_id}-stage"
+            )
 
     async def _preload(self) -> None:
         """The runtime's preload, then the session's upload unpacked (only if it names one)."""

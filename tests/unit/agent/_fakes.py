@@ -306,6 +306,10 @@ class FakeRuntime:
         self.kernels: dict[KernelId, FakeKernel] = {}
         self.adoption: FakeAdoption | None = None  # set one to play a runtime that adopts
 
+    @property
+    def stages(self) -> bool:
+        return True
+
     async def stage(self, launch: KernelLaunch) -> None:
         self.stage_calls.append(launch.kernel_id)
 

@@ -258,6 +258,11 @@ class Runtime(Protocol):
         """PRELOADING: resolve the image, create the work and output directories."""
         ...
 
+    @property
+    def stages(self) -> bool:
+        """Whether `stage` does anything (else the agent never calls `stage` nor `unstage`)."""
+        ...
+
     async def stage(self, launch: KernelLaunch) -> None:
         """Once prepared (and reported so): get the kernel ready to start at once, if this
         runtime can (best effort, never raises a StageFailure; `start` does what is left)."""

@@ -224,6 +224,11 @@ class ProcessRuntime:
             message = f"cannot create {launch.output_dir}: {exc}"
             raise StageFailure(FailureCause.WORK_DIR_FAILURE, message) from exc
 
+    @property
+    def stages(self) -> bool:
+        """True: a prepared kernel is staged (`stage`)."""
+        return True
+
     async def stage(self, launch: KernelLaunch) -> None:
         """Start the kernel's processes up to its command, which runs once `start` is called.
 

@@ -417,11 +417,16 @@ class SimulatedRuntime:
                 FailureCause.IMAGE_PULL_FAILURE, f"simulated: cannot pull {launch.image!r}"
             )
 
+    @property
+    def stages(self) -> bool:
+        """False: a simulated start's latency is drawn at start; nothing to get ready."""
+        return False
+
     async def stage(self, launch: KernelLaunch) -> None:
-        """Nothing to get ready: a simulated start's latency is drawn at start."""
+        """Never called (`stages` is False)."""
 
     async def unstage(self, launch: KernelLaunch) -> None:
-        """Nothing was staged."""
+        """Never called (`stages` is False)."""
 
     async def start(self, launch: KernelLaunch) -> SimulatedKernel:
         """Wait the start latency; maybe fail with kernel_start_failure (not retryable)."""
