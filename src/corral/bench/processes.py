@@ -96,7 +96,7 @@ async def run_processes_bench(
         raise ProcessesBenchError(
             f"submit must be one of {', '.join(SUBMIT_MODES)}, not {submit!r}"
         )
-    body = job_body(sleep_s)
+    body = _job_body(sleep_s)
     fleet = Fleet()
     with tempfile.TemporaryDirectory(prefix="corral-bench-processes-") as tmp:
         workdir = Path(tmp)
@@ -197,7 +197,7 @@ async def _until_agent(url: str, token: str, agent: Supervised, deadline_s: floa
     raise ProcessesBenchError(f"the agent did not register in {deadline_s} s:\n{agent.tail()}")
 
 
-def job_body(sleep_s: float) -> dict[str, Any]:
+def _job_body(sleep_s: float) -> dict[str, Any]:
     """A job of `true`, or of `sleep sleep_s` when that is above 0."""
     if sleep_s < 0:
         raise ProcessesBenchError(f"sleep must be 0 or more seconds, not {sleep_s!r}")
