@@ -265,7 +265,7 @@ def latency_command(
 @app.command("processes")
 def processes_command(
     jobs: Annotated[
-        int, typer.Option(min=1, help="Sessions of `true` to run (1 cpu each).")
+        int, typer.Option(min=1, help="Jobs to run (1 cpu each): `true`, or `sleep S`.")
     ] = 1000,
     slots: Annotated[int, typer.Option(min=1, help="The agent's cpus (jobs at once).")] = 64,
     latency: Annotated[

@@ -244,7 +244,7 @@ class ProcessRuntime:
         if self._preparing != {launch.kernel_id}:
             return
         try:
-            spawned = await self._spawn(launch, staged=True)
+            spawned = await self._spawn_kernel(launch, staged=True)
         except StageFailure as exc:
             extra = {"kernel_id": str(launch.kernel_id), "error": exc.message}
             logger.info("runtime.kernel_not_staged", extra=extra)
@@ -276,7 +276,7 @@ class ProcessRuntime:
                     await spawned.abandon()
                     spawned = None
             if spawned is None:
-                spawned = await self._spawn(launch, staged=False)
+                spawned = await self._spawn_kernel(launch, staged=False)
                 kernel = await spawned.run()
         except OSError as exc:
             message = f"cannot start the kernel: {exc}"
@@ -302,7 +302,7 @@ class ProcessRuntime:
         logger.info("runtime.kernel_started", extra={**extra, "image": launch.image})
         return ProcessKernel(launch, spawned.wrapper, record, self._host)
 
-    async def _spawn(self, launch: KernelLaunch, *, staged: bool) -> _Spawned:
+    async def _spawn_kernel(self, launch: KernelLaunch, *, staged: bool) -> _Spawned:
         """The kernel's processes up to its command (`staged`: waiting to be told to go, which
         they said they are), its logs opened and its cgroups made."""
         image = self._image(launch.image)
