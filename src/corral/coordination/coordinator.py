@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -43,11 +43,17 @@ from corral.handlers.sessions.time_limits import EnforceTimeLimits
 from corral.infra.events import EventBus, publish_appended
 from corral.infra.hints import HintBus
 from corral.store.admission import write_evictions
+from corral.store.assignments import not_ready_for_stage
 from corral.store.database import Database
 from corral.store.events import append_events, append_session_moves
 from corral.store.group_options import group_options
 from corral.store.sessions import SessionRepository
-from corral.store.status_changes import AppliedChanges, apply_changes
+from corral.store.status_changes import (
+    AppliedChanges,
+    StatusChange,
+    apply_changes,
+    apply_changes_in,
+)
 
 # Per handler: failed attempts before giving up (the spec README's 5) and seconds in the phase
 # before it expires. A PENDING session never expires unless its group sets a timeout.
@@ -83,7 +89,16 @@ RETRY_BATCH_S = 0.05
 _ASKS_AGENTS = frozenset({PrepareSessions.name(), StartSessions.name(), TerminateSessions.name()})
 
 
-_PLACED_EVENTS: ContextVar[list[Event] | None] = ContextVar("placed_events", default=None)
+@dataclass(slots=True)
+class _Placed:
+    """What a scheduling run's placement commits did besides placing: their events, and the
+    sessions they also moved on to PREPARING (asked to prepare in the same commit)."""
+
+    events: list[Event] = field(default_factory=list)
+    prepared: set[SessionId] = field(default_factory=set)
+
+
+_PLACED: ContextVar[_Placed | None] = ContextVar("placed", default=None)
 
 
 class SessionCoordinator:
@@ -100,8 +115,14 @@ class SessionCoordinator:
         lock_prefix: str = "sessions",
         metrics: CoordinatorMetrics | None = None,
         queue_page: int = QUEUE_PAGE,
+        continue_stages: bool = True,
     ) -> None:
         self.db = db
+        # Whether a commit that brings sessions to SCHEDULED or PREPARED moves them on through
+        # PrepareSessions' or StartSessions' success in the same transaction (`_record_placed`,
+        # `_start_prepared`); without, every hop is its task's own run (tests that stop a
+        # session at SCHEDULED or PREPARED use that).
+        self.continue_stages = continue_stages
         self.metrics = metrics
         self.hints = hints
         self.events = events
@@ -110,6 +131,8 @@ class SessionCoordinator:
         self.lock_prefix = lock_prefix
         self.repository = SessionRepository(db)
         self.quarantine = Quarantine(db, hints, events, clock=clock)
+        self._prepare = PrepareSessions(db)
+        self._start = StartSessions(db)
         self.lifecycle: tuple[LifecycleHandler, ...] = (
             ScheduleNewSessions(
                 db,
@@ -119,8 +142,8 @@ class SessionCoordinator:
                 page_size=queue_page,
                 quarantine=self.quarantine,
             ),
-            PrepareSessions(db),
-            StartSessions(db),
+            self._prepare,
+            self._start,
             TerminateSessions(db),
         )
         self.promotions: tuple[SessionPromotionHandler, ...] = PROMOTION_HANDLERS
@@ -167,14 +190,14 @@ class SessionCoordinator:
                 )
         if not targets and not handler.reads_own_targets:
             return TaskRun(name)
-        placed_events: list[Event] = []
+        placed = _Placed()
         # The scheduler's commit appends its events through `_record_placed`; each loop runs in
-        # its own task, so the list is per run (a context variable), never shared between runs.
-        token = _PLACED_EVENTS.set(placed_events)
+        # its own task, so the record is per run (a context variable), never shared between runs.
+        token = _PLACED.set(placed)
         try:
             result = await handler.execute(() if handler.reads_own_targets else targets)
         finally:
-            _PLACED_EVENTS.reset(token)
+            _PLACED.reset(token)
         if handler.reads_own_targets:
             read = {s.id for s in result.considered}
             targets = [*result.considered, *(s for s in targets if s.id not in read)]
@@ -199,7 +222,7 @@ class SessionCoordinator:
             self.metrics.observe_results(name, changes)
         if handler.commits_successes:
             changes = [c for c in changes if c.result is not SchedulingResult.SUCCESS]
-        appended: list[Event] = list(placed_events)
+        appended: list[Event] = list(placed.events)
         reasons = {sid: note.message for sid, note in result.notes.items()}
 
         async def record(conn: AsyncConnection, applied: AppliedChanges) -> None:
@@ -212,10 +235,19 @@ class SessionCoordinator:
         moved = dict(applied.moved())
         if handler.commits_successes:
             moved.update(
-                (sid, (SessionStatus.PENDING, SessionStatus.SCHEDULED)) for sid in result.successes
+                (
+                    sid,
+                    (
+                        SessionStatus.PENDING,
+                        SessionStatus.PREPARING
+                        if sid in placed.prepared
+                        else SessionStatus.SCHEDULED,
+                    ),
+                )
+                for sid in result.successes
             )
         hints = await self._next_hints(moved)
-        if name in _ASKS_AGENTS:
+        if name in _ASKS_AGENTS or placed.prepared:
             hints.add(Hint.ASSIGNMENTS)
         await self._post_process(hints, appended)
         return TaskRun(
@@ -230,16 +262,28 @@ class SessionCoordinator:
         started = time.perf_counter()
         name = handler.name()
         appended: list[Event] = []
+        reached: dict[SessionId, SessionStatus] = {}  # where each promoted session stopped
 
         async def record(conn: AsyncConnection, applied: AppliedChanges) -> None:
-            appended.extend(
-                await self._record_moves(conn, applied.moved(), {}, name, applied.owners)
-            )
+            moved = applied.moved()
+            appended.extend(await self._record_moves(conn, moved, {}, name, applied.owners))
+            reached.update((sid, after) for sid, (_, after) in moved.items())
+
+        async def start(conn: AsyncConnection) -> None:
+            appended.extend(await self._start_prepared(conn, reached))
 
         applied = await run_promotion(
-            self.db, handler, self.clock(), on_applied=record, quarantine=self.quarantine
+            self.db,
+            handler,
+            self.clock(),
+            on_applied=record,
+            then=start,
+            quarantine=self.quarantine,
         )
-        moved = applied.moved()
+        moved = {
+            sid: (before, reached.get(sid, after))
+            for sid, (before, after) in applied.moved().items()
+        }
         if self.metrics is not None:
             self.metrics.observe_result(name, SchedulingResult.SUCCESS, len(moved))
         await self._post_process(await self._next_hints(moved), appended)
@@ -379,8 +423,17 @@ class SessionCoordinator:
             )
             ended_in.update((sid, after) for sid, (_, after) in moved.items())
 
+        async def start(conn: AsyncConnection) -> None:
+            appended.extend(await self._start_prepared(conn, ended_in))
+
         await promote_sessions(
-            self.db, self.promotions, due, self.clock(), on_step=record, quarantine=self.quarantine
+            self.db,
+            self.promotions,
+            due,
+            self.clock(),
+            on_step=record,
+            then=start,
+            quarantine=self.quarantine,
         )
         await self._post_process(hints_after_moves(ended_in.values()), appended)
         return due
@@ -418,12 +471,75 @@ class SessionCoordinator:
     async def _record_placed(
         self, conn: AsyncConnection, placed: list[SessionId], owners: Mapping[SessionId, UserId]
     ) -> None:
-        """Events for sessions the scheduler placed, inside the placement's transaction."""
+        """Inside the placement's transaction: the events of the sessions the scheduler placed,
+        and PrepareSessions' move of them on to PREPARING.
+
+        The placement locked their agents' slots and found those agents ALIVE and schedulable,
+        and their kernels are fresh (no stage failure): PrepareSessions' run would find every
+        one of them a success. Made here, its move costs no run of its own, no hint and no
+        second commit between a session's placement and its agents' ask (a hop of 3-6 ms of an
+        idle submission's start, architecture.md "Moves that continue a commit").
+        """
         moves = dict.fromkeys(placed, (SessionStatus.PENDING, SessionStatus.SCHEDULED))
         events = await self._record_moves(conn, moves, {}, ScheduleNewSessions.name(), owners)
-        collected = _PLACED_EVENTS.get()
-        if collected is not None:
-            collected.extend(events)
+        run = _PLACED.get()
+        if run is not None:
+            run.events.extend(events)
+        if not self.continue_stages:
+            return
+        moved, more = await self._continue_in(conn, self._prepare, placed, SessionStatus.SCHEDULED)
+        if run is not None:
+            run.events.extend(more)
+            run.prepared.update(moved)
+
+    async def _start_prepared(
+        self, conn: AsyncConnection, reached: dict[SessionId, SessionStatus]
+    ) -> list[Event]:
+        """Inside a promotion's transaction: StartSessions' move of the sessions it promoted to
+        PREPARED on to CREATING, asking their agents to run them, where StartSessions' run would
+        succeed (every live kernel on an ALIVE agent, no failed stage); `reached` is updated.
+        The others stay PREPARED for the task, which their move woke, to judge.
+
+        The agents' PREPARED reports and their RUN ask commit together: the ask reaches an agent
+        in the answer to its next long-poll, with no run of the task, hint or commit between.
+        """
+        if not self.continue_stages:
+            return []
+        prepared = [sid for sid, at in reached.items() if at is SessionStatus.PREPARED]
+        if not prepared:
+            return []
+        blocked = await not_ready_for_stage(conn, self.db.dialect, prepared)
+        ready = [sid for sid in prepared if sid not in blocked]
+        if not ready:
+            return []
+        moved, events = await self._continue_in(conn, self._start, ready, SessionStatus.PREPARED)
+        reached.update((sid, after) for sid, (_, after) in moved.items())
+        return events
+
+    async def _continue_in(
+        self,
+        conn: AsyncConnection,
+        handler: LifecycleHandler,
+        session_ids: Sequence[SessionId],
+        status: SessionStatus,
+    ) -> tuple[dict[SessionId, tuple[SessionStatus, SessionStatus]], list[Event]]:
+        """Move sessions that the caller's transaction just brought into `status` on, as
+        `handler`'s success moves them, in that transaction: its history, its asks of the
+        agents, its events (returned, to publish after the commit) and its count."""
+        name = handler.name()
+        change = StatusChange(
+            session_ids,
+            name,
+            SchedulingResult.SUCCESS,
+            frozenset({status}),
+            handler.status_transitions().success,
+        )
+        applied = await apply_changes_in(conn, self.db.dialect, [change], self.clock())
+        moved = applied.moved()
+        if self.metrics is not None:
+            self.metrics.observe_result(name, SchedulingResult.SUCCESS, len(moved))
+        events = await self._record_moves(conn, moved, {}, name, applied.owners)
+        return moved, events
 
     async def _record_moves(
         self,

@@ -22,6 +22,8 @@ from corral.store.status_changes import AppliedChanges, ChainedMoves, StatusChan
 from corral.store.unavailable import database_unavailable
 
 OnApplied = Callable[[AsyncConnection, AppliedChanges], Awaitable[None]]
+# Runs last in a promotion's transaction, after every round was written and told.
+Then = Callable[[AsyncConnection], Awaitable[None]]
 
 
 async def run_promotion(
@@ -30,6 +32,7 @@ async def run_promotion(
     now: datetime,
     *,
     on_applied: OnApplied | None = None,
+    then: Then | None = None,
     quarantine: Quarantine | None = None,
 ) -> AppliedChanges:
     """Promote every session of the handler's targets whose kernels meet its condition.
@@ -51,7 +54,7 @@ async def run_promotion(
             await on_applied(conn, applied)
 
     applied = await promote_sessions(
-        db, [handler], promoted, now, on_step=finish, quarantine=quarantine
+        db, [handler], promoted, now, on_step=finish, then=then, quarantine=quarantine
     )
     return applied[0] if applied else AppliedChanges()
 
@@ -132,6 +135,7 @@ async def promote_sessions(
     now: datetime,
     *,
     on_step: OnStep | None = None,
+    then: Then | None = None,
     quarantine: Quarantine | None = None,
 ) -> list[AppliedChanges]:
     """Promote these sessions as far as their kernels allow now, in one transaction.
@@ -140,7 +144,8 @@ async def promote_sessions(
     the chains are applied (`apply_chains`), each guarded by the status its first handler
     expects (a session that moved meanwhile is left alone): every move gets its history, and
     a session's row is written once, where its chain ends, with the result and exit code of an
-    ending. `on_step` runs inside the transaction for each round, in order.
+    ending. `on_step` runs inside the transaction for each round, in order, and `then` once
+    after the last (not at all when nothing was due).
 
     With `quarantine`, a batch that fails on its data (not on an unavailable database) is
     promoted in halves, down to the one session whose row cannot be handled, which is isolated
@@ -148,7 +153,7 @@ async def promote_sessions(
     never the promotion of the others.
     """
     try:
-        return await _promote(db, handlers, session_ids, now, on_step)
+        return await _promote(db, handlers, session_ids, now, on_step, then)
     except _DATA_ERRORS as exc:
         if quarantine is None or database_unavailable(exc):
             raise
@@ -165,7 +170,9 @@ async def promote_sessions(
     half = len(ids) // 2
     halves = [ids[:half], ids[half:]]
     first, second = [
-        await promote_sessions(db, handlers, part, now, on_step=on_step, quarantine=quarantine)
+        await promote_sessions(
+            db, handlers, part, now, on_step=on_step, then=then, quarantine=quarantine
+        )
         for part in halves
     ]
     return _merged(first, second)
@@ -198,17 +205,21 @@ async def _promote(
     session_ids: Collection[SessionId],
     now: datetime,
     on_step: OnStep | None,
+    then: Then | None,
 ) -> list[AppliedChanges]:
     targets = await SessionRepository(db).progress(session_ids)
     steps = plan_promotions(handlers, targets, now)
     if not steps:
         return []
     rounds = iter(steps)
+    last = steps[-1]
 
     async def finish(conn: AsyncConnection, applied: AppliedChanges) -> None:
         step = next(rounds)
         if on_step is not None:
             await on_step(conn, applied, step)
+        if step is last and then is not None:
+            await then(conn)
 
     return await apply_chains(db, chains_of(steps), now, on_step=finish)
 

@@ -23,6 +23,7 @@ from corral.domain.types import AgentId, KernelId, SessionId
 from corral.store._direct import DirectStatement
 from corral.store._sql import IdBatch, in_constants, in_param, payload
 from corral.store.agent_kernels import on_agents
+from corral.store.agents import AGENT_ALIVE
 from corral.store.database import Database, Dialect, loads_or_text
 from corral.store.tables import agents, kernels, sessions, users
 
@@ -126,6 +127,35 @@ async def agent_statuses(
 _AGENT_STATUSES = DirectStatement(
     lambda dialect: sa.select(agents.c.id, agents.c.status).where(
         in_param(dialect, agents.c.id, "ids")
+    )
+)
+
+
+async def not_ready_for_stage(
+    conn: AsyncConnection, dialect: Dialect, session_ids: Collection[SessionId]
+) -> set[SessionId]:
+    """Those of these sessions that a stage's handler would not ask on: a live kernel of theirs
+    is on an agent that is not ALIVE (or on none), or its agent's last attempt at a stage failed
+    (one query)."""
+    if not session_ids:
+        return set()
+    found = await _NOT_READY_FOR_STAGE.scalars(conn, {"ids": payload(dialect, session_ids)})
+    return {SessionId(sid) for sid in found}
+
+
+_NOT_READY_FOR_STAGE = DirectStatement(
+    lambda dialect: (
+        sa.select(kernels.c.session_id)
+        .distinct()
+        .select_from(kernels.outerjoin(agents, agents.c.id == kernels.c.agent_id))
+        .where(
+            in_param(dialect, kernels.c.session_id, "ids"),
+            sa.not_(in_constants(kernels.c.status, [s.value for s in KERNEL_TERMINAL])),
+            sa.or_(
+                kernels.c.stage_failure.is_not(None),
+                agents.c.status.is_distinct_from(AGENT_ALIVE),
+            ),
+        )
     )
 )
 

@@ -127,6 +127,19 @@ async def apply_changes(
     return applied
 
 
+async def apply_changes_in(
+    conn: AsyncConnection, dialect: Dialect, changes: Sequence[StatusChange], now: datetime
+) -> AppliedChanges:
+    """`apply_changes` inside the caller's transaction: moves that continue the ones it just
+    wrote (the sessions a placement scheduled, asked to prepare in the same commit)."""
+    for change in changes:
+        change.validate()
+    applied = AppliedChanges()
+    for change in changes:
+        await _apply_one(conn, dialect, change, now, applied)
+    return applied
+
+
 @record
 class ChainedMoves:
     """Sessions moved several times in a row, each move by its own phase: a promotion chain

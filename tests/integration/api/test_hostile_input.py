@@ -175,7 +175,7 @@ async def _a_plain_user_is_still_served(world: ApiWorld) -> None:
     assert listed.status_code == 200, listed.text
     await world.cluster.run("ScheduleNewSessions")
     made_id = SessionId(uuid.UUID(made.json()["id"]))
-    assert await world.cluster.status(made_id) is SessionStatus.SCHEDULED
+    assert await world.cluster.status(made_id) is SessionStatus.PREPARING  # placed, asked
     explained = await world.http.get(
         f"/v1/sessions/{made.json()['id']}/explain", headers=world.bob.headers
     )

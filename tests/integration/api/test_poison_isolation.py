@@ -97,7 +97,7 @@ async def test_a_scheduling_pass_isolates_a_request_no_array_holds(
     listed = await world.http.get("/v1/sessions", params={"reasons": "true"}, headers=admin(world))
     assert listed.status_code == 200, listed.text
     await world.cluster.run("ScheduleNewSessions")
-    assert await world.cluster.status(normal) is S.SCHEDULED
+    assert await world.cluster.status(normal) is S.PREPARING  # placed, asked to prepare
     await isolated(world, poisoned)
     await world.cluster.settle()  # and everything after it goes on
     assert await world.cluster.status(normal) is S.RUNNING
@@ -278,7 +278,7 @@ async def test_a_scheduling_pass_isolates_a_row_whose_json_does_not_parse(
     await write_request(world.cluster.db, poisoned, sa.literal_column("'{not json'"))
     normal = await submitted(world, world.bob)
     await world.cluster.run("ScheduleNewSessions")
-    assert await world.cluster.status(normal) is S.SCHEDULED
+    assert await world.cluster.status(normal) is S.PREPARING  # placed, asked to prepare
     await isolated(world, poisoned)
 
 

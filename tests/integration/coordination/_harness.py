@@ -106,9 +106,17 @@ class Cluster:
 
 
 async def make_cluster(
-    db: Database, capacities: Sequence[Mapping[str, int]], **agent_knobs: object
+    db: Database,
+    capacities: Sequence[Mapping[str, int]],
+    *,
+    continue_stages: bool = True,
+    **agent_knobs: object,
 ) -> Cluster:
-    """A cluster with agents of these capacities (milli-units) and a fresh owner."""
+    """A cluster with agents of these capacities (milli-units) and a fresh owner.
+
+    With `continue_stages` False, every hop is its task's own run: a placed session waits in
+    SCHEDULED for PrepareSessions, a prepared one in PREPARED for StartSessions.
+    """
     clock = Clock()
     hints, events = MemoryHintBus(), MemoryEventBus("test")
     agents = await add_agents(db, [dict(c) for c in capacities])
@@ -120,7 +128,9 @@ async def make_cluster(
         hints=hints,
         events=events,
         controller=SessionController(db, hints, events, clock=clock),
-        coordinator=SessionCoordinator(db, hints, events, clock=clock),
+        coordinator=SessionCoordinator(
+            db, hints, events, clock=clock, continue_stages=continue_stages
+        ),
         agent=TestAgent(db, list(agents), hints=hints, clock=clock, **agent_knobs),
     )
 

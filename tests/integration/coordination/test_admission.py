@@ -211,7 +211,7 @@ async def test_blocking_admission_places_nothing_while_an_admitted_session_is_no
     first = await c.submit()
     second = await c.submit()
     assert await c.run("ScheduleNewSessions") == 1
-    assert await c.status(first) is S.SCHEDULED
+    assert await c.status(first) is S.PREPARING  # placed, and asked to prepare in that commit
     assert await c.status(second) is S.PENDING
     await c.run("ScheduleNewSessions")
     assert await c.status(second) is S.PENDING
@@ -240,7 +240,7 @@ async def test_without_blocking_two_sessions_that_fit_are_both_admitted(db: Data
     await _enable(c)
     first, second = await c.submit(), await c.submit()
     assert await c.run("ScheduleNewSessions") == 2
-    assert {await c.status(first), await c.status(second)} == {S.SCHEDULED}
+    assert {await c.status(first), await c.status(second)} == {S.PREPARING}
 
 
 async def test_explain_says_how_long_a_session_backs_off_and_which_requeue(db: Database) -> None:
@@ -272,7 +272,7 @@ async def test_the_requeuing_timestamp_decides_which_session_goes_first(
     c.clock.advance(TIMEOUT_S)
     assert await c.run("EvictNotReady") == 1
     await c.run("ScheduleNewSessions")
-    placed = [sid for sid in (first, second) if await c.status(sid) is S.SCHEDULED]
+    placed = [sid for sid in (first, second) if await c.status(sid) is S.PREPARING]
     assert placed == [(first, second)[placed_next]]
 
 

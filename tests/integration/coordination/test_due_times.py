@@ -60,7 +60,7 @@ async def test_a_start_time_is_due_when_it_comes(db: Database) -> None:
     assert await cluster.status(sid) is SessionStatus.PENDING
     cluster.clock.advance(30.0 + DUE_SLACK_S)
     await schedule.run()
-    assert await cluster.status(sid) is SessionStatus.SCHEDULED
+    assert await cluster.status(sid) is SessionStatus.PREPARING  # placed and asked to prepare
 
 
 async def test_a_session_entering_within_the_recheck_second_is_looked_at_then(

@@ -212,11 +212,11 @@ async def test_a_session_that_starts_running_while_a_kernel_restarts_is_not_read
     c = await make_cluster(db, [CPU4] * 2)
     await _enable(c, recovery_timeout_s=RECOVERY_S)
     sid = await c.submit(cluster_size=2, cluster_mode="multi-node", restart_limit=1)
-    for _ in range(20):  # until both kernels are prepared, then the second agent hangs
+    for _ in range(20):  # until both kernels are prepared and asked to run; the second hangs
         await c.coordinator.run_all()
-        await c.agent.step()
-        if await c.status(sid) is S.PREPARED:
+        if await c.status(sid) is S.CREATING:
             break
+        await c.agent.step()
     row = await _row(c, sid)
     first, second = row["kernels"]
     c.agent.unresponsive.add(second["agent_id"])

@@ -77,8 +77,9 @@ async def test_entering_a_stage_asks_the_agents_in_the_moves_own_write(
     db: Database, handler: str, stage: KernelStatus, intent: KernelIntent
 ) -> None:
     """A session entering a stage has its kernels moved and asked by one UPDATE: each kernel
-    row written once, its desired state and generation with its status, its agent woken."""
-    c = await make_cluster(db, [CPU4] * 2)
+    row written once, its desired state and generation with its status, its agent woken (the
+    task's own run: a session the fused moves could not take on, `test_continued_stages`)."""
+    c = await make_cluster(db, [CPU4] * 2, continue_stages=False)
     sid = await c.submit(cluster_size=2, cluster_mode="multi-node")
     for step in ("ScheduleNewSessions", "PrepareSessions", "PromoteToPrepared", "StartSessions"):
         if step == handler:
@@ -259,8 +260,9 @@ ENDS = [S.CANCELLED, S.CANCELLED, S.CANCELLED, S.CANCELLED, S.CANCELLED, S.TERMI
 async def test_terminate_during_every_status(
     db: Database, steps: tuple[str, ...], reached: S, end: S
 ) -> None:
-    """A terminate request ends the session from any status, nothing left held or running."""
-    c = await make_cluster(db, [CPU4] * 2)
+    """A terminate request ends the session from any status, nothing left held or running (each
+    hop its task's own run, so the session can be stopped at SCHEDULED and PREPARED)."""
+    c = await make_cluster(db, [CPU4] * 2, continue_stages=False)
     sid = await c.submit(cluster_size=2, cluster_mode="multi-node")
     for step in steps:
         if step == "agent":
@@ -313,7 +315,7 @@ async def test_pending_timeout_cancels_what_waited_too_long(db: Database) -> Non
 
 async def test_creating_expiry_takes_started_kernels_back_from_their_agents(db: Database) -> None:
     """A CREATING session that expires returns to PENDING whole, even its already running kernel."""
-    c = await make_cluster(db, [CPU4] * 2)
+    c = await make_cluster(db, [CPU4] * 2, continue_stages=False)
     sid = await c.submit(cluster_size=2, cluster_mode="multi-node")
     for step in ("ScheduleNewSessions", "PrepareSessions", "PromoteToPrepared", "StartSessions"):
         await c.agent.step()
@@ -345,7 +347,7 @@ async def test_a_lifecycle_run_reads_its_targets_and_limits_on_one_connection(
     once a second per task). (Counted as connections taken from the pool: on PostgreSQL the
     first two reads of PrepareSessions are not transactions, see Database.read_statements.)
     """
-    c = await make_cluster(db, [CPU4])
+    c = await make_cluster(db, [CPU4], continue_stages=handler != "PrepareSessions")
     await c.submit()
     if handler == "PrepareSessions":
         assert await c.run("ScheduleNewSessions") == 1

@@ -55,7 +55,7 @@ async def test_a_pass_on_a_full_cluster_reads_one_page(db: Database) -> None:
     run = await schedule(c)
 
     assert (run.targets, run.changed) == (PAGE, 0)
-    assert await c.status(holder) is S.SCHEDULED
+    assert await c.status(holder) is S.PREPARING
     assert {await c.status(sid) for sid in queued} == {S.PENDING}
     judged = await notes(c, queued[:PAGE])
     assert judged[0] is not None and "no agent has room" in judged[0]
@@ -81,7 +81,7 @@ async def test_free_capacity_is_filled_across_pages_in_queue_order(db: Database)
 
     run = await schedule(c)
 
-    placed = [sid for sid in queued if await c.status(sid) is S.SCHEDULED]
+    placed = [sid for sid in queued if await c.status(sid) is S.PREPARING]
     assert sorted(placed) == sorted(by_queue[:5])
     assert run.changed == 5
     assert run.targets == 6  # pages of 3: 3 placed; then 2 placed and the sixth blocks
@@ -164,8 +164,8 @@ async def test_a_page_ends_where_the_free_slots_run_out(
     run = await schedule(c)
 
     assert (run.targets, run.changed) == (2, 1)
-    assert await c.status(holder) is S.SCHEDULED
-    assert await c.status(queued[0]) is S.SCHEDULED
+    assert await c.status(holder) is S.PREPARING
+    assert await c.status(queued[0]) is S.PREPARING
     [waits] = await notes(c, queued[1:2])
     assert waits is not None and "no agent has room" in waits
     assert await notes(c, queued[2:]) == [None] * 8
@@ -185,5 +185,5 @@ async def test_sessions_that_take_no_capacity_let_the_pass_read_on(
     run = await schedule(c)
 
     assert {await c.status(sid) for sid in too_large} == {S.CANCELLED}
-    assert [await c.status(sid) for sid in small] == [S.SCHEDULED, S.SCHEDULED, S.PENDING]
+    assert [await c.status(sid) for sid in small] == [S.PREPARING, S.PREPARING, S.PENDING]
     assert run.targets == 6
