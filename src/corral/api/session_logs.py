@@ -117,7 +117,9 @@ async def session_logs(
         return Response(b"".join(merge_by_time(outputs)), media_type=TEXT)
 
     async def chunks() -> AsyncIterator[bytes]:
-        ended = await _ended(db, found["id"])  # read before the log: nothing is missed
+        # The status read with the session, before the log: nothing is missed. (A read of its
+        # own here came while a just submitted session's agent waited for its answer.)
+        ended = SessionStatus(found["status"]) in SESSION_TERMINAL
         outputs = await first_reads()
         while True:
             if ended:
