@@ -67,6 +67,9 @@ class CgroupProbe:
 
     parents: tuple[Cgroup, ...] = ()
     reasons: Mapping[str, str] = field(default_factory=dict)  # controller: why no cgroups
+    # Whether a move into a cgroup goes without waiting for an RCU grace period: a cgroup2
+    # hierarchy is mounted with `favordynmods` (`favors_dynamic_moves`).
+    quick_moves: bool = False
 
     def parent(self, controller: str) -> Cgroup | None:
         """The cgroup under which kernels get `controller` limits, if any."""
@@ -111,7 +114,30 @@ def probe_cgroups(controllers: Iterable[str]) -> CgroupProbe:
             reasons[controller] = (
                 "; ".join(tried) or f"no cgroup v2 or v1 {controller} hierarchy holds the agent"
             )
-    return CgroupProbe(tuple(parents.values()), reasons)
+    quick_moves = favors_dynamic_moves(Path("/proc/self/mountinfo").read_text())
+    return CgroupProbe(tuple(parents.values()), reasons, quick_moves)
+
+
+def favors_dynamic_moves(mountinfo: str) -> bool:
+    """Whether a cgroup2 hierarchy in `mountinfo` (/proc/self/mountinfo's text) is mounted with
+    `favordynmods`.
+
+    A process moved into a cgroup (a kernel's `sh` writing its pid into `cgroup.procs`) takes
+    the kernel's cgroup threadgroup lock for writing, which waits for an RCU grace period unless
+    another move came just before: 5 to 16 ms on an idle host, measured on the development
+    machine (cgroup v1, Linux 6.18), against ~0.2 ms once `favordynmods` was set. The option
+    (Linux 6.0 and newer) applies to every hierarchy, v1 ones included, at the cost of slightly
+    dearer forks and exits.
+    """
+    for line in mountinfo.splitlines():
+        left, _, right = line.partition(" - ")
+        fields, fs = left.split(), right.split()
+        if len(fs) < 3 or fs[0] != "cgroup2":
+            continue
+        options = {*fs[2].split(","), *(fields[5].split(",") if len(fields) > 5 else ())}
+        if "favordynmods" in options:
+            return True
+    return False
 
 
 async def release_cgroups(cgroups: Iterable[Cgroup]) -> bool:

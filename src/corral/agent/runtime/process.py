@@ -176,6 +176,15 @@ class ProcessRuntime:
             "not enforced (kernels share the host's cores)",
         )
         self._cpu_note = f"cpu limits: {where}"
+        self._moves_note: tuple[str, ...] = ()
+        if self._cgroups.parents:
+            self._moves_note = (
+                "cgroup moves: quick (a cgroup2 hierarchy is mounted with favordynmods)"
+                if self._cgroups.quick_moves
+                else "cgroup moves: a kernel's move into its cgroups may wait for an RCU grace "
+                "period (5-16 ms of a start on an idle host); mounting cgroup2 with "
+                "favordynmods (Linux 6.0 or newer) avoids it",
+            )
 
     @property
     def name(self) -> str:
@@ -210,7 +219,7 @@ class ProcessRuntime:
     def notes(self) -> RuntimeNotes:
         """The limits this runtime can and cannot enforce here, for the agent's startup log."""
         python = f"python: {self._python.venv or self._python.interpreter}"
-        return RuntimeNotes(lines=(self._memory_note, self._cpu_note, python))
+        return RuntimeNotes(lines=(self._memory_note, self._cpu_note, *self._moves_note, python))
 
     async def preload(self, launch: KernelLaunch) -> None:
         """Resolve the image and create the kernel's work and output directories."""
