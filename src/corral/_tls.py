@@ -32,7 +32,11 @@ def untrusted_certificate(exc: BaseException) -> str | None:
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, ssl.SSLCertVerificationError):
-            return seen.verify_message or str(seen)
+            return (
+                f"certificate verify failed: {seen.verify_message}"
+                if seen.verify_message
+                else str(seen)
+            )
         text = str(seen)
         if "CERTIFICATE_VERIFY_FAILED" in text:
             return text

@@ -60,9 +60,12 @@ def test_the_commands_run_against_a_manager_load_the_client_only() -> None:
 # and httpx's own command line (click, rich and pygments, imported with httpx unless barred).
 UNUSED_BY_RUN = ("rich", "httpx._main", "click", "pygments")
 # What `run --detach` and `session ls` leave to the commands that follow a session: the SDK's
-# async client, its models, the spec's models and the event loop (they send plain requests,
-# `cli._plain`), and pydantic (typer checks plain flags without it: `cli._coercion`).
+# async client, its models, the spec's models, the event loop and httpx (they send plain
+# requests over `http.client`, `cli._plain`), and pydantic (typer checks plain flags without
+# it: `cli._coercion`).
 UNUSED_BY_RUN_DETACH = (
+    "httpx",
+    "httpcore",
     "pydantic",
     "pydantic_core",
     "asyncio",
@@ -97,11 +100,11 @@ def test_the_quick_verbs_import_neither_the_server_stack_nor_the_sdk(
     tmp_path: Path, args: tuple[str, ...], unused: tuple[str, ...]
 ) -> None:
     """`corral run --detach` and `corral session ls` through their requests: no server
-    module, no pydantic, neither the SDK's async client nor its models, no asyncio, no rich
-    nor httpx's CLI."""
+    module, no pydantic, neither the SDK's async client nor its models, no asyncio, no rich,
+    no httpx (no proxy is configured: with one, the request goes through httpx)."""
     listing = tmp_path / "modules.txt"
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")},
         "CORRAL_URL": "http://127.0.0.1:9",  # discard port: nothing answers, the call fails
         "CORRAL_TOKEN": "crl_test",
         "XDG_CONFIG_HOME": str(tmp_path),
@@ -117,7 +120,7 @@ def test_the_quick_verbs_import_neither_the_server_stack_nor_the_sdk(
     assert ended.returncode == 1, ended.stderr  # it got as far as the request
     assert "cannot reach" in ended.stderr or "127.0.0.1:9" in ended.stderr, ended.stderr
     loaded = set(listing.read_text().split())
-    assert "httpx" in loaded  # the probe saw the request's imports
+    assert "http.client" in loaded  # the probe saw the request's imports
     unwanted = (*SERVER_MODULES, *unused)
     assert sorted(m for m in loaded if m.startswith(tuple(f"{u}." for u in unwanted))) == []
     assert sorted(loaded.intersection(unwanted)) == []

@@ -1,24 +1,31 @@
 """What every client of corral's API sends and how it reads a failure, async or not.
 
-The SDK's `Client` (async, typed models) and `PlainCall` (one synchronous request, plain JSON:
-the command line's `corral run --detach`) share these, so both authenticate, verify TLS and
-word an unreachable server the same way.
+The SDK's `Client` (async, typed models, httpx) and `PlainCall` (one synchronous request, plain
+JSON, the standard library's `http.client`: the command line's `corral run --detach`) share
+these, so both authenticate, verify TLS and word an unreachable server the same way. Nothing
+here loads httpx unless it is used: a plain call costs the command line ~30 ms less without it.
 """
 
 from __future__ import annotations
 
+import http.client
+import json
+import os
 import ssl
-from collections.abc import Iterator, Mapping
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
-from urllib.parse import quote
-
-import httpx
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlencode, urlsplit
 
 from corral import package_version
 from corral._tls import TlsConfigError, untrusted_certificate, untrusted_hint, verifying_context
 from corral.client.config import ClientConfigError, check_url
-from corral.client.errors import CorralError, UnreachableError, error_from_response
+from corral.client.errors import CorralError, UnreachableError, error_from_answer
+from corral.domain.record import record
+
+if TYPE_CHECKING:
+    import httpx
 
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -47,13 +54,20 @@ def http_options(url: str, token: str, ca_file: str | Path | None) -> dict[str, 
 
 
 def query(params: Mapping[str, object] | None) -> httpx.QueryParams:
+    """A request's query for httpx (see `query_pairs`)."""
+    import httpx
+
+    return httpx.QueryParams(tuple(query_pairs(params)))
+
+
+def query_pairs(params: Mapping[str, object] | None) -> list[tuple[str, str]]:
     """A request's query: parameters left at None are not sent (the server's defaults apply);
     a sequence is sent as the parameter repeated (`status=A&status=B`)."""
-    pairs: list[tuple[str, str | int | float | bool | None]] = []
+    pairs: list[tuple[str, str]] = []
     for key, value in (params or {}).items():
         values = value if isinstance(value, list | tuple) else [value]
         pairs.extend((key, _text(item)) for item in values if item is not None)
-    return httpx.QueryParams(pairs)
+    return pairs
 
 
 def _text(value: object) -> str:
@@ -72,9 +86,10 @@ def array_path(ref: object) -> str:
     return f"/v1/arrays/{quote(str(ref).strip(), safe='')}"
 
 
-def unreachable(url: str, timeout_s: float, exc: httpx.TransportError) -> UnreachableError:
-    """The error for a request to `url` that got no answer."""
-    if isinstance(exc, httpx.TimeoutException):
+def unreachable(url: str, timeout_s: float, exc: Exception) -> UnreachableError:
+    """The error for a request to `url` that got no answer (`exc`: httpx's transport error, or
+    the standard library's OSError or HTTPException)."""
+    if _timed_out(exc):
         return UnreachableError(
             f"{url} did not answer within {timeout_s:g} s ({type(exc).__name__})"
         )
@@ -87,25 +102,58 @@ def unreachable(url: str, timeout_s: float, exc: httpx.TransportError) -> Unreac
     )
 
 
+def _timed_out(exc: Exception) -> bool:
+    if isinstance(exc, TimeoutError):
+        return True
+    httpx = sys.modules.get("httpx")  # an httpx error comes only where httpx is loaded
+    return httpx is not None and isinstance(exc, httpx.TimeoutException)
+
+
 def answer_json(response: httpx.Response, method: str, path: str, url: str) -> Any:
     """The JSON of a successful answer; the error it stands for otherwise."""
-    if response.is_error:
-        raise error_from_response(response)
-    try:
-        return response.json()
-    except ValueError as exc:
-        raise CorralError(
-            f"{method} {path} answered {response.status_code} without JSON; is {url} "
-            "a corral manager?",
-            status=response.status_code,
-        ) from exc
+    where = f"{response.request.method} {response.request.url}"
+    answer = Answer(response.status_code, response.reason_phrase, response.content)
+    return answer.json(method, path, url, where)
+
+
+@record
+class Answer:
+    """An HTTP answer as a plain call reads it: status, reason phrase, body."""
+
+    status: int
+    reason: str
+    content: bytes
+
+    def json(self, method: str, path: str, url: str, where: str) -> Any:
+        """The JSON of a successful answer; the error it stands for otherwise (`where` names
+        the request: "GET https://...")."""
+        if self.status >= 400:
+            raise error_from_answer(self.status, self.reason, self.content, where)
+        try:
+            return json.loads(self.content)
+        except ValueError as exc:
+            raise CorralError(
+                f"{method} {path} answered {self.status} without JSON; is {url} a corral manager?",
+                status=self.status,
+            ) from exc
+
+
+# How a plain call reaches the server: (method, absolute URL, headers, body, timeout) → the
+# answer, or UnreachableError. `PlainCall` picks `http.client`'s, or httpx's where a proxy is
+# configured; tests give their own.
+Send = Callable[[str, str, Mapping[str, str], bytes | None, float], Answer]
+# The environment variables that configure a proxy for httpx (`trust_env`), in either case.
+_PROXY_VARIABLES = frozenset({"http_proxy", "https_proxy", "all_proxy"})
 
 
 class PlainCall:
-    """One synchronous request, plain JSON in and out: no models, no event loop.
+    """One synchronous request, plain JSON in and out: no models, no event loop, no httpx.
 
-    For the command line's quickest verbs (`corral run --detach`), which start in a fraction of
-    the time without pydantic and asyncio. `transport` replaces the network (tests).
+    For the command line's quickest verbs (`corral run --detach`, `corral session ls`), which
+    start in a fraction of the time without pydantic, asyncio and httpx. The request goes over
+    `http.client`; where the environment names a proxy (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY),
+    over httpx, which honours it (and NO_PROXY) as the SDK does. `send` replaces the network
+    (tests).
     """
 
     def __init__(
@@ -115,12 +163,17 @@ class PlainCall:
         *,
         ca_file: str | Path | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        transport: httpx.BaseTransport | None = None,
+        send: Send | None = None,
     ) -> None:
         options = http_options(url, token, ca_file)
         self.url: str = options["base_url"]
         self.timeout_s = timeout_s
-        self._options = {**options, "timeout": timeout_s, "transport": transport}
+        self._headers: dict[str, str] = options["headers"]
+        verify: ssl.SSLContext | bool = options["verify"]
+        if send is None:
+            proxied = any(name.lower() in _PROXY_VARIABLES for name in os.environ)
+            send = _httpx_sender(self.url, verify) if proxied else _sender(self.url, verify)
+        self._send = send
 
     def json(
         self,
@@ -131,12 +184,15 @@ class PlainCall:
         params: Mapping[str, object] | None = None,
     ) -> Any:
         """Send `body` as JSON; the answer's JSON, or a `CorralError` subclass."""
-        with httpx.Client(**self._options) as http:
-            try:
-                response = http.request(method, path, json=body, params=query(params))
-            except httpx.TransportError as exc:
-                raise unreachable(self.url, self.timeout_s, exc) from exc
-        return answer_json(response, method, path, self.url)
+        pairs = query_pairs(params)
+        target = self.url + path + (f"?{urlencode(pairs)}" if pairs else "")
+        headers = dict(self._headers)
+        content = None
+        if body is not None:
+            content = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        answer = self._send(method, target, headers, content, self.timeout_s)
+        return answer.json(method, path, self.url, f"{method} {target}")
 
     def items(self, path: str, params: Mapping[str, object]) -> Iterator[Any]:
         """Every item of a listing, page by page (`next_cursor`), as the API's JSON."""
@@ -147,3 +203,51 @@ class PlainCall:
             cursor = page.get("next_cursor")
             if cursor is None:
                 return
+
+
+def _sender(base: str, verify: ssl.SSLContext | bool) -> Send:
+    """`Send` over `http.client`, one connection per request, to the server at `base`."""
+    split = urlsplit(base)
+    context = verify if isinstance(verify, ssl.SSLContext) else None
+
+    def send(
+        method: str, url: str, headers: Mapping[str, str], body: bytes | None, timeout_s: float
+    ) -> Answer:
+        target = urlsplit(url)
+        path = target.path + (f"?{target.query}" if target.query else "")
+        connection: http.client.HTTPConnection
+        if split.scheme == "https":
+            connection = http.client.HTTPSConnection(
+                split.hostname or "", split.port, timeout=timeout_s, context=context
+            )
+        else:
+            connection = http.client.HTTPConnection(
+                split.hostname or "", split.port, timeout=timeout_s
+            )
+        try:
+            connection.request(method, path, body=body, headers=dict(headers))
+            response = connection.getresponse()
+            return Answer(response.status, response.reason, response.read())
+        except (OSError, http.client.HTTPException) as exc:
+            raise unreachable(base, timeout_s, exc) from exc
+        finally:
+            connection.close()
+
+    return send
+
+
+def _httpx_sender(base: str, verify: ssl.SSLContext | bool) -> Send:
+    """`Send` over httpx, which honours the environment's proxy settings."""
+    import httpx
+
+    def send(
+        method: str, url: str, headers: Mapping[str, str], body: bytes | None, timeout_s: float
+    ) -> Answer:
+        with httpx.Client(verify=verify, timeout=timeout_s) as client:
+            try:
+                response = client.request(method, url, content=body, headers=headers)
+            except httpx.TransportError as exc:
+                raise unreachable(base, timeout_s, exc) from exc
+        return Answer(response.status_code, response.reason_phrase, response.content)
+
+    return send

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-
-import httpx
+from typing import TYPE_CHECKING
 
 from corral.domain.field_errors import FieldError as FieldError  # re-exported: the SDK names it
+
+if TYPE_CHECKING:  # not at run time: the command line's plain calls never load httpx
+    import httpx
 
 ABOUT_BLANK = "about:blank"
 # How much of a body that is not problem details an error message quotes.
@@ -72,17 +74,22 @@ class UnreachableError(CorralError):
 
 def error_from_response(response: httpx.Response) -> CorralError:
     """The exception for an error response (its body must have been read)."""
-    status = response.status_code
+    where = f"{response.request.method} {response.request.url}"
+    return error_from_answer(response.status_code, response.reason_phrase, response.content, where)
+
+
+def error_from_answer(status: int, reason: str, content: bytes, where: str) -> CorralError:
+    """The exception for an error answer: its status, reason phrase and body, to the request
+    `where` names ("GET https://...")."""
     cls = _class_for(status)
-    reason = response.reason_phrase or f"HTTP {status}"
+    reason = reason or f"HTTP {status}"
     try:
-        body = json.loads(response.content)
+        body = json.loads(content)
     except ValueError:
         body = None
     if not isinstance(body, dict) or not isinstance(body.get("detail", body.get("title")), str):
         # Not problem details: a proxy's page, or a server that is not corral's.
-        text = response.text.strip()[:_QUOTED_BODY_CHARS]
-        where = f"{response.request.method} {response.request.url}"
+        text = content.decode(errors="replace").strip()[:_QUOTED_BODY_CHARS]
         detail = f"{where} answered {status} {reason}" + (f": {text}" if text else "")
         return cls(detail, status=status, title=reason)
     title = str(body.get("title") or reason)

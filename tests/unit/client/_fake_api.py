@@ -11,14 +11,14 @@ import asyncio
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 
 from corral.client import Client
-from corral.client._http import PlainCall
+from corral.client._http import Answer, PlainCall
 
 URL = "http://manager.test"
 TOKEN = "secret-token"
@@ -152,7 +152,20 @@ class FakeApi:
 
     def plain_call(self) -> PlainCall:
         """A one-request client (`corral run --detach`'s) whose request this fake answers."""
-        return PlainCall(URL, TOKEN, transport=httpx.MockTransport(self.handle_now))
+        return PlainCall(URL, TOKEN, send=self.plain_send)
+
+    def plain_send(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        timeout_s: float,
+    ) -> Answer:
+        """`PlainCall`'s way to the network, answered by this fake."""
+        request = httpx.Request(method, url, headers=dict(headers), content=body)
+        response = self.handle_now(request)
+        return Answer(response.status_code, response.reason_phrase, response.read())
 
     def handle_now(self, request: httpx.Request) -> httpx.Response:
         """`handle`, for a synchronous client (no event loop is running)."""

@@ -289,8 +289,7 @@ def test_a_refused_token_exits_1(
     """A 401 prints the API's reason, through the plain client (`ls`) as through the SDK's."""
     transport = httpx.MockTransport(api.handle)
     monkeypatch.setattr(_remote, "connect", lambda: Client(URL, "wrong", transport=transport))
-    plain = httpx.MockTransport(api.handle_now)
-    monkeypatch.setattr(_plain, "plain_call", lambda: PlainCall(URL, "wrong", transport=plain))
+    monkeypatch.setattr(_plain, "plain_call", lambda: PlainCall(URL, "wrong", send=api.plain_send))
     result = cli(*args)
     assert result.exit_code == 1
     assert result.stderr == "corral: error: the token is unknown or expired\n"
