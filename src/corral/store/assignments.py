@@ -136,7 +136,11 @@ async def not_ready_for_stage(
 ) -> set[SessionId]:
     """Those of these sessions that a stage's handler would not ask on: a live kernel of theirs
     is on an agent that is not ALIVE (or on none), or its agent's last attempt at a stage failed
-    (one query)."""
+    (one query).
+
+    The rule of `handlers.sessions._agents.sort_stage_attempts`, which reads the sessions and
+    says why; this one only says which, inside a transaction that holds them. A test checks
+    that both pick the same sessions."""
     if not session_ids:
         return set()
     found = await _NOT_READY_FOR_STAGE.scalars(conn, {"ids": payload(dialect, session_ids)})

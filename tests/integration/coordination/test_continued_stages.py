@@ -4,16 +4,31 @@ start in its own, with the history, events and hints the separate runs wrote."""
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 
 from corral.coordination.hints import Hint
+from corral.domain.failure_causes import FailureCause
 from corral.domain.session import KernelIntent
 from corral.domain.status import KernelStatus, SessionStatus
 from corral.domain.types import AgentId, SessionId
+from corral.handlers.sessions._agents import sort_stage_attempts
+from corral.store.assignments import not_ready_for_stage
 from corral.store.database import Database
 from corral.store.events import read_events
-from corral.store.tables import agents
+from corral.store.placements import commit_placements
+from corral.store.sessions import SessionRepository
+from corral.store.tables import agents, kernels
 from tests.integration.coordination._harness import Cluster, make_cluster
+from tests.integration.store._factories import (
+    NOW,
+    add_agents,
+    add_sessions,
+    add_user,
+    plan_on,
+    update_agents,
+    update_sessions,
+)
 
 S, K = SessionStatus, KernelStatus
 CPU4 = {"cpu": 4000}
@@ -141,3 +156,42 @@ async def test_without_continued_stages_every_hop_is_its_tasks_run(db: Database)
     assert await c.status(sid) is S.PREPARED
     assert await c.run("StartSessions") == 1
     assert await c.status(sid) is S.CREATING
+
+
+@pytest.mark.parametrize("agent_status", ["ALIVE", "LOST", "TERMINATED"])
+async def test_the_start_is_asked_in_the_promotion_exactly_where_start_sessions_would_ask(
+    db: Database, agent_status: str
+) -> None:
+    """`not_ready_for_stage` (the promotion's one query) and `sort_stage_attempts` (the
+    StartSessions task's verdict) hold the same rule: for every mix of the second agent's
+    status, a failed stage and an ended kernel, they pick out the same PREPARED sessions."""
+    first, second = await add_agents(db, [CPU4, {"cpu": 64_000}])
+    owner = await add_user(db)
+    cases = [(failed, ended) for failed in (False, True) for ended in (False, True)]
+    made = await add_sessions(db, owner, [(2, {"cpu": 1000})] * len(cases))
+    outcome = await commit_placements(db, plan_on(made, [first, second]), NOW)
+    assert len(outcome.placed) == len(cases)
+    ids = [s.id for s in made]
+    await update_sessions(db, ids, status=S.PREPARED.value)
+    async with db.transaction() as conn:
+        await conn.execute(
+            kernels.update().where(kernels.c.session_id.in_(ids)).values(status=K.PREPARED.value)
+        )
+        for sid, (failed, ended) in zip(ids, cases, strict=True):
+            second_kernel = sa.and_(kernels.c.session_id == sid, kernels.c.cluster_index == 1)
+            values: dict[str, str] = {}
+            if failed:
+                values["stage_failure"] = FailureCause.KERNEL_START_FAILURE.value
+            if ended:
+                values["status"] = K.ERROR.value
+            if values:
+                await conn.execute(kernels.update().where(second_kernel).values(**values))
+    await update_agents(db, [second], status=agent_status)
+
+    targets = await SessionRepository(db).get(ids)
+    judged = await sort_stage_attempts(db, targets, S.PREPARED)
+    async with db.transaction() as conn:
+        blocked = await not_ready_for_stage(conn, db.dialect, ids)
+
+    assert blocked == set(judged.failures)
+    assert set(judged.successes) == set(ids) - blocked
