@@ -41,13 +41,27 @@ class OutageGrace:
             if self._outage:
                 async with self._db.read_statements() as conn:
                     await conn.execute(sa.text("SELECT 1"))  # raises while still down
-                self._outage = False
-                self.until = now + self._timeout
-                logger.info("agent.sweep_grace", extra={"until": self.until.isoformat()})
-            if self.until is not None and now < self.until:
+                self.answered(now)
+            if self.within(now):
                 return on_grace()
             return await sweep()
         except Exception as exc:
-            if database_unavailable(exc):
-                self._outage = True
+            self.failed(exc)
             raise
+
+    def failed(self, error: BaseException) -> None:
+        """A sweep's statement raised `error`: if the database is unavailable, an outage."""
+        if database_unavailable(error):
+            self._outage = True
+
+    def answered(self, now: datetime) -> None:
+        """The database answered a sweep's statement: after an outage, the grace starts now."""
+        if not self._outage:
+            return
+        self._outage = False
+        self.until = now + self._timeout
+        logger.info("agent.sweep_grace", extra={"until": self.until.isoformat()})
+
+    def within(self, now: datetime) -> bool:
+        """Whether no agent may be declared lost at `now`."""
+        return self.until is not None and now < self.until

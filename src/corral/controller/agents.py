@@ -11,7 +11,7 @@ import hmac
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from corral.controller._assignment_polls import AssignmentPolls, UnknownAgentError
 from corral.controller._group_commit import GroupCommit
@@ -42,6 +42,7 @@ from corral.store.kernel_logs import (
     store_outputs,
 )
 from corral.store.kernel_reports import KernelReport, ReportOutcome, apply_report_batches
+from corral.store.sweep_outlook import SweepOutlook, read_sweep_outlook
 from corral.store.uploads import kernel_upload
 from corral.store.users import hash_secret
 
@@ -53,6 +54,7 @@ __all__ = [
     "AgentIdTakenError",
     "AgentTimings",
     "Registration",
+    "Sweep",
     "UnknownAgentError",
 ]
 
@@ -91,6 +93,15 @@ class AgentTimings:
     def heartbeat_interval_s(self) -> float:
         """A third of the timeout: two heartbeats may be lost before the agent is."""
         return self.heartbeat_timeout_s / 3
+
+
+@record
+class Sweep:
+    """What one sweep changed, and when it next could have work (seconds from now)."""
+
+    lost: LostAgents
+    checks: KernelChecks
+    due_in_s: float
 
 
 @record
@@ -236,6 +247,58 @@ class AgentController:
         """The upload a kernel placed on the agent unpacks; None: no such kernel or upload."""
         return await kernel_upload(self.db, agent_id, kernel_id)
 
+    async def sweep(self) -> Sweep:
+        """The lost sweep and the kernel checks, each only when one read (`store.sweep_outlook`)
+        says it has work now; and when either next could (`Sweep.due_in_s`).
+
+        The moment is the earliest of: the oldest ALIVE agent's heartbeat plus the timeout (a
+        heartbeat from now, where no agent is ALIVE: one joining now is lost then at the
+        earliest), held back to the end of an outage's grace; every started kernel's quiet
+        moment plus its bound, and that of a kernel starting now; the oldest unanswered ask
+        plus the timeout. The coordinator's loop runs the sweep then, and every long interval.
+        """
+        now = self.clock()
+        try:
+            outlook = await read_sweep_outlook(self.db)
+        except Exception as exc:
+            self._grace.failed(exc)
+            raise
+        self._grace.answered(now)
+        timeout = timedelta(seconds=self.timings.heartbeat_timeout_s)
+        lost_at = (outlook.oldest_heartbeat or now) + timeout
+        if self._grace.until is not None:
+            lost_at = max(lost_at, self._grace.until)
+        kernels_at = self._quiet_moment(outlook, now)
+        lost = LostAgents()
+        if outlook.oldest_heartbeat is not None and lost_at <= now:
+            lost = await self.sweep_lost()
+        checks = KernelChecks()
+        if kernels_at <= now:
+            checks = await self.check_kernels()
+        due_in_s = (min(lost_at, kernels_at) - now).total_seconds()
+        if lost.agent_ids or checks.asked or checks.failed:
+            due_in_s = 0.0  # rows moved: look again at them at once
+        elif due_in_s <= 0:
+            due_in_s = self.timings.heartbeat_interval_s  # the estimate came early
+        return Sweep(lost, checks, due_in_s)
+
+    def _quiet_moment(self, outlook: SweepOutlook, now: datetime) -> datetime:
+        """The earliest moment a started kernel may need asking about, or failing."""
+        bounds = self._quiet_bounds()
+        at = now + min(bounds.values())  # a kernel that starts now
+        for status, quiet in outlook.unasked.items():
+            at = min(at, max(quiet.changed, quiet.heard) + bounds[status])
+        if outlook.oldest_ask is not None:
+            at = min(at, outlook.oldest_ask + timedelta(seconds=self.timings.heartbeat_timeout_s))
+        return at
+
+    def _quiet_bounds(self) -> dict[KernelStatus, timedelta]:
+        """How long each checked status may go without word of a kernel before it is asked."""
+        return {
+            KernelStatus.RUNNING: timedelta(seconds=self.timings.running_quiet_s),
+            KernelStatus.TERMINATING: timedelta(seconds=self.timings.terminating_quiet_s),
+        }
+
     async def sweep_lost(self) -> LostAgents:
         """Mark agents silent past the timeout LOST and fail their kernels (`agent_lost`);
         none within a timeout of a database outage (`_outage_grace`)."""
@@ -263,12 +326,8 @@ class AgentController:
         """Ask agents about the started kernels they have been quiet about past their
         status's bound; fail with agent_lost those asked about that stayed unanswered."""
         now = self.clock()
-        timings = self.timings
-        quiet_since = {
-            KernelStatus.RUNNING: now - timedelta(seconds=timings.running_quiet_s),
-            KernelStatus.TERMINATING: now - timedelta(seconds=timings.terminating_quiet_s),
-        }
-        asked_before = now - timedelta(seconds=timings.heartbeat_timeout_s)
+        quiet_since = {status: now - bound for status, bound in self._quiet_bounds().items()}
+        asked_before = now - timedelta(seconds=self.timings.heartbeat_timeout_s)
         checks = await check_quiet_kernels(self.db, quiet_since, asked_before, now)
         if checks.asked or checks.failed:
             logger.warning(

@@ -54,7 +54,7 @@ from corral.store.database import Database
 from corral.store.deployments import (
     move_deployments,
     move_routes,
-    read_deployments,
+    read_deployments_in,
     read_route_targets,
     read_routes,
     routes_by_deployment,
@@ -265,7 +265,7 @@ class DeploymentCoordinator(_ServingCoordinator[EndpointLifecycle]):
     async def _load(
         self, conn: AsyncConnection, statuses: frozenset[EndpointLifecycle]
     ) -> list[Target]:
-        found = await read_deployments(conn, lifecycles=statuses)
+        found = await read_deployments_in(conn, statuses)
         if not found:
             return []
         grouped = routes_by_deployment(

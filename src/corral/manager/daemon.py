@@ -318,24 +318,28 @@ class ManagerDaemon:
 
 
 def _sweep_loop(agents: AgentController, buses: Buses, config: ManagerConfig) -> DualLoop:
-    """The lost-agent sweep and the started kernels' checks: a dual loop forced every third
-    of the heartbeat timeout."""
+    """The lost-agent sweep and the started kernels' checks: a dual loop run when the last run
+    said either could next have work (`AgentController.sweep`), and every long interval."""
 
     async def sweep() -> TaskRun:
         started = time.perf_counter()
-        lost = await agents.sweep_lost()
-        checks = await agents.check_kernels()
+        swept = await agents.sweep()
         return TaskRun(
             SWEEP_TASK,
-            targets=len(lost.agent_ids) + len(checks.asked),
-            changed=len(lost.kernels) + len(checks.failed),
+            targets=len(swept.lost.agent_ids) + len(swept.checks.asked),
+            changed=len(swept.lost.kernels) + len(swept.checks.failed),
             duration_ms=(time.perf_counter() - started) * 1000,
+            due_in_s=swept.due_in_s,
         )
 
     every_s = config.timings.heartbeat_interval_s
     task = Task(SWEEP_TASK, SWEEP_HINT, sweep, lock=f"{config.prefix}:{SWEEP_TASK}")
     return DualLoop(
-        task, buses.hints, buses.locks, short_interval_s=every_s, long_interval_s=every_s
+        task,
+        buses.hints,
+        buses.locks,
+        short_interval_s=every_s,
+        long_interval_s=max(every_s, config.intervals.long_interval_s),
     )
 
 

@@ -20,7 +20,8 @@ from corral.domain.record import record
 from corral.domain.session import MilliSlots
 from corral.domain.status import KERNEL_NON_TERMINAL, KERNEL_STARTED, KernelStatus
 from corral.domain.types import AgentId, KernelId, SessionId
-from corral.store._sql import in_values
+from corral.store._direct import DirectStatement
+from corral.store._sql import in_param, payload
 from corral.store.agent_kernels import on_agent, on_agents
 from corral.store.agents import AGENT_ALIVE, NewAgent, insert_agents
 from corral.store.assignments import bump_revisions, update_agents_in_id_order
@@ -64,23 +65,27 @@ class LostAgents:
 
 
 async def read_agent(db: Database, agent_id: AgentId) -> AgentRecord | None:
-    """One agent's identity and liveness (None: no such agent)."""
-    async with db.read() as conn:
-        row = (
-            await conn.execute(
-                sa.select(
-                    agents.c.id,
-                    agents.c.status,
-                    agents.c.token_hash,
-                    agents.c.resource_group,
-                    agents.c.last_heartbeat_at,
-                    agents.c.assignment_revision,
-                ).where(agents.c.id == agent_id)
-            )
-        ).first()
-    if row is None:
+    """One agent's identity and liveness (None: no such agent).
+
+    Every call an agent makes is authenticated with it: a statement built once."""
+    async with db.read_statements() as conn:
+        rows = await _READ_AGENT.rows(conn, {"id": agent_id})
+    if not rows:
         return None
+    row = rows[0]
     return AgentRecord(AgentId(row[0]), row[1], row[2], row[3], row[4], int(row[5]))
+
+
+_READ_AGENT = DirectStatement(
+    lambda _dialect: sa.select(
+        agents.c.id,
+        agents.c.status,
+        agents.c.token_hash,
+        agents.c.resource_group,
+        agents.c.last_heartbeat_at,
+        agents.c.assignment_revision,
+    ).where(agents.c.id == sa.bindparam("id", type_=agents.c.id.type))
+)
 
 
 async def register_agent(db: Database, agent: NewAgent, now: datetime) -> bool:
@@ -188,15 +193,20 @@ async def record_heartbeats(
     """
     if not agent_ids:
         return {}
+    ids = payload(db.dialect, sorted(set(agent_ids)))
     async with db.transaction() as conn:
-        rows = await conn.execute(
-            update_agents_in_id_order(
-                db.dialect, in_values(db.dialect, agents.c.id, sorted(set(agent_ids)))
-            )
-            .values(last_heartbeat_at=now)
-            .returning(agents.c.id, agents.c.status)
-        )
-        return {AgentId(agent_id): str(status) for agent_id, status in rows}
+        rows = await _HEARTBEATS.rows(conn, {"ids": ids, "now": now})
+    return {AgentId(agent_id): str(status) for agent_id, status in rows}
+
+
+# Built once: an idle cluster's heartbeats are most of what its manager does.
+_HEARTBEATS = DirectStatement(
+    lambda dialect: (
+        update_agents_in_id_order(dialect, in_param(dialect, agents.c.id, "ids"))
+        .values(last_heartbeat_at=sa.bindparam("now", type_=agents.c.last_heartbeat_at.type))
+        .returning(agents.c.id, agents.c.status)
+    )
+)
 
 
 async def mark_lost_agents(db: Database, cutoff: datetime, now: datetime) -> LostAgents:

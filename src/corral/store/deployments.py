@@ -26,6 +26,8 @@ from corral.domain.status import (
     EndpointLifecycle,
     RouteStatus,
 )
+from corral.store._direct import DirectStatement
+from corral.store._sql import in_constants
 from corral.store.events import append_events
 from corral.store.serving_history import (
     HistoryEntry,
@@ -134,9 +136,9 @@ async def read_deployments(
     owner_id: uuid.UUID | None = None,
     ids: Collection[uuid.UUID] | None = None,
     name: str | None = None,
-    lifecycles: Collection[EndpointLifecycle] | None = None,
 ) -> list[dict[str, Any]]:
-    """Deployments (with their owner's name), oldest first, filtered as asked."""
+    """Deployments (with their owner's name), oldest first, filtered as asked (by lifecycle:
+    `read_deployments_in`)."""
     query = sa.select(*_DEPLOYMENT_COLUMNS).select_from(_FROM)
     if owner_id is not None:
         query = query.where(deployments.c.owner_id == owner_id)
@@ -144,10 +146,30 @@ async def read_deployments(
         query = query.where(deployments.c.id.in_(list(ids)))
     if name is not None:
         query = query.where(deployments.c.name == name)
-    if lifecycles is not None:
-        query = query.where(deployments.c.lifecycle.in_([s.value for s in lifecycles]))
     rows = await conn.execute(query.order_by(deployments.c.created_at, deployments.c.id))
     return [dict(row._mapping) for row in rows]
+
+
+async def read_deployments_in(
+    conn: AsyncConnection, lifecycles: Collection[EndpointLifecycle]
+) -> list[dict[str, Any]]:
+    """The deployments in `lifecycles`, as `read_deployments` gives them; a statement built
+    once per set of lifecycles: each deployment handler reads its targets so every run."""
+    key = frozenset(s.value for s in lifecycles)
+    statement = _DEPLOYMENTS_IN.get(key)
+    if statement is None:
+        statement = _DEPLOYMENTS_IN[key] = DirectStatement(
+            lambda _dialect: (
+                sa.select(*_DEPLOYMENT_COLUMNS)
+                .select_from(_FROM)
+                .where(in_constants(deployments.c.lifecycle, sorted(key)))
+                .order_by(deployments.c.created_at, deployments.c.id)
+            )
+        )
+    return [row._asdict() for row in await statement.rows(conn)]
+
+
+_DEPLOYMENTS_IN: dict[frozenset[str], DirectStatement] = {}
 
 
 async def set_token_hash(conn: AsyncConnection, deployment_id: uuid.UUID, token_hash: str) -> bool:
@@ -348,8 +370,19 @@ async def read_route_targets(
     conn: AsyncConnection, statuses: Collection[RouteStatus]
 ) -> list[dict[str, Any]]:
     """Routes in `statuses` with what their handlers look at: the session's status, its main
-    kernel's runtime info, the deployment's spec and owner."""
-    query = (
+    kernel's runtime info, the deployment's spec and owner. A statement built once per set of
+    statuses: each route handler reads its targets so every run."""
+    key = frozenset(s.value for s in statuses)
+    statement = _ROUTE_TARGETS_IN.get(key)
+    if statement is None:
+        statement = _ROUTE_TARGETS_IN[key] = DirectStatement(
+            lambda _dialect: _route_targets(sorted(key))
+        )
+    return [row._asdict() for row in await statement.rows(conn)]
+
+
+def _route_targets(statuses: Sequence[str]) -> sa.Select[Any]:
+    return (
         sa.select(
             *_ROUTE_COLUMNS,
             deployments.c.name.label("deployment_name"),
@@ -367,10 +400,12 @@ async def read_route_targets(
                 sa.and_(kernels.c.session_id == routes.c.session_id, kernels.c.cluster_index == 0),
             )
         )
-        .where(routes.c.status.in_([s.value for s in statuses]))
+        .where(in_constants(routes.c.status, statuses))
         .order_by(routes.c.created_at, routes.c.id)
     )
-    return [dict(row._mapping) for row in await conn.execute(query)]
+
+
+_ROUTE_TARGETS_IN: dict[frozenset[str], DirectStatement] = {}
 
 
 async def read_route_table(conn: AsyncConnection) -> tuple[int, list[dict[str, Any]]]:

@@ -172,3 +172,34 @@ async def test_no_agent_is_lost_for_the_silence_of_a_database_outage(
     assert (await agents_controller.sweep_lost()).agent_ids == []
     clock.advance(0.2)
     assert (await agents_controller.sweep_lost()).agent_ids == [agent_id]
+
+
+async def test_the_sweep_comes_due_at_the_end_of_the_grace_after_an_outage(
+    direct_db: Database, proxied_db: Database, postgres_proxy: TcpProxy
+) -> None:
+    """The sweep's own read failing on the database starts the grace as a failed lost sweep
+    does: its due moment is held to the grace's end, and only then is a silent agent LOST."""
+    [agent_id] = await add_agents(direct_db, [{"cpu": 1000}])  # last heard from at NOW
+    clock = Clock()
+    agents_controller = AgentController(
+        proxied_db,
+        MemoryHintBus(),
+        join_token=None,
+        timings=AgentTimings(heartbeat_timeout_s=30.0),
+        clock=clock,
+    )
+    clock.advance(60)
+    postgres_proxy.cut()
+    with pytest.raises(Exception) as failed:
+        await agents_controller.sweep()
+    assert database_unavailable(failed.value)
+    postgres_proxy.restore()
+    swept = await agents_controller.sweep()
+    assert swept.lost.agent_ids == []
+    assert swept.due_in_s == pytest.approx(30.0)
+    clock.advance(29.9)
+    swept = await agents_controller.sweep()
+    assert swept.lost.agent_ids == []
+    assert swept.due_in_s == pytest.approx(0.1)
+    clock.advance(0.2)
+    assert (await agents_controller.sweep()).lost.agent_ids == [agent_id]
