@@ -3,19 +3,30 @@
 `HttpManagerClient` is what `corral agent` uses; `corral simulate` runs thousands of agents in
 a process of their own over a socket pair (`bench/agent_pipe.py`), answered by the same
 controller the HTTP routes call (`manager/inprocess.py`).
+
+Its requests go over `infra.keepalive_http` (kept-alive HTTP/1.1 connections it writes and reads
+itself): httpx had cost an agent 1 to 3 ms of CPU a request, most of an idle agent's CPU (a
+heartbeat every ten seconds). That client sends a request again on a new connection when a
+kept-alive one turns out closed before any of the answer came: every call here may be repeated
+(a report the manager has is acknowledged as `already`, log chunks are kept by offset; a
+registration with the join token is a process's first call, on a new connection). Where
+the environment names a proxy (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY), they go over httpx, which
+honours it and NO_PROXY.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import ssl
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlencode
 
-import httpx
-
+from corral._proxies import proxy_configured
 from corral._tls import untrusted_certificate, untrusted_hint, verifying_context
 from corral.agent.endpoints import Endpoint
 from corral.agent.protocol import (
@@ -31,6 +42,7 @@ from corral.agent.protocol import (
     ReportAccepted,
     ReportBatch,
 )
+from corral.infra.keepalive_http import HttpError, KeepAliveClient, Reply
 
 logger = logging.getLogger(__name__)
 
@@ -125,25 +137,9 @@ class HttpManagerClient:
         self._clock = clock
         self.endpoints = tuple(endpoints)
         # Connecting to a manager that is gone should fail fast, so the next one is tried.
-        timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, CONNECT_TIMEOUT_S))
         verify = verifying_context(ca_file)
-        limits = httpx.Limits(  # httpx's default counts
-            max_connections=100, max_keepalive_connections=20, keepalive_expiry=KEEPALIVE_S
-        )
-        self._http = [
-            httpx.AsyncClient(
-                base_url=e.url,
-                timeout=timeout,
-                limits=limits,
-                headers={"Host": e.host} if e.host is not None else None,
-                verify=verify,
-            )
-            for e in endpoints
-        ]
-        # An address of a name: TLS names (SNI) and verifies the name, not the address.
-        self._extensions = [
-            {"sni_hostname": e.host} if e.host is not None else None for e in endpoints
-        ]
+        transport = _HttpxTransport if proxy_configured() else _LeanTransport
+        self._http: list[_Transport] = [transport(e, verify, timeout_s) for e in endpoints]
         self.current = 0  # index of the manager calls go to first
         self._first_failed_at: float | None = None  # clock() when the first manager last failed
         self._token: str | None = None
@@ -214,9 +210,9 @@ class HttpManagerClient:
         return data
 
     async def close(self) -> None:
-        """Close the connection pools."""
+        """Close the connections."""
         for http in self._http:
-            await http.aclose()
+            await http.close()
 
     def _order(self) -> list[int]:
         """The managers to try for a call, in order: the current one first, except that the
@@ -246,33 +242,35 @@ class HttpManagerClient:
         if bearer is None:
             raise RuntimeError("register first: no agent token yet")
         failures: list[str] = []
+        body = None if json is None else _json_bytes(json)
+        query = urlencode(params) if params else ""
+        headers = {"Authorization": f"Bearer {bearer}"}
         for index in self._order():
             try:
-                response = await self._http[index].request(
+                reply = await self._http[index].send(
                     method,
                     path,
-                    json=json,
-                    params=params,
-                    headers={"Authorization": f"Bearer {bearer}"},
-                    timeout=timeout_s if timeout_s is not None else self._timeout_s,
-                    extensions=self._extensions[index],
+                    body=body,
+                    query=query,
+                    headers=headers,
+                    timeout_s=timeout_s if timeout_s is not None else self._timeout_s,
                 )
-            except httpx.HTTPError as exc:
+            except HttpError as exc:
                 endpoint = self.endpoints[index]
                 untrusted = untrusted_certificate(exc)
                 failures.append(
-                    f"{endpoint}: {type(exc).__name__}: {exc}"
+                    f"{endpoint}: {exc}"
                     if untrusted is None
                     else f"{endpoint}: {untrusted_hint(endpoint.url, untrusted)}"
                 )
                 self._failed(index)
                 continue
-            if response.status_code >= 500:
-                failures.append(f"{self.endpoints[index]}: HTTP {response.status_code}")
+            if reply.status >= 500:
+                failures.append(f"{self.endpoints[index]}: HTTP {reply.status}")
                 self._failed(index)
                 continue
             self._answered(index)
-            return self._result(response, raw)
+            return self._result(reply, raw)
         raise ManagerUnavailableError(f"{method} {path}: " + "; ".join(failures))
 
     def _failed(self, index: int) -> None:
@@ -291,16 +289,123 @@ class HttpManagerClient:
             self.current = index
 
     @staticmethod
-    def _result(response: httpx.Response, raw: bool = False) -> Any:
+    def _result(reply: Reply, raw: bool = False) -> Any:
         """The answer's JSON (None when empty), its bytes if `raw`; a 4xx raises."""
-        if response.status_code >= 400:
+        if reply.status >= 400:
             try:
-                problem = response.json()
+                problem = reply.json()
             except ValueError:
-                problem = {"detail": response.text[:500]}
-            raise ManagerRejectedError(response.status_code, problem)
+                problem = {"detail": reply.text[:500]}
+            if not isinstance(problem, dict):
+                problem = {"detail": str(problem)[:500]}
+            raise ManagerRejectedError(reply.status, problem)
         if raw:
-            return response.content
-        if response.status_code == 204 or not response.content:
+            return reply.body
+        if reply.status == 204 or not reply.body:
             return None
-        return response.json()
+        return reply.json()
+
+
+def _json_bytes(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+class _Transport(Protocol):
+    """Sends one request to one manager and reads the whole answer; HttpError when none."""
+
+    async def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None,
+        query: str,
+        headers: Mapping[str, str],
+        timeout_s: float,
+    ) -> Reply: ...
+
+    async def close(self) -> None: ...
+
+
+class _LeanTransport:
+    """Kept-alive connections of our own (`infra.keepalive_http`)."""
+
+    def __init__(self, endpoint: Endpoint, verify: ssl.SSLContext, timeout_s: float) -> None:
+        self._client = KeepAliveClient(
+            endpoint.url,
+            timeout_s=timeout_s,
+            connect_timeout_s=min(timeout_s, CONNECT_TIMEOUT_S),
+            ssl_context=verify,
+            # An address of a name: the Host header, TLS's name (SNI) and its check, the name.
+            server_hostname=endpoint.host,
+            keepalive_s=KEEPALIVE_S,
+        )
+
+    async def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None,
+        query: str,
+        headers: Mapping[str, str],
+        timeout_s: float,
+    ) -> Reply:
+        return await self._client.request(
+            method, path, body=body, query=query, headers=headers, timeout_s=timeout_s
+        )
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
+class _HttpxTransport:
+    """httpx, for an environment that names a proxy."""
+
+    def __init__(self, endpoint: Endpoint, verify: ssl.SSLContext, timeout_s: float) -> None:
+        import httpx
+
+        self._httpx = httpx
+        self._client = httpx.AsyncClient(
+            base_url=endpoint.url,
+            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, CONNECT_TIMEOUT_S)),
+            limits=httpx.Limits(  # httpx's default counts
+                max_connections=100, max_keepalive_connections=20, keepalive_expiry=KEEPALIVE_S
+            ),
+            headers={"Host": endpoint.host} if endpoint.host is not None else None,
+            verify=verify,
+        )
+        # An address of a name: TLS names (SNI) and verifies the name, not the address.
+        self._extensions = {"sni_hostname": endpoint.host} if endpoint.host is not None else None
+
+    async def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None,
+        query: str,
+        headers: Mapping[str, str],
+        timeout_s: float,
+    ) -> Reply:
+        extra = {"Content-Type": "application/json"} if body is not None else {}
+        try:
+            response = await self._client.request(
+                method,
+                f"{path}?{query}" if query else path,
+                content=body,
+                headers={**headers, **extra},
+                timeout=timeout_s,
+                extensions=self._extensions,
+            )
+        except self._httpx.HTTPError as exc:
+            raise HttpError(f"{type(exc).__name__}: {exc}") from exc
+        return Reply(
+            response.status_code,
+            response.reason_phrase,
+            response.headers.get("content-type", ""),
+            response.content,
+        )
+
+    async def close(self) -> None:
+        await self._client.aclose()

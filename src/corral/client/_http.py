@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import ssl
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode, urlsplit
 
 from corral import package_version
+from corral._proxies import proxy_configured
 from corral._tls import TlsConfigError, untrusted_certificate, untrusted_hint, verifying_context
 from corral.client.config import ClientConfigError, check_url
 from corral.client.errors import CorralError, UnreachableError, error_from_answer
@@ -142,8 +142,6 @@ class Answer:
 # answer, or UnreachableError. `PlainCall` picks `http.client`'s, or httpx's where a proxy is
 # configured; tests give their own.
 Send = Callable[[str, str, Mapping[str, str], bytes | None, float], Answer]
-# The environment variables that configure a proxy for httpx (`trust_env`), in either case.
-_PROXY_VARIABLES = frozenset({"http_proxy", "https_proxy", "all_proxy"})
 
 
 class PlainCall:
@@ -171,7 +169,7 @@ class PlainCall:
         self._headers: dict[str, str] = options["headers"]
         verify: ssl.SSLContext | bool = options["verify"]
         if send is None:
-            proxied = any(name.lower() in _PROXY_VARIABLES for name in os.environ)
+            proxied = proxy_configured()
             send = _httpx_sender(self.url, verify) if proxied else _sender(self.url, verify)
         self._send = send
 
