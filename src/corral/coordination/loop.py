@@ -17,7 +17,9 @@ loop.
 
 The task's lock is taken before a run and kept while hints keep coming: a hint within
 `lock_linger_s` of the last run is served under the same hold, so a busy task does not pay a
-take and a release (two round trips to the lock's server) per run. A manager that finds the
+take and a release (two round trips to the lock's server) per run. A forced or due run that
+found nothing to look at gives the lock back at once: no burst is under way, and lingering would
+cost an idle manager two more wake-ups per task every long interval. A manager that finds the
 lock held leaves the hint to the holder, which is waiting for it; the hold ends after
 `lock_linger_s` without a hint, on stop, or when the long loop comes due. While it holds the
 lock the loop claims the task's hint on the bus, so hints set in this manager for the task
@@ -250,6 +252,8 @@ class DualLoop:
                 self._hints.claim(self.task.hint)
                 try:
                     outcome = await self._consume_and_run(forced=forced, retry=retry, due=due)
+                    if (forced or due) and self._found_nothing(outcome):
+                        return outcome  # an idle task's own run: no burst to linger for
                     # Linger: the next hints of a burst are served under this hold.
                     while outcome is not _Outcome.FAILED and await self._woken_while_held(held):
                         outcome = await self._consume_and_run(
@@ -270,6 +274,11 @@ class DualLoop:
             self.failures += 1
             logger.warning("coordinator.lock_failed", extra=self._log_fields(exc), exc_info=exc)
             return _Outcome.FAILED
+
+    def _found_nothing(self, outcome: _Outcome) -> bool:
+        """Whether the run just made had no target at all."""
+        run = self.last_run
+        return outcome is _Outcome.RAN and run is not None and not (run.targets or run.changed)
 
     async def _consume_and_run(self, *, forced: bool, retry: bool, due: bool = False) -> _Outcome:
         # Consumed even when forced, so the run does not repeat right after for the same hint.

@@ -533,7 +533,7 @@ async def test_with_the_lock_server_down_hinted_runs_go_on_unlocked(
         async with running(loop):
             for runs in (1, 2):
                 await hints.set(HINT)
-                await eventually(lambda runs=runs: loop.runs == runs)  # type: ignore[misc]
+                await eventually(lambda runs=runs: loop.runs == runs)
             assert (loop.unlocked_runs, loop.lock_holds, loop.failures) == (2, 0, 0)
             locks.down = False
             await hints.set(HINT)
@@ -615,3 +615,34 @@ def test_bad_intervals_are_refused_by_name(intervals: dict[str, Any], message: s
     """Each invalid interval is reported with the name of the parameter at fault."""
     with pytest.raises(ValueError, match=message):
         make_loop(Recorder(), MemoryHintBus(), **intervals)
+
+
+async def test_a_forced_run_that_found_nothing_gives_the_lock_back_at_once() -> None:
+    """The long loop's run of an idle task does not linger for hints (a hinted run after it
+    does); a forced run that found work lingers."""
+    for targets in (0, 1):
+        hints, locks = MemoryHintBus(), MemoryLockManager()
+
+        async def run(targets: int = targets) -> TaskRun:
+            return TaskRun(task=HINT, targets=targets)
+
+        loop = DualLoop(
+            Task(name=HINT, hint=HINT, run=run, lock=LOCK),
+            hints,
+            locks,
+            short_interval_s=NEVER_S,
+            long_interval_s=NEVER_S,
+            lock_linger_s=NEVER_S,
+        )
+        async with running(loop):
+            await eventually(lambda loop=loop: loop.forced_runs == 1)
+            if targets:
+                assert not await lock_is_free(locks)
+                continue
+            deadline = asyncio.get_running_loop().time() + 5
+            while not await lock_is_free(locks):
+                assert asyncio.get_running_loop().time() < deadline, "the hold never ended"
+                await asyncio.sleep(0.001)
+            await hints.set(HINT)
+            await eventually(lambda loop=loop: loop.runs == 2)
+            assert not await lock_is_free(locks)  # a hinted run lingers
