@@ -122,6 +122,10 @@ class DualLoop:
         self._running = False
         self._stopping = False
         self._idle_task: asyncio.Task[Any] | None = None
+        # Done once stop() is called: an idle wait ends on it even if the hint bus's wait does
+        # not give way to its cancellation (redis-py has lost a cancellation that came during a
+        # command: the loop then waited out its tick, 10 s and more, before it could stop).
+        self._stop_signal: asyncio.Future[None] | None = None
         # The hint bus's outages, logged once each; while one lasts the loop only ticks.
         self._hints_outage = OutageLog(
             logger, "coordinator.hints_unavailable", "coordinator.hints_restored"
@@ -233,6 +237,8 @@ class DualLoop:
         self._stopping = True
         if self._idle_task is not None:
             self._idle_task.cancel()
+        if self._stop_signal is not None and not self._stop_signal.done():
+            self._stop_signal.set_result(None)
 
     async def _attempt(self, *, forced: bool, retry: bool, due: bool = False) -> _Outcome:
         self.attempts += 1
@@ -377,14 +383,19 @@ class DualLoop:
         if self._stopping:
             waiting.close()
             return on_stop
+        if self._stop_signal is None:
+            self._stop_signal = asyncio.get_running_loop().create_future()
         idle = asyncio.create_task(waiting, name=f"loop-idle-{self.task.name}")
         self._idle_task = idle
         try:
-            await asyncio.wait([idle])
+            waits: list[asyncio.Future[Any]] = [idle, self._stop_signal]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
             self._idle_task = None
             idle.cancel()  # a no-op when done; when run() itself is cancelled, don't leave it
-        if idle.cancelled():
+        if self._stopping or idle.cancelled():
+            if idle.done() and not idle.cancelled():
+                idle.exception()  # looked at: stopping, whatever the wait ended with
             return on_stop
         return idle.result()
 

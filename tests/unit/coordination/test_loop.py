@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -549,6 +550,32 @@ async def test_stop_is_idempotent_and_ends_an_idle_loop_at_once() -> None:
     async with running(loop):
         loop.stop()
     assert not loop.running
+
+
+class _DeafHints(MemoryHintBus):
+    """A hint bus whose wait does not give way to a cancellation, as redis-py has lost one
+    that came during a command: it goes on waiting (until a hint is set)."""
+
+    async def wait(self, names: Collection[str], timeout_s: float) -> bool:
+        with contextlib.suppress(asyncio.CancelledError):
+            return await super().wait(names, timeout_s)
+        return await super().wait(names, timeout_s)
+
+
+async def test_stop_ends_an_idle_loop_whose_hint_wait_ignores_cancellation() -> None:
+    """stop() does not depend on the hint bus's wait giving way: the loop returns at once."""
+    hints = _DeafHints()
+    loop = make_loop(Recorder(), hints, short_interval_s=NEVER_S, long_interval_s=NEVER_S)
+    task = asyncio.create_task(loop.run())
+    await eventually(lambda: loop._idle_task is not None)  # waiting on the bus
+    idle = loop._idle_task
+    loop.stop()
+    await asyncio.wait_for(task, 5)
+    assert not loop.running
+    await hints.set(HINT)  # a deaf wait still going ends, so nothing is left behind
+    assert idle is not None
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait_for(idle, 5)
 
 
 async def test_stop_before_run_makes_run_return_at_once() -> None:
