@@ -42,7 +42,7 @@ from corral.agent.protocol import (
     ReportAccepted,
     ReportBatch,
 )
-from corral.infra.keepalive_http import HttpError, KeepAliveClient, Reply
+from corral.infra.keepalive_http import HttpError, KeepAliveClient, Reply, httpx_reply
 
 logger = logging.getLogger(__name__)
 
@@ -400,12 +400,7 @@ class _HttpxTransport:
             )
         except self._httpx.HTTPError as exc:
             raise HttpError(f"{type(exc).__name__}: {exc}") from exc
-        return Reply(
-            response.status_code,
-            response.reason_phrase,
-            response.headers.get("content-type", ""),
-            response.content,
-        )
+        return httpx_reply(response)
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from corral.infra.keepalive_http import HttpError, Reply
+from corral.infra.keepalive_http import HttpError, Reply, httpx_reply
 from corral.infra.keepalive_http import KeepAliveClient as LeanClient
 
 __all__ = ["Http", "HttpError", "HttpxClient", "KeepAliveClient", "Reply"]
@@ -42,12 +42,7 @@ class HttpxClient:
             response = await self.client.request(method, path, json=body)
         except httpx.HTTPError as exc:
             raise HttpError(f"{type(exc).__name__}: {exc}") from exc
-        return Reply(
-            response.status_code,
-            response.reason_phrase,
-            response.headers.get("content-type", ""),
-            response.content,
-        )
+        return httpx_reply(response)
 
 
 class KeepAliveClient:

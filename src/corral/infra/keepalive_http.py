@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from corral.domain.record import record
 
-__all__ = ["HttpError", "KeepAliveClient", "Reply"]
+__all__ = ["HttpError", "KeepAliveClient", "Reply", "httpx_reply"]
 
 _Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
@@ -57,6 +57,17 @@ class Reply:
     def json(self) -> Any:
         """The body parsed as JSON (ValueError if it is not)."""
         return json.loads(self.body)
+
+
+def httpx_reply(response: Any) -> Reply:
+    """An httpx response as a `Reply` (for callers that go over httpx where a proxy is named,
+    and the bench's in-process tests): the same reading whatever the transport."""
+    return Reply(
+        response.status_code,
+        response.reason_phrase,
+        response.headers.get("content-type", ""),
+        response.content,
+    )
 
 
 class KeepAliveClient:

@@ -154,13 +154,7 @@ async def test_no_agent_is_lost_for_the_silence_of_a_database_outage(
     one is."""
     [agent_id] = await add_agents(direct_db, [{"cpu": 1000}])  # last heard from at NOW
     clock = Clock()
-    agents_controller = AgentController(
-        proxied_db,
-        MemoryHintBus(),
-        join_token=None,
-        timings=AgentTimings(heartbeat_timeout_s=30.0),
-        clock=clock,
-    )
+    agents_controller = sweeping_controller(proxied_db, clock)
     clock.advance(60)  # silent for twice the timeout, as through a long outage
     postgres_proxy.cut()
     with pytest.raises(Exception) as failed:
@@ -181,13 +175,7 @@ async def test_the_sweep_comes_due_at_the_end_of_the_grace_after_an_outage(
     does: its due moment is held to the grace's end, and only then is a silent agent LOST."""
     [agent_id] = await add_agents(direct_db, [{"cpu": 1000}])  # last heard from at NOW
     clock = Clock()
-    agents_controller = AgentController(
-        proxied_db,
-        MemoryHintBus(),
-        join_token=None,
-        timings=AgentTimings(heartbeat_timeout_s=30.0),
-        clock=clock,
-    )
+    agents_controller = sweeping_controller(proxied_db, clock)
     clock.advance(60)
     postgres_proxy.cut()
     with pytest.raises(Exception) as failed:
@@ -203,3 +191,14 @@ async def test_the_sweep_comes_due_at_the_end_of_the_grace_after_an_outage(
     assert swept.due_in_s == pytest.approx(0.1)
     clock.advance(0.2)
     assert (await agents_controller.sweep()).lost.agent_ids == [agent_id]
+
+
+def sweeping_controller(db: Database, clock: Clock) -> AgentController:
+    """The agent controller whose sweeps the outage tests run: a 30 s heartbeat timeout."""
+    return AgentController(
+        db,
+        MemoryHintBus(),
+        join_token=None,
+        timings=AgentTimings(heartbeat_timeout_s=30.0),
+        clock=clock,
+    )
