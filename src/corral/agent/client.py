@@ -138,7 +138,7 @@ class HttpManagerClient:
         self.endpoints = tuple(endpoints)
         # Connecting to a manager that is gone should fail fast, so the next one is tried.
         verify = verifying_context(ca_file)
-        transport = _HttpxTransport if proxy_configured() else _LeanTransport
+        transport = _HttpxTransport if proxy_configured() else _lean
         self._http: list[_Transport] = [transport(e, verify, timeout_s) for e in endpoints]
         self.current = 0  # index of the manager calls go to first
         self._first_failed_at: float | None = None  # clock() when the first manager last failed
@@ -247,7 +247,7 @@ class HttpManagerClient:
         headers = {"Authorization": f"Bearer {bearer}"}
         for index in self._order():
             try:
-                reply = await self._http[index].send(
+                reply = await self._http[index].request(
                     method,
                     path,
                     body=body,
@@ -311,9 +311,10 @@ def _json_bytes(value: Any) -> bytes:
 
 
 class _Transport(Protocol):
-    """Sends one request to one manager and reads the whole answer; HttpError when none."""
+    """Sends one request to one manager and reads the whole answer; HttpError when none
+    (`KeepAliveClient`, or httpx where a proxy is named)."""
 
-    async def send(
+    async def request(
         self,
         method: str,
         path: str,
@@ -327,36 +328,17 @@ class _Transport(Protocol):
     async def close(self) -> None: ...
 
 
-class _LeanTransport:
-    """Kept-alive connections of our own (`infra.keepalive_http`)."""
-
-    def __init__(self, endpoint: Endpoint, verify: ssl.SSLContext, timeout_s: float) -> None:
-        self._client = KeepAliveClient(
-            endpoint.url,
-            timeout_s=timeout_s,
-            connect_timeout_s=min(timeout_s, CONNECT_TIMEOUT_S),
-            ssl_context=verify,
-            # An address of a name: the Host header, TLS's name (SNI) and its check, the name.
-            server_hostname=endpoint.host,
-            keepalive_s=KEEPALIVE_S,
-        )
-
-    async def send(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: bytes | None,
-        query: str,
-        headers: Mapping[str, str],
-        timeout_s: float,
-    ) -> Reply:
-        return await self._client.request(
-            method, path, body=body, query=query, headers=headers, timeout_s=timeout_s
-        )
-
-    async def close(self) -> None:
-        await self._client.close()
+def _lean(endpoint: Endpoint, verify: ssl.SSLContext, timeout_s: float) -> KeepAliveClient:
+    """Kept-alive connections of our own to `endpoint` (`infra.keepalive_http`)."""
+    return KeepAliveClient(
+        endpoint.url,
+        timeout_s=timeout_s,
+        connect_timeout_s=min(timeout_s, CONNECT_TIMEOUT_S),
+        ssl_context=verify,
+        # An address of a name: the Host header, TLS's name (SNI) and its check, the name.
+        server_hostname=endpoint.host,
+        keepalive_s=KEEPALIVE_S,
+    )
 
 
 class _HttpxTransport:
@@ -378,7 +360,7 @@ class _HttpxTransport:
         # An address of a name: TLS names (SNI) and verifies the name, not the address.
         self._extensions = {"sni_hostname": endpoint.host} if endpoint.host is not None else None
 
-    async def send(
+    async def request(
         self,
         method: str,
         path: str,

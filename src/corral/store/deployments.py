@@ -3,6 +3,7 @@ expected status and checked against the lifecycle tables before they reach the d
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
@@ -155,21 +156,20 @@ async def read_deployments_in(
 ) -> list[dict[str, Any]]:
     """The deployments in `lifecycles`, as `read_deployments` gives them; a statement built
     once per set of lifecycles: each deployment handler reads its targets so every run."""
-    key = frozenset(s.value for s in lifecycles)
-    statement = _DEPLOYMENTS_IN.get(key)
-    if statement is None:
-        statement = _DEPLOYMENTS_IN[key] = DirectStatement(
-            lambda _dialect: (
-                sa.select(*_DEPLOYMENT_COLUMNS)
-                .select_from(_FROM)
-                .where(in_constants(deployments.c.lifecycle, sorted(key)))
-                .order_by(deployments.c.created_at, deployments.c.id)
-            )
-        )
+    statement = _deployments_in(frozenset(s.value for s in lifecycles))
     return [row._asdict() for row in await statement.rows(conn)]
 
 
-_DEPLOYMENTS_IN: dict[frozenset[str], DirectStatement] = {}
+@functools.cache
+def _deployments_in(lifecycles: frozenset[str]) -> DirectStatement:
+    return DirectStatement(
+        lambda _dialect: (
+            sa.select(*_DEPLOYMENT_COLUMNS)
+            .select_from(_FROM)
+            .where(in_constants(deployments.c.lifecycle, sorted(lifecycles)))
+            .order_by(deployments.c.created_at, deployments.c.id)
+        )
+    )
 
 
 async def set_token_hash(conn: AsyncConnection, deployment_id: uuid.UUID, token_hash: str) -> bool:
@@ -372,13 +372,13 @@ async def read_route_targets(
     """Routes in `statuses` with what their handlers look at: the session's status, its main
     kernel's runtime info, the deployment's spec and owner. A statement built once per set of
     statuses: each route handler reads its targets so every run."""
-    key = frozenset(s.value for s in statuses)
-    statement = _ROUTE_TARGETS_IN.get(key)
-    if statement is None:
-        statement = _ROUTE_TARGETS_IN[key] = DirectStatement(
-            lambda _dialect: _route_targets(sorted(key))
-        )
+    statement = _route_targets_in(frozenset(s.value for s in statuses))
     return [row._asdict() for row in await statement.rows(conn)]
+
+
+@functools.cache
+def _route_targets_in(statuses: frozenset[str]) -> DirectStatement:
+    return DirectStatement(lambda _dialect: _route_targets(sorted(statuses)))
 
 
 def _route_targets(statuses: Sequence[str]) -> sa.Select[Any]:
@@ -403,9 +403,6 @@ def _route_targets(statuses: Sequence[str]) -> sa.Select[Any]:
         .where(in_constants(routes.c.status, statuses))
         .order_by(routes.c.created_at, routes.c.id)
     )
-
-
-_ROUTE_TARGETS_IN: dict[frozenset[str], DirectStatement] = {}
 
 
 async def read_route_table(conn: AsyncConnection) -> tuple[int, list[dict[str, Any]]]:
