@@ -131,6 +131,7 @@ class AgentDaemon:
         shipping = asyncio.create_task(self.shipper.run(), name="agent-shipper")
         loops: set[asyncio.Task[None]] = set()
         try:
+            await self.runtime.open()
             await self._find_left_kernels()
             if not await self._register_until_done():
                 return
@@ -151,6 +152,7 @@ class AgentDaemon:
                 task.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
             await self._shut_down_kernels()
+            await self.runtime.close()
             delivered = await self.shipper.flush(self.config.shutdown_flush_s)
             if not delivered:
                 logger.warning("agent.shutdown_reports_undelivered")

@@ -302,6 +302,7 @@ class FakeRuntime:
         self.start_calls: list[KernelId] = []
         self.stage_calls: list[KernelId] = []
         self.unstage_calls: list[KernelId] = []
+        self.opened = self.closed = 0  # open() and close() calls
         self.launches: list[KernelLaunch] = []  # every start's launch, in order
         self.kernels: dict[KernelId, FakeKernel] = {}
         self.adoption: FakeAdoption | None = None  # set one to play a runtime that adopts
@@ -309,6 +310,12 @@ class FakeRuntime:
     @property
     def stages(self) -> bool:
         return True
+
+    async def open(self) -> None:
+        self.opened += 1
+
+    async def close(self) -> None:
+        self.closed += 1
 
     async def stage(self, launch: KernelLaunch) -> None:
         self.stage_calls.append(launch.kernel_id)

@@ -439,6 +439,7 @@ async def test_stop_policy_ends_live_kernels_with_agent_shutdown_and_flushes(
         )
         await rig.delivered(A, K.RUNNING)
         await rig.delivered(B, K.PREPARED)
+        assert (rig.runtime.opened, rig.runtime.closed) == (1, 0)  # opened before any kernel
         await rig.daemon.stop()
         await rig.daemon.stop()  # idempotent
         async with asyncio.timeout(2):
@@ -448,6 +449,7 @@ async def test_stop_policy_ends_live_kernels_with_agent_shutdown_and_flushes(
         assert rig.client.statuses_of(kid) == [*before, K.ERROR]
         assert rig.client.reports_of(kid)[-1].failure_cause == AGENT_SHUTDOWN_CAUSE
     assert rig.runtime.kernels[A].ended
+    assert rig.runtime.closed == 1  # once its kernels ended
     assert rig.client.closed
 
 
@@ -466,6 +468,7 @@ async def test_leave_policy_leaves_kernels_running_unreported(
     assert not rig.runtime.kernels[A].ended
     assert rig.runtime.kernels[A].detached  # let go of, for a later agent to adopt
     assert rig.client.statuses_of(A) == [K.RUNNING]
+    assert rig.runtime.closed == 1  # what the runtime holds for no kernel is given back
     assert rig.client.closed
 
 

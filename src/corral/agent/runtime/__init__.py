@@ -254,6 +254,14 @@ class Runtime(Protocol):
         """True when the runtime cannot report fine stages (the progress machine's black box)."""
         ...
 
+    async def open(self) -> None:
+        """The agent starts: get ready for kernels (before its first; nothing for most)."""
+        ...
+
+    async def close(self) -> None:
+        """The agent stops, its kernels shut down or left: give back what `open` took."""
+        ...
+
     async def preload(self, launch: KernelLaunch) -> None:
         """PRELOADING: resolve the image, create the work and output directories."""
         ...

@@ -53,12 +53,25 @@ class Cgroup:
         child = Cgroup(self.version, self.path / name, controllers)
         child.path.mkdir(exist_ok=True)
         try:
-            for controller in sorted(controllers):
-                _write_limit(child, controller, limits[controller])
+            child.limit(limits)
         except OSError:
             child.path.rmdir()
             raise
         return child
+
+    def renamed(self, name: str) -> Cgroup:
+        """This cgroup under the name `name`, where it can be renamed (v1: a spare's cgroup gets
+        its kernel's name); else itself, under its own name (v2 renames no cgroup)."""
+        try:
+            os.rename(self.path, self.path.with_name(name))
+        except OSError:
+            return self
+        return Cgroup(self.version, self.path.with_name(name), self.controllers)
+
+    def limit(self, limits: Mapping[str, int]) -> None:
+        """Write those of `limits` that apply here (a spare's cgroup, limited once claimed)."""
+        for controller in sorted(self.controllers & limits.keys()):
+            _write_limit(self, controller, limits[controller])
 
 
 @record
@@ -88,6 +101,29 @@ class CgroupProbe:
                 child.path.rmdir()  # still empty: nothing joined it yet
             raise
         return tuple(made)
+
+    def create_unlimited(self, name: str) -> tuple[Cgroup, ...]:
+        """A cgroup `name` under every parent, no limit written yet (a spare's)."""
+        made: list[Cgroup] = []
+        try:
+            for parent in self.parents:
+                child = Cgroup(parent.version, parent.path / name, parent.controllers)
+                child.path.mkdir()
+                made.append(child)
+        except OSError:
+            for child in made:
+                child.path.rmdir()
+            raise
+        return tuple(made)
+
+    def remove_empty(self, prefix: str) -> None:
+        """Remove the cgroups named `prefix...` under the parents that nothing is in (left by an
+        agent that was killed); one still in use stays (EBUSY)."""
+        for parent in self.parents:
+            with contextlib.suppress(OSError):
+                for child in parent.path.glob(f"{prefix}*"):
+                    with contextlib.suppress(OSError):
+                        child.rmdir()
 
 
 def probe_cgroups(controllers: Iterable[str]) -> CgroupProbe:

@@ -16,6 +16,14 @@ died), it exits ABANDONED without running ARGV. Then it writes one line to fd 3 
 its status to EXIT_FILE (`{"exit_code": N}`, negative: killed by signal -N) and ends the same
 way, so a parent waiting for the wrapper sees the kernel's own status.
 
+A spare (`spare_argv`: EXIT_FILE is `-`, and PROCS... -- `spare`) is the same pair of shells
+made before any kernel is known, with no environment: after joining its cgroups the kernel's
+side writes `spare <pid>` to fd 3 and waits for a line on fd 5 naming a script to source
+(`spare_start`), which changes to the kernel's directory, exports its environment, sends its
+output to the logs and sets AS GO ARGV, so the staged kernel's course follows; the wrapper
+reads its EXIT_FILE's path from fd 6 once the kernel ended (none there: the spare was never
+taken, nothing is written).
+
 Why staged: everything up to the command — three execs and, where the kernel has cgroups, its
 move into them, which on cgroup v1 waits for an RCU grace period (5 to 15 ms) unless another move
 happened just before — is done while the kernel is prepared, so that starting it is one line on
@@ -42,9 +50,11 @@ Docker and Kubernetes report both. This replaced a Python wrapper (`python -I -S
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 SHELL = "/bin/sh"
 SETSID = "setsid"  # util-linux's; the runtime finds it once (`find_setsid`) and passes its path
@@ -59,14 +69,20 @@ GO_FD = 5  # a staged kernel's go pipe (its read end)
 NOT_STAGED = "-"  # GO when the kernel starts at once
 ABANDONED = 125  # a staged kernel's status when its go pipe closed before it was started
 NO_ERRNO = "-"  # `failed - <message>`: a failure no errno names
+SPARE = "spare"  # AS of a spare: what it runs comes later, as a script to source (`spare_start`)
+EXIT_PATH_FD = 6  # a spare's wrapper reads its EXIT_FILE here once the kernel ended
+EXIT_PATH_LATER = "-"  # EXIT_FILE of a spare's wrapper: read from EXIT_PATH_FD
 _CGROUP_FAILED = f"failed {NO_ERRNO} cannot move the kernel into its cgroup ($1)"
 _LIMIT_FAILED = f"failed {NO_ERRNO} cannot limit its address space to $1 KiB"
-# The kernel's side, run by the second `sh` after `setsid`: enter the cgroups, limit the address
-# space, wait to be started if staged, report, close the pipe, become ARGV.
+# The kernel's side, run by the second `sh` after `setsid`: enter the cgroups, (a spare: say so,
+# wait for its start script and source it), limit the address space, wait to be started if
+# staged, report, close the pipe, become ARGV.
 _KERNEL_SCRIPT = (
-    "exec 2>&4 4>&-; "
+    f"exec 2>&4 4>&- {EXIT_PATH_FD}<&-; "
     f'until [ "$1" = -- ]; do echo $$ > "$1" || {{ echo "{_CGROUP_FAILED}" >&3; exit 126; }}; '
     "shift; done; shift; "
+    f'[ "$1" = {SPARE} ] && {{ echo "{SPARE} $$" >&3; '
+    f'read -r start <&{GO_FD} || exit {ABANDONED}; . "$start"; }}; '
     f'[ "$1" = {NO_ADDRESS_LIMIT} ] || ulimit -v "$1"'
     f' || {{ echo "{_LIMIT_FAILED}" >&3; exit 126; }}; shift; '
     f'[ "$1" = {NOT_STAGED} ] || {{ echo "ready $$" >&3; '
@@ -75,10 +91,11 @@ _KERNEL_SCRIPT = (
     ' || { echo "failed 2 No such file or directory: $1" >&3; exit 127; }; '
     'echo "started $$" >&3; exec 3>&-; exec "$@"'
 )
-# $1: the directory to start in, $2: the exit file, $3: setsid, the rest: the kernel script's
-# arguments (PROCS... -- AS GO ARGV...). A status from 129 to 192 is a death by signal (1 to 64);
-# the wrapper ends by the same signal (no core dump of its own), or, for a signal that does not
-# end a process, exits 128 + N.
+# $1: the directory to start in, $2: the exit file (EXIT_PATH_LATER: read from EXIT_PATH_FD once
+# the kernel ended; nothing there, none is written), $3: setsid, the rest: the kernel script's
+# arguments (PROCS... -- AS GO ARGV..., or PROCS... -- SPARE). A status from 129 to 192 is a
+# death by signal (1 to 64); the wrapper ends by the same signal (no core dump of its own), or,
+# for a signal that does not end a process, exits 128 + N.
 WRAPPER_SCRIPT = f"""old=${{OLDPWD-}} had_old=${{OLDPWD+1}}
 cd -- "$1" || exit 126
 if [ "$had_old" ]; then OLDPWD=$old; else unset OLDPWD; fi
@@ -91,11 +108,16 @@ ulimit -c 0
 "$setsid" {SHELL} -c '{_KERNEL_SCRIPT}' corral-kernel "$@"
 status=$?
 if [ "$status" -gt 128 ] && [ "$status" -le 192 ]; then status=$((128 - status)); fi
-printf '{{"exit_code": %d}}\\n' "$status" > "$exit_file" || echo "corral: cannot record the \
-kernel's exit status in $exit_file" >&4
+if [ "$exit_file" = {EXIT_PATH_LATER} ]; then exit_file=; read -r exit_file <&{EXIT_PATH_FD}; fi
+if [ "$exit_file" ]; then printf '{{"exit_code": %d}}\\n' "$status" > "$exit_file" || echo \\
+"corral: cannot record the kernel's exit status in $exit_file" >&4; fi
 if [ "$status" -lt 0 ]; then trap - TERM INT; kill -s "$((-status))" $$; exit $((128 - status)); fi
 exit "$status"
 """
+# Variables a spare's start script must not set with `export`: the shell's own (they would
+# change how the rest of the kernel's side runs), PWD (its `cd` sets it, as the wrapper's does).
+_SHELL_OWN = frozenset({"IFS", "PS1", "PS2", "PS4", "OPTIND", "PPID", "LINENO", "ENV", "PWD"})
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def find_setsid() -> str:
@@ -127,3 +149,49 @@ def argv(
         *("--", limit, go),
         *command,
     ]
+
+
+def spare_argv(setsid: str, *, cgroup_procs: Sequence[str] = ()) -> list[str]:
+    """The argv of a spare: the wrapper and the kernel's side in the cgroups whose
+    `cgroup.procs` files are `cgroup_procs`, then `spare <pid>` on fd STATUS_FD and a wait for
+    the path of a start script (`spare_start`) on fd GO_FD; the wrapper reads its exit file's
+    path from fd EXIT_PATH_FD once the kernel ended."""
+    return [
+        *(SHELL, "-c", WRAPPER_SCRIPT, "corral-wrapper", "/", EXIT_PATH_LATER, setsid),
+        *cgroup_procs,
+        *("--", SPARE),
+    ]
+
+
+def can_take_spare(env: Mapping[str, str]) -> bool:
+    """Whether a spare's start script can give the kernel exactly `env` (a shell can export
+    only variables with names, and sets some of its own)."""
+    return all(_NAME.match(name) and name not in _SHELL_OWN for name in env if name != "PWD")
+
+
+def spare_start(
+    start_dir: str,
+    env: Mapping[str, str],
+    stdout: str,
+    stderr: str,
+    command: Sequence[str],
+    *,
+    address_space_kib: int | None = None,
+) -> str:
+    """The script a spare sources to become a staged kernel: start in `start_dir` with exactly
+    `env` (as `argv()`'s wrapper would give it: PWD from the `cd`, OLDPWD only when `env` has
+    it), its output appended to the (fresh) log files, then wait for go and run `command`.
+    `can_take_spare(env)` must hold (PWD is left out: the `cd` sets it)."""
+    limit = NO_ADDRESS_LIMIT if address_space_kib is None else str(address_space_kib)
+    given = {name: value for name, value in env.items() if name != "PWD"}
+    exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in given.items())
+    failed = f"failed {NO_ERRNO} cannot change to its start directory %s\\n"
+    directory = shlex.quote(start_dir)
+    lines = [
+        f"cd -- {directory} || {{ printf '{failed}' {directory} >&3; exit 126; }}",
+        "unset OLDPWD",
+        *([f"export {exports}"] if exports else []),
+        f"exec >>{shlex.quote(stdout)} 2>>{shlex.quote(stderr)}",
+        shlex.join(["set", "--", limit, str(GO_FD), *command]),
+    ]
+    return "\n".join(lines) + "\n"

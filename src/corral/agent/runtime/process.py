@@ -35,7 +35,10 @@ exit status, and only one with neither is lost.
 An agent running as root may run each kernel as its owner's Unix user (`run_as`, `_run_as.py`).
 
 A prepared kernel is staged (`stage`): its processes are started up to the command, which waits
-on a go pipe, so that `start` is one line on that pipe (`_exitwrap.py` says why it pays).
+on a go pipe, so that `start` is one line on that pipe (`_exitwrap.py` says why it pays). Where
+a process's join of a cgroup waits for an RCU grace period, a lone kernel's staging takes the
+runtime's spare instead, processes already in cgroups of their own (the part on the spare, in
+ProcessRuntime).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ import shlex
 import shutil
 import signal
 import socket
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -91,6 +95,10 @@ _PYTHON_NAMES = frozenset({"python", "python3"})
 # The agent's environment may hold secrets: a kernel gets only these from it.
 _BASE_ENV = ("PATH", "HOME", "LANG", "TMPDIR")
 _IDLE_SCRIPT = "while :; do sleep 3600; done"
+SPARE_PREFIX = "corral-spare-"  # a spare's cgroups (named so before it knows its kernel)
+# A spare is made this long after the last was taken: off the path of the start it serves.
+SPARE_AFTER_S = 0.05
+START_SCRIPT = ".corral-start.sh"  # in a kernel's work directory, while a spare reads it
 
 
 @record
@@ -136,6 +144,7 @@ class ProcessRuntime:
         host: str | None = None,
         adopted_poll_s: float = 0.5,
         run_as: RunAs | None = None,
+        spare: bool | None = None,
     ) -> None:
         clashes = sorted(set(images or {}) & set(BUILTIN_IMAGES))
         if clashes:
@@ -176,14 +185,26 @@ class ProcessRuntime:
             "not enforced (kernels share the host's cores)",
         )
         self._cpu_note = f"cpu limits: {where}"
+        # A spare between `open` and `close`; None: where a kernel's join of its cgroups may wait.
+        slow_moves = bool(self._cgroups.parents) and not self._cgroups.quick_moves
+        self._spare_wanted = slow_moves if spare is None else spare
+        self._spare: asyncio.Task[_Spawned | None] | None = None  # made, or being made
+        self._spare_due: asyncio.TimerHandle | None = None
+        self._open = False
         self._moves_note: tuple[str, ...] = ()
         if self._cgroups.parents:
             self._moves_note = (
                 "cgroup moves: quick (a cgroup2 hierarchy is mounted with favordynmods)"
                 if self._cgroups.quick_moves
                 else "cgroup moves: a kernel's move into its cgroups may wait for an RCU grace "
-                "period (5-16 ms of a start on an idle host); mounting cgroup2 with "
-                "favordynmods (Linux 6.0 or newer) avoids it",
+                "period (5-16 ms on an idle host); "
+                + (
+                    "a spare kernel process waits in cgroups of its own to take that wait off "
+                    "a lone kernel's start; "
+                    if self._spare_wanted
+                    else ""
+                )
+                + "mounting cgroup2 with favordynmods (Linux 6.0 or newer) avoids it",
             )
 
     @property
@@ -221,6 +242,26 @@ class ProcessRuntime:
         python = f"python: {self._python.venv or self._python.interpreter}"
         return RuntimeNotes(lines=(self._memory_note, self._cpu_note, *self._moves_note, python))
 
+    async def open(self) -> None:
+        """The agent starts: the spare (if this runtime keeps one) is made, and the cgroups of
+        spares an agent killed before left behind are removed."""
+        self._open = True
+        if self._spare_wanted:
+            self._cgroups.remove_empty(SPARE_PREFIX)
+            self._make_spare()
+
+    async def close(self) -> None:
+        """The agent stops: the spare ends (its processes and cgroups); none is made again."""
+        self._open = False
+        if self._spare_due is not None:
+            self._spare_due.cancel()
+            self._spare_due = None
+        making, self._spare = self._spare, None
+        if making is not None:
+            spare = await making
+            if spare is not None:
+                await spare.abandon()
+
     async def preload(self, launch: KernelLaunch) -> None:
         """Resolve the image and create the kernel's work and output directories."""
         self._preparing.add(launch.kernel_id)  # until started or given up (`unstage`)
@@ -253,11 +294,16 @@ class ProcessRuntime:
         if self._preparing != {launch.kernel_id}:
             return
         try:
-            spawned = await self._spawn_kernel(launch, staged=True)
+            plan = await self._plan(launch)
+            spawned = await self._from_spare(launch, plan)
+            if spawned is None:
+                spawned = await self._spawn_kernel(launch, plan, staged=True)
         except StageFailure as exc:
             extra = {"kernel_id": str(launch.kernel_id), "error": exc.message}
             logger.info("runtime.kernel_not_staged", extra=extra)
             return
+        finally:
+            self._spare_soon()
         self._staged[launch.kernel_id] = spawned
 
     async def unstage(self, launch: KernelLaunch) -> None:
@@ -285,7 +331,7 @@ class ProcessRuntime:
                     await spawned.abandon()
                     spawned = None
             if spawned is None:
-                spawned = await self._spawn_kernel(launch, staged=False)
+                spawned = await self._spawn_kernel(launch, await self._plan(launch), staged=False)
                 kernel = await spawned.run()
         except OSError as exc:
             message = f"cannot start the kernel: {exc}"
@@ -311,9 +357,9 @@ class ProcessRuntime:
         logger.info("runtime.kernel_started", extra={**extra, "image": launch.image})
         return ProcessKernel(launch, spawned.wrapper, record, self._host)
 
-    async def _spawn_kernel(self, launch: KernelLaunch, *, staged: bool) -> _Spawned:
-        """The kernel's processes up to its command (`staged`: waiting to be told to go, which
-        they said they are), its logs opened and its cgroups made."""
+    async def _plan(self, launch: KernelLaunch) -> _Plan:
+        """What the kernel's first process runs, where, with which environment (its
+        directories given to its user, when it runs as one)."""
         image = self._image(launch.image)
         user = self._run_as.user(launch.owner)
         base = {key: os.environ[key] for key in _BASE_ENV if key in os.environ}
@@ -334,12 +380,13 @@ class ProcessRuntime:
             except OSError as exc:
                 message = f"cannot give the kernel's directories to {user.name!r}: {exc}"
                 raise StageFailure(FailureCause.WORK_DIR_FAILURE, message) from exc
+        return _Plan(argv, env, cwd, elsewhere)
+
+    async def _spawn_kernel(self, launch: KernelLaunch, plan: _Plan, *, staged: bool) -> _Spawned:
+        """The kernel's processes up to its command (`staged`: waiting to be told to go, which
+        they said they are), its logs opened and its cgroups made."""
         try:
-            # An exit status left by an earlier start of this kernel must not be read as its own.
-            (launch.work_dir / EXIT_FILE).unlink(missing_ok=True)
-            stdout, stderr = _open_logs(launch.work_dir, keep=launch.restart > 0)
-            if elsewhere:
-                os.write(stderr, elsewhere.encode())
+            stdout, stderr = _fresh_logs(launch, plan)
         except OSError as exc:
             raise StageFailure(
                 FailureCause.KERNEL_START_FAILURE, f"cannot open its logs: {exc}"
@@ -348,7 +395,7 @@ class ProcessRuntime:
         try:
             limits = self._limits(launch)
             cgroups = limits.cgroups
-            spawned = _spawn(launch, cwd, argv, env, stdout, stderr, self._setsid, limits, staged)
+            spawned = _spawn(launch, plan, stdout, stderr, self._setsid, limits, staged)
         except OSError as exc:
             await release_cgroups(cgroups)
             message = f"cannot start the kernel: {exc}"
@@ -358,13 +405,85 @@ class ProcessRuntime:
             os.close(stderr)
         if staged:
             try:
-                await spawned.ready()
+                await spawned.said("ready")
             except OSError as exc:
                 message = f"cannot start the kernel: {exc}"
                 raise StageFailure(
                     FailureCause.KERNEL_START_FAILURE, message, retryable=False
                 ) from exc
         return spawned
+
+    # -- the spare ---------------------------------------------------------------------------
+    #
+    # Where a process's join of a cgroup waits for an RCU grace period (cgroup v1, or v2
+    # without favordynmods: 5-16 ms on an idle host, longer than the manager takes to say go),
+    # the runtime keeps one spare: the exit-status wrapper and the kernel's side, started with
+    # no environment and already in cgroups of their own (every hierarchy this agent limits
+    # in, no limit yet), waiting for a start script. A lone kernel's staging takes it: the
+    # kernel's limits are written to those cgroups, its logs made, and the spare sources a
+    # script that gives it the kernel's directory, environment, logs and command
+    # (`exitwrap.spare_start`), and is then staged as any kernel; its wrapper learns the exit
+    # file's path on a pipe of its own. A new spare is made SPARE_AFTER_S later. Kernels
+    # started together (a burst) do not stage, and do not use it.
+
+    def _make_spare(self) -> None:
+        self._spare_due = None
+        if self._spare_wanted and self._open and self._spare is None:
+            self._spare = asyncio.create_task(self._new_spare(), name="runtime-spare")
+
+    def _spare_soon(self) -> None:
+        """A spare SPARE_AFTER_S from now, unless one is there or on its way."""
+        wanted = self._spare_wanted and self._open and self._spare is None
+        if wanted and self._spare_due is None:
+            loop = asyncio.get_running_loop()
+            self._spare_due = loop.call_later(SPARE_AFTER_S, self._make_spare)
+
+    async def _new_spare(self) -> _Spawned | None:
+        """A spare, waiting in its cgroups (None, said in the log, when one cannot be made)."""
+        try:
+            cgroups = self._cgroups.create_unlimited(f"{SPARE_PREFIX}{uuid.uuid4().hex[:16]}")
+            try:
+                spare = _spawn_spare(cgroups, self._setsid)
+            except OSError:
+                await release_cgroups(cgroups)
+                raise
+            await spare.said(exitwrap.SPARE)
+        except OSError as exc:
+            logger.warning("runtime.spare_failed", extra={"error": str(exc)})
+            return None
+        return spare
+
+    async def _from_spare(self, launch: KernelLaunch, plan: _Plan) -> _Spawned | None:
+        """The spare, staged as `launch`'s kernel; None if there is none or it cannot be (then
+        the kernel is staged the ordinary way)."""
+        making = self._spare
+        if making is None or not _fits_a_spare(launch, plan):
+            return None
+        self._spare = None
+        spare = await making  # being made: it began before this kernel's own spawn could
+        if spare is None:
+            return None
+        try:
+            address_space_kib = self._limits_wanted(launch, spare.cgroups)
+            stdout, stderr = _fresh_logs(launch, plan)
+            os.close(stdout)
+            os.close(stderr)
+            script = exitwrap.spare_start(
+                str(plan.cwd),
+                plan.env,
+                str(launch.work_dir / "stdout.log"),
+                str(launch.work_dir / "stderr.log"),
+                plan.argv,
+                address_space_kib=address_space_kib,
+            )
+            await spare.claim(launch, plan.cwd, script)
+        except OSError as exc:
+            await spare.abandon()
+            extra = {"kernel_id": str(launch.kernel_id), "error": str(exc)}
+            logger.warning("runtime.spare_not_taken", extra=extra)
+            return None
+        spare.cgroups = tuple(c.renamed(f"corral-{launch.kernel_id}") for c in spare.cgroups)
+        return spare
 
     async def find_left(self, kernels_dir: Path) -> list[LeftKernel]:
         """The kernels recorded in the work directories under `kernels_dir`."""
@@ -393,15 +512,22 @@ class ProcessRuntime:
     def _limits(self, launch: KernelLaunch) -> _Limits:
         """How the kernel's `mem` and `cpu` slots are applied: its cgroups (made now), or an
         address space limit."""
-        limit_bytes = launch.slots.get("mem", 0) // 1000
-        # No cgroup carries "memory" when memory limits are off: the probe did not look for it.
-        limits = {"memory": limit_bytes, "cpu": launch.slots.get("cpu", 0)}  # cpu: milli-cpus
-        wanted = {controller: value for controller, value in limits.items() if value > 0}
+        wanted = _cgroup_limits(launch)
         cgroups = self._cgroups.create(f"corral-{launch.kernel_id}", wanted)
-        address_space_kib = None
+        return _Limits(cgroups, self._address_space_kib(launch))
+
+    def _limits_wanted(self, launch: KernelLaunch, cgroups: tuple[Cgroup, ...]) -> int | None:
+        """The kernel's limits written to a spare's `cgroups`; its address space limit."""
+        wanted = _cgroup_limits(launch)
+        for cgroup in cgroups:
+            cgroup.limit(wanted)
+        return self._address_space_kib(launch)
+
+    def _address_space_kib(self, launch: KernelLaunch) -> int | None:
+        limit_bytes = launch.slots.get("mem", 0) // 1000
         if self._mode == "rlimit" and limit_bytes > 0 and not launch.devices:
-            address_space_kib = max(1, limit_bytes // 1024)
-        return _Limits(cgroups, address_space_kib)
+            return max(1, limit_bytes // 1024)
+        return None
 
     def _image(self, name: str) -> _Image:
         if name == "python":
@@ -443,6 +569,47 @@ def _located(name: str, location: Path) -> _Image:
     return image
 
 
+def _cgroup_limits(launch: KernelLaunch) -> dict[str, int]:
+    """The kernel's cgroup limits by controller: `mem` in bytes, `cpu` in milli-cpus."""
+    # No cgroup carries "memory" when memory limits are off: the probe did not look for it.
+    limits = {"memory": launch.slots.get("mem", 0) // 1000, "cpu": launch.slots.get("cpu", 0)}
+    return {controller: value for controller, value in limits.items() if value > 0}
+
+
+def _fits_a_spare(launch: KernelLaunch, plan: _Plan) -> bool:
+    """Whether a spare can become this kernel: a shell can give it its environment, and its
+    exit file's path can go on a line."""
+    exit_file = str(launch.work_dir / EXIT_FILE)
+    return exitwrap.can_take_spare(plan.env) and "\n" not in exit_file and exit_file.isprintable()
+
+
+def _fresh_logs(launch: KernelLaunch, plan: _Plan) -> tuple[int, int]:
+    """The kernel's logs opened fresh (appended to on a restart), the line saying where it
+    starts instead of its workdir written; an exit status an earlier start left removed."""
+    # An exit status left by an earlier start of this kernel must not be read as its own.
+    (launch.work_dir / EXIT_FILE).unlink(missing_ok=True)
+    stdout, stderr = _open_logs(launch.work_dir, keep=launch.restart > 0)
+    try:
+        if plan.elsewhere:
+            os.write(stderr, plan.elsewhere.encode())
+    except OSError:
+        os.close(stdout)
+        os.close(stderr)
+        raise
+    return stdout, stderr
+
+
+@record
+class _Plan:
+    """What a kernel's first process becomes: its argv, environment and start directory, and
+    a line for its stderr when that is not where the user asked."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+    elsewhere: str
+
+
 @record
 class _Limits:
     """What the kernel's first process applies to itself before it runs the command."""
@@ -453,74 +620,129 @@ class _Limits:
 
 def _spawn(
     launch: KernelLaunch,
-    cwd: Path,
-    argv: list[str],
-    env: Mapping[str, str],
+    plan: _Plan,
     stdout: int,
     stderr: int,
     setsid: str,
     limits: _Limits,
     staged: bool,
 ) -> _Spawned:
-    """Start `argv` under the exit-status wrapper, within `limits` (`staged`: to wait for go)."""
+    """Start the plan's argv under the exit-status wrapper, within `limits` (`staged`: to wait
+    for go)."""
+    wrapped = exitwrap.argv(
+        str(plan.cwd),
+        str(launch.work_dir / EXIT_FILE),
+        setsid,
+        plan.argv,
+        cgroup_procs=[str(cgroup.path / "cgroup.procs") for cgroup in limits.cgroups],
+        address_space_kib=limits.address_space_kib,
+        staged=staged,
+    )
+    spawned = _wrapper(wrapped, plan.env, {1: stdout, 2: stderr}, staged, limits.cgroups)
+    spawned.launch, spawned.cwd = launch, plan.cwd
+    return spawned
+
+
+def _spawn_spare(cgroups: tuple[Cgroup, ...], setsid: str) -> _Spawned:
+    """Start a spare in `cgroups` (see ProcessRuntime's part on the spare)."""
+    argv = exitwrap.spare_argv(setsid, cgroup_procs=[str(c.path / "cgroup.procs") for c in cgroups])
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        return _wrapper(argv, {}, {1: null, 2: null}, True, cgroups, exit_path=True)
+    finally:
+        os.close(null)
+
+
+def _wrapper(
+    argv: list[str],
+    env: Mapping[str, str],
+    fds: Mapping[int, int],
+    staged: bool,
+    cgroups: tuple[Cgroup, ...],
+    *,
+    exit_path: bool = False,
+) -> _Spawned:
+    """Spawn a wrapper's argv with `fds`, its status pipe on STATUS_FD (and, `staged`, its go
+    pipe on GO_FD; `exit_path`, the pipe its exit file's path comes on, on EXIT_PATH_FD)."""
     status_r, status_w = os.pipe()
     go_r, go_w = os.pipe() if staged else (None, None)
+    path_r, path_w = os.pipe() if exit_path else (None, None)
     try:
-        wrapped = exitwrap.argv(
-            str(cwd),
-            str(launch.work_dir / EXIT_FILE),
-            setsid,
-            argv,
-            cgroup_procs=[str(cgroup.path / "cgroup.procs") for cgroup in limits.cgroups],
-            address_space_kib=limits.address_space_kib,
-            staged=staged,
-        )
-        fds = {1: stdout, 2: stderr, exitwrap.STATUS_FD: status_w}
+        given = {**fds, exitwrap.STATUS_FD: status_w}
         if go_r is not None:
-            fds[exitwrap.GO_FD] = go_r
-        wrapper = spawn(wrapped, env, fds, default_signals=exitwrap.RESTORED)
+            given[exitwrap.GO_FD] = go_r
+        if path_r is not None:
+            given[exitwrap.EXIT_PATH_FD] = path_r
+        wrapper = spawn(argv, env, given, default_signals=exitwrap.RESTORED)
     except BaseException:
-        for fd in (status_r, go_w):
+        for fd in (status_r, go_w, path_w):
             if fd is not None:
                 os.close(fd)
         raise
     finally:
-        for fd in (status_w, go_r):
+        for fd in (status_w, go_r, path_r):
             if fd is not None:
                 os.close(fd)
-    return _Spawned(launch, wrapper, _StatusPipe(status_r), go_w, limits.cgroups, cwd)
+    return _Spawned(wrapper, _StatusPipe(status_r), go_w, cgroups, exit_path=path_w)
 
 
 class _Spawned:
     """A kernel's processes under way: the wrapper, what they say on the status pipe, and (for
     a staged kernel) the go pipe's write end; the agent is the only holder of that end, so the
-    kernel's processes end unstarted when it is closed or the agent dies."""
+    kernel's processes end unstarted when it is closed or the agent dies. A spare has no
+    launch until it is claimed."""
 
     def __init__(
         self,
-        launch: KernelLaunch,
         wrapper: Child,
         status: _StatusPipe,
         go: int | None,
         cgroups: tuple[Cgroup, ...],
-        cwd: Path,
+        *,
+        exit_path: int | None = None,
     ) -> None:
-        self.launch = launch
+        self.launch: KernelLaunch | None = None
+        self.cwd = Path("/")
         self.wrapper = wrapper
         self.cgroups = cgroups
-        self.cwd = cwd
         self._status = status
         self._go = go
+        self._exit_path = exit_path
 
-    async def ready(self) -> None:
-        """Until a staged kernel waits for go (OSError: it cannot, and was given up)."""
+    async def said(self, word: str) -> None:
+        """Until the kernel's side says `word` (`ready`: a staged kernel waits for go; `spare`:
+        a spare waits for its start script). OSError: it cannot, and was given up."""
         try:
             words = (await self._status.line()).split()
-            if words[:1] != ["ready"]:
+            if words[:1] != [word]:
                 raise await self._failure(words)
         except BaseException:
             await asyncio.shield(self.abandon())
             raise
+
+    async def claim(self, launch: KernelLaunch, cwd: Path, script: str) -> None:
+        """Make this spare `launch`'s staged kernel: it sources `script` (written to the
+        kernel's work directory for the moment), and says it is ready. OSError: it did not."""
+        assert self._go is not None and self._exit_path is not None, "not a spare"
+        path = launch.work_dir / START_SCRIPT
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        descriptor = os.open(path, flags, 0o600)  # the kernel's environment: the agent's only
+        try:
+            os.write(descriptor, script.encode(errors="surrogateescape"))
+        finally:
+            os.close(descriptor)
+        try:
+            # The exit file's path first: a spare that died unclaimed has its wrapper wait for
+            # it, holding the status pipe open; given it, the wrapper ends (the status it
+            # writes is removed with the ordinary staging that follows, see `_fresh_logs`).
+            os.write(self._exit_path, f"{launch.work_dir / EXIT_FILE}\n".encode())
+            os.close(self._exit_path)
+            self._exit_path = None
+            os.write(self._go, f"{path}\n".encode())
+            self.launch, self.cwd = launch, cwd
+            await self.said("ready")
+        finally:
+            path.unlink(missing_ok=True)
 
     async def run(self) -> ProcessIdentity:
         """Let the command run (a staged kernel is told to go); the kernel, once it runs.
@@ -553,6 +775,9 @@ class _Spawned:
     async def abandon(self) -> None:
         """End the kernel's processes unstarted (or what is left of them), remove its cgroups."""
         self._close_go()
+        if self._exit_path is not None:
+            os.close(self._exit_path)
+            self._exit_path = None
         self._status.close()
         await self.wrapper.wait()
         await release_cgroups(self.cgroups)

@@ -410,6 +410,12 @@ class SimulatedRuntime:
         """One line describing the profile."""
         return RuntimeNotes((f"simulated runtime, no processes; {self._profile.describe()}",))
 
+    async def open(self) -> None:
+        """Nothing to get ready."""
+
+    async def close(self) -> None:
+        """Nothing to give back."""
+
     async def preload(self, launch: KernelLaunch) -> None:
         """Wait the preload latency; maybe fail with image_pull_failure (retryable)."""
         if await self._stage_fails(self._profile.preload, self._profile.image_pull_failure):
