@@ -18,7 +18,12 @@ import pytest
 from corral.agent.runtime import KernelLaunch, OutputFile, StageFailure, _process_kernel
 from corral.agent.runtime import process as process_runtime
 from corral.agent.runtime._cgroups import Cgroup, CgroupProbe
-from corral.agent.runtime._kernel_record import RECORD_FILE, KernelRecord
+from corral.agent.runtime._kernel_record import (
+    RECORD_FILE,
+    KernelRecord,
+    ProcessIdentity,
+    running_since,
+)
 from corral.agent.runtime.process import ProcessKernel, ProcessRuntime
 from corral.domain.types import new_kernel_id, new_session_id
 from tests.conftest import IN_CI
@@ -582,3 +587,17 @@ def test_outputs_of_a_kernel_run_as_another_user_are_its_own_files_only(tmp_path
     for name in ("roots.txt", "link"):
         with pytest.raises(ValueError):
             _process_kernel._read_inside(outputs, name)
+
+
+async def test_a_kernel_that_leads_no_group_yet_is_signalled_alone() -> None:
+    """Between its `started` line and `setsid` the kernel is in its wrapper's group: a signal
+    for its group (none has its id yet) reaches the kernel itself, and only while the recorded
+    process is still the one that runs under that pid."""
+    child = await asyncio.create_subprocess_exec("sleep", "600")  # in this process's group
+    identity = ProcessIdentity(child.pid, running_since(child.pid))
+    stranger = ProcessIdentity(child.pid, (identity.start_ticks or 0) + 1)
+    _process_kernel.signal_kernel(stranger, signal.SIGKILL)  # not the recorded process: spared
+    assert not process_gone(child.pid)
+    _process_kernel.signal_kernel(identity, signal.SIGKILL)
+    assert await child.wait() == -signal.SIGKILL
+    _process_kernel.signal_kernel(identity, signal.SIGKILL)  # gone: nothing to do, no error

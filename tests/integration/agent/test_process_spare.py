@@ -212,9 +212,10 @@ async def test_close_ends_the_spare_and_none_is_made_again(tmp_path: Path) -> No
 async def test_a_killed_agents_spare_ends_and_the_next_open_removes_its_cgroups(
     tmp_path: Path,
 ) -> None:
-    """An agent killed with a spare (its go pipe closed by its death, as here by hand) leaves
-    the spare's processes to end by themselves (ABANDONED) and its empty cgroups behind; the
-    next runtime's open removes them, and never a cgroup a kernel still runs in."""
+    """An agent killed with a spare closes its pipes by dying (as here by hand): the spare ends
+    by itself (ABANDONED), its empty cgroups left behind. The next runtime's open removes the
+    empty spare cgroups of agents that are gone, and never one a kernel still runs in, nor one
+    a live agent on the same host is making its spare in."""
     dead = ProcessRuntime(spare=True)
     require_cpu_cgroups(dead)
     await dead.open()
@@ -225,24 +226,29 @@ async def test_a_killed_agents_spare_ends_and_the_next_open_removes_its_cgroups(
     spare._exit_path = None
     spare._status.close()
     assert await spare.wrapper.wait() == exitwrap.ABANDONED
-    left = [cgroup.path for cgroup in spare.cgroups]
-    assert all(path.exists() for path in left)
+    own = [cgroup.path for cgroup in spare.cgroups]  # this (live) process's: as another agent's
     parent = dead._cgroups.parent("cpu")
     assert parent is not None
-    in_use = parent.path / f"{SPARE_PREFIX}in-use"  # as a kernel that took a spare on v2 is
-    in_use.mkdir()
+    gone = await asyncio.create_subprocess_exec("true")
+    await gone.wait()  # a pid no agent has any more
+    left = parent.path / f"{SPARE_PREFIX}{gone.pid}-left"
+    in_use = parent.path / f"{SPARE_PREFIX}{gone.pid}-in-use"  # a kernel that took it runs on
+    for path in (left, in_use):
+        path.mkdir()
     sleeper = await asyncio.create_subprocess_exec("sleep", "600")
     try:
         (in_use / "cgroup.procs").write_text(f"{sleeper.pid}\n")
         runtime = ProcessRuntime(spare=True)
         await runtime.open()
-        assert not any(path.exists() for path in left)
+        assert not left.exists()
         assert in_use.exists()
+        assert all(path.exists() for path in own)
         await runtime.close()
     finally:
         sleeper.kill()
         await sleeper.wait()
-        await eventually(lambda: _removed(in_use), "the emptied cgroup to be removed")
+        for path in (in_use, *own):
+            await eventually(lambda path=path: _removed(path), "the emptied cgroup to be removed")
 
 
 def _removed(cgroup: Path) -> bool:

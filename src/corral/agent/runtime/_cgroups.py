@@ -14,7 +14,7 @@ import logging
 import os
 import re
 import signal
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import field
 from pathlib import Path
 
@@ -116,14 +116,15 @@ class CgroupProbe:
             raise
         return tuple(made)
 
-    def remove_empty(self, prefix: str) -> None:
-        """Remove the cgroups named `prefix...` under the parents that nothing is in (left by an
-        agent that was killed); one still in use stays (EBUSY)."""
+    def remove_empty(self, prefix: str, stale: Callable[[str], bool]) -> None:
+        """Remove the cgroups named `prefix...` under the parents whose name `stale` accepts
+        (left by an agent that was killed) and that nothing is in; one in use stays (EBUSY)."""
         for parent in self.parents:
             with contextlib.suppress(OSError):
                 for child in parent.path.glob(f"{prefix}*"):
-                    with contextlib.suppress(OSError):
-                        child.rmdir()
+                    if stale(child.name):
+                        with contextlib.suppress(OSError):
+                            child.rmdir()
 
 
 def probe_cgroups(controllers: Iterable[str]) -> CgroupProbe:

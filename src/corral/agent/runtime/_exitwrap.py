@@ -2,21 +2,24 @@
 
 The agent starts `sh -c WRAPPER_SCRIPT corral-wrapper DIR EXIT_FILE SETSID PROCS... -- AS GO
 ARGV...` in a session of its own, the status pipe on fd 3 (`argv()` builds it; `process._spawn`
-starts it). The wrapper changes to DIR, then runs the kernel in the foreground through `setsid`
-and a second `sh`: the kernel leads a session and process group of its own, as it would without
-the wrapper, and gets the default signal dispositions (a background job of a shell would have
-SIGINT and SIGQUIT ignored). That second `sh` applies the kernel's limits to itself — it writes
-its pid into each cgroup's `cgroup.procs` file PROCS, and sets RLIMIT_AS to AS KiB unless AS is
-`-` — so they hold before ARGV runs and nothing it forks escapes them. A staged kernel (GO is
+starts it). The wrapper changes to DIR, then runs the kernel's side in the foreground, as a
+subshell (a fork of the wrapper, no exec) that ends by exec'ing ARGV through `setsid`: the kernel
+leads a session and process group of its own, as it would without the wrapper, and gets the
+default signal dispositions (a background job of a shell would have SIGINT and SIGQUIT
+ignored). That subshell applies the kernel's limits to itself — it writes its pid into each
+cgroup's `cgroup.procs` file PROCS, and sets RLIMIT_AS to AS KiB unless AS is `-` — so they
+hold before ARGV runs and nothing it forks escapes them. A staged kernel (GO is
 `5`: the read end of the go pipe is fd 5) then writes `ready <pid>` to fd 3 and waits until the
 agent writes a line to the go pipe; if the pipe closes instead (the agent gave the kernel up, or
 died), it exits ABANDONED without running ARGV. Then it writes one line to fd 3 and execs ARGV:
 `started <pid>`; or, instead, `failed <errno> <message>` when ARGV[0] is no command it can find,
-`failed - <message>` when a limit could not be applied. When the kernel ends, the wrapper writes
+`failed - <message>` when a limit could not be applied. (In the moment between `started` and
+`setsid`, the kernel is still in the wrapper's group, so a signal for its group that finds none
+goes to the kernel alone: `_process_kernel.signal_kernel`.) When the kernel ends, the wrapper writes
 its status to EXIT_FILE (`{"exit_code": N}`, negative: killed by signal -N) and ends the same
 way, so a parent waiting for the wrapper sees the kernel's own status.
 
-A spare (`spare_argv`: EXIT_FILE is `-`, and PROCS... -- `spare`) is the same pair of shells
+A spare (`spare_argv`: EXIT_FILE is `-`, and PROCS... -- `spare`) is the same wrapper and subshell
 made before any kernel is known, with no environment: after joining its cgroups the kernel's
 side writes `spare <pid>` to fd 3 and waits for a line on fd 5 naming a script to source
 (`spare_start`), which changes to the kernel's directory, exports its environment, sends its
@@ -24,10 +27,10 @@ output to the logs and sets AS GO ARGV, so the staged kernel's course follows; t
 reads its EXIT_FILE's path from fd 6 once the kernel ended (none there: the spare was never
 taken, nothing is written).
 
-Why staged: everything up to the command — three execs and, where the kernel has cgroups, its
-move into them, which on cgroup v1 waits for an RCU grace period (5 to 15 ms) unless another move
-happened just before — is done while the kernel is prepared, so that starting it is one line on
-a pipe.
+Why staged: everything up to the command — an exec, a fork and, where the kernel has cgroups,
+its move into them, which on cgroup v1 waits for an RCU grace period (5 to 15 ms) unless another
+move happened just before — is done while the kernel is prepared, so that starting it is one line
+on a pipe (and two execs: `setsid`, ARGV).
 
 Why a wrapper: an agent restarted under the `leave` policy is not the kernel's parent and cannot
 wait for it; the file tells it how the kernel ended. The wrapper stays outside the kernel's
@@ -44,7 +47,9 @@ internal signals (32 and 33) ignored, which glibc programs re-arm at start anywa
 A shell reports a command killed by signal N as status 128 + N, so a kernel that exits with a
 code above 128 by itself is recorded as killed by that signal (exit 137 reads as -9), the way
 Docker and Kubernetes report both. This replaced a Python wrapper (`python -I -S`), which cost
-~16 ms of CPU for every kernel started (the interpreter's start-up) against ~1 ms for `sh`.
+~16 ms of CPU for every kernel started (the interpreter's start-up) against ~1 ms for `sh`; the
+kernel's side was a second `sh` exec'd by `setsid` until session 36 (an exec costs ~0.5 ms of
+CPU on the development VM, much of it glibc's start-up asking the CPU for its caches).
 """
 
 from __future__ import annotations
@@ -74,22 +79,27 @@ EXIT_PATH_FD = 6  # a spare's wrapper reads its EXIT_FILE here once the kernel e
 EXIT_PATH_LATER = "-"  # EXIT_FILE of a spare's wrapper: read from EXIT_PATH_FD
 _CGROUP_FAILED = f"failed {NO_ERRNO} cannot move the kernel into its cgroup ($1)"
 _LIMIT_FAILED = f"failed {NO_ERRNO} cannot limit its address space to $1 KiB"
-# The kernel's side, run by the second `sh` after `setsid`: enter the cgroups, (a spare: say so,
-# wait for its start script and source it), limit the address space, wait to be started if
-# staged, report, close the pipe, become ARGV.
+# The kernel's side, a subshell of the wrapper (a fork, no exec): learn its own pid ($$ is the
+# wrapper's; a `cd -P` to /proc/self names it, and a `cd` back restores PWD and OLDPWD), enter
+# the cgroups, (a spare: say so, wait for its start script and source it), limit the address
+# space, wait to be started if staged, report, close the pipe, become ARGV in a session of its
+# own through `setsid` (util-linux's calls setsid(2) and execs, keeping the pid).
 _KERNEL_SCRIPT = (
     f"exec 2>&4 4>&- {EXIT_PATH_FD}<&-; "
-    f'until [ "$1" = -- ]; do echo $$ > "$1" || {{ echo "{_CGROUP_FAILED}" >&3; exit 126; }}; '
+    "o=${OLDPWD-} h=${OLDPWD+1}; "
+    'cd -P /proc/self && me=${PWD##*/} && cd -- "$OLDPWD" || exit 126; '
+    'if [ "$h" ]; then OLDPWD=$o; else unset OLDPWD; fi; '
+    f'until [ "$1" = -- ]; do echo "$me" > "$1" || {{ echo "{_CGROUP_FAILED}" >&3; exit 126; }}; '
     "shift; done; shift; "
-    f'[ "$1" = {SPARE} ] && {{ echo "{SPARE} $$" >&3; '
+    f'[ "$1" = {SPARE} ] && {{ echo "{SPARE} $me" >&3; '
     f'read -r start <&{GO_FD} || exit {ABANDONED}; . "$start"; }}; '
     f'[ "$1" = {NO_ADDRESS_LIMIT} ] || ulimit -v "$1"'
     f' || {{ echo "{_LIMIT_FAILED}" >&3; exit 126; }}; shift; '
-    f'[ "$1" = {NOT_STAGED} ] || {{ echo "ready $$" >&3; '
+    f'[ "$1" = {NOT_STAGED} ] || {{ echo "ready $me" >&3; '
     f"read -r go <&{GO_FD} || exit {ABANDONED}; exec {GO_FD}<&-; }}; shift; "
     'command -v -- "$1" >/dev/null 2>&1'
     ' || { echo "failed 2 No such file or directory: $1" >&3; exit 127; }; '
-    'echo "started $$" >&3; exec 3>&-; exec "$@"'
+    'echo "started $me" >&3; exec 3>&-; exec "$setsid" -- "$@"'
 )
 # $1: the directory to start in, $2: the exit file (EXIT_PATH_LATER: read from EXIT_PATH_FD once
 # the kernel ended; nothing there, none is written), $3: setsid, the rest: the kernel script's
@@ -105,7 +115,7 @@ shift 3
 exec 4>&2 2>/dev/null
 trap : TERM INT
 ulimit -c 0
-"$setsid" {SHELL} -c '{_KERNEL_SCRIPT}' corral-kernel "$@"
+({_KERNEL_SCRIPT})
 status=$?
 if [ "$status" -gt 128 ] && [ "$status" -le 192 ]; then status=$((128 - status)); fi
 if [ "$exit_file" = {EXIT_PATH_LATER} ]; then exit_file=; read -r exit_file <&{EXIT_PATH_FD}; fi

@@ -33,7 +33,7 @@ from corral.agent.runtime import (
 )
 from corral.agent.runtime._cgroups import release_cgroups
 from corral.agent.runtime._children import Child
-from corral.agent.runtime._kernel_record import KernelRecord, RecordError
+from corral.agent.runtime._kernel_record import KernelRecord, ProcessIdentity, RecordError
 from corral.domain.failure_causes import FailureCause
 
 logger = logging.getLogger(__name__)
@@ -135,8 +135,7 @@ class _HostKernel:
         # The kernel leads its own session, so its pid is the group id. Once it is reaped the id
         # stays reserved while any member lives; an empty group just reports ESRCH.
         if self._may_signal():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._record.kernel.pid, sig)
+            signal_kernel(self._record.kernel, sig)
 
     async def _finish(self, code: int | None) -> KernelExit:
         """The kernel ended with `code` (None: lost): clean up after it, say how it ended."""
@@ -270,3 +269,15 @@ def _read_inside(root: Path, name: str) -> bytes:
         if not S_ISREG(stat.st_mode) or kernel_uid not in (None, stat.st_uid):
             raise ValueError(f"output {name!r} is not a file of the kernel's own")
         return file.read()
+
+
+def signal_kernel(kernel: ProcessIdentity, sig: signal.Signals) -> None:
+    """`sig` to the kernel's process group; to the kernel alone in the moment after its
+    `started` line, before `setsid` made it a group's leader (ESRCH for its group then), while
+    it is still the recorded process."""
+    try:
+        os.killpg(kernel.pid, sig)
+    except ProcessLookupError:
+        if kernel.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(kernel.pid, sig)

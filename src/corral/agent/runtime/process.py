@@ -76,7 +76,7 @@ from corral.agent.runtime._kernel_record import (
     RecordError,
     running_since,
 )
-from corral.agent.runtime._process_kernel import AdoptedKernel, ProcessKernel
+from corral.agent.runtime._process_kernel import AdoptedKernel, ProcessKernel, signal_kernel
 from corral.agent.runtime._run_as import RunAs, give_to
 from corral.domain.failure_causes import FailureCause
 from corral.domain.record import record
@@ -247,7 +247,7 @@ class ProcessRuntime:
         spares an agent killed before left behind are removed."""
         self._open = True
         if self._spare_wanted:
-            self._cgroups.remove_empty(SPARE_PREFIX)
+            self._cgroups.remove_empty(SPARE_PREFIX, _of_a_dead_agent)
             self._make_spare()
 
     async def close(self) -> None:
@@ -441,7 +441,8 @@ class ProcessRuntime:
     async def _new_spare(self) -> _Spawned | None:
         """A spare, waiting in its cgroups (None, said in the log, when one cannot be made)."""
         try:
-            cgroups = self._cgroups.create_unlimited(f"{SPARE_PREFIX}{uuid.uuid4().hex[:16]}")
+            name = f"{SPARE_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+            cgroups = self._cgroups.create_unlimited(name)
             try:
                 spare = _spawn_spare(cgroups, self._setsid)
             except OSError:
@@ -567,6 +568,21 @@ def _located(name: str, location: Path) -> _Image:
             "executable; fix the agent's image configuration",
         )
     return image
+
+
+def _of_a_dead_agent(name: str) -> bool:
+    """Whether a spare's cgroup (`corral-spare-<agent pid>-<hex>`) is a dead agent's: another
+    agent on this host may be making its spare in an empty one of its own just now."""
+    pid = name.removeprefix(SPARE_PREFIX).partition("-")[0]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def _cgroup_limits(launch: KernelLaunch) -> dict[str, int]:
@@ -760,8 +776,8 @@ class _Spawned:
         except asyncio.CancelledError:
             words = (await answer).split()
             if words[:1] == ["started"]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(int(words[1]), signal.SIGKILL)
+                pid = int(words[1])
+                signal_kernel(ProcessIdentity(pid, running_since(pid)), signal.SIGKILL)
             await asyncio.shield(self.abandon())
             raise
         if words[:1] == ["started"] and len(words) == 2:
