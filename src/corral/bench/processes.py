@@ -3,9 +3,9 @@
 A `corral manager` and one `corral agent --runtime process` run as separate processes, as a user
 runs them, on a scratch database. The harness submits `--jobs` sessions of `true` (or of `sleep
 S` with `--sleep S`) over REST (one cpu each, the agent offering `--slots` cpus) and waits for
-all of them to end: with `--submit each` one POST per session, 32 in flight (a submit loop; the
-harness's HTTP client then takes most of a core of the two itself), with `--submit array` one
-job array of them in one request (`sbatch --array`'s way).
+all of them to end: with `--submit each` one POST per session, 32 in flight (a submit loop, on
+the lean kept-alive client of `corral bench api`: httpx took most of a core of the two itself),
+with `--submit array` one job array of them in one request (`sbatch --array`'s way).
 From the sessions' `session.status_changed` events (the manager's clock) it reports jobs/s end
 to end and the makespan (with `--sleep`, against the ideal: the jobs in waves of `--slots`),
 submit → RUNNING p50/p95 (from the session's creation), the median time in each phase;
@@ -41,6 +41,7 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 
+from corral.bench._http import HttpError, KeepAliveClient
 from corral.bench._scratch import scratch_database
 from corral.bench.chaos.processes import Fleet, Manager, Supervised
 from corral.domain.images import default_image
@@ -210,20 +211,29 @@ async def _submit(url: str, token: str, count: int, job: dict[str, Any]) -> tupl
     ids: list[str] = []
     failed = 0
     left = list(range(count))
-    headers = {"Authorization": f"Bearer {token}"}
     run = uuid.uuid4().hex[:8]
+    client = KeepAliveClient(url, token=token, timeout_s=30.0)
 
-    async def worker(http: httpx.AsyncClient) -> None:
+    async def worker() -> None:
         nonlocal failed
         while left:
             body = {**job, "creation_id": f"bench-{run}-{left.pop()}"}
-            answer, lost = await _post(http, f"{url}/v1/sessions", body, headers)
-            failed += lost
-            ids.append(str(answer["id"]))
+            for _ in range(MAX_SENDS):
+                try:
+                    reply = await client.request("POST", "/v1/sessions", body)
+                    break
+                except HttpError:
+                    failed += 1
+            else:
+                raise ProcessesBenchError(f"POST /v1/sessions failed {MAX_SENDS} times in a row")
+            if reply.status not in (200, 201):
+                raise ProcessesBenchError(f"POST /v1/sessions: {reply.status} {reply.text}")
+            ids.append(str(reply.json()["id"]))
 
-    limits = httpx.Limits(max_connections=SUBMIT_CONCURRENCY)
-    async with httpx.AsyncClient(timeout=30.0, limits=limits) as http:
-        await asyncio.gather(*(worker(http) for _ in range(SUBMIT_CONCURRENCY)))
+    try:
+        await asyncio.gather(*(worker() for _ in range(SUBMIT_CONCURRENCY)))
+    finally:
+        await client.close()
     return ids, failed
 
 
