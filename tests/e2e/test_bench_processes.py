@@ -39,6 +39,7 @@ def test_bench_processes_runs_every_job_and_prints_its_figures(tmp_path: Path) -
     assert output["cli_submit_to_start_ms"]["p50"] > output["cli_call_ms_p50"] / 2
     assert "CREATING->RUNNING" in output["rest_phase_p50_ms"]
     assert output["submit_transport_errors"] >= 0  # counted (issue 35: should be 0 under load)
+    assert output["creates_per_s"] > 0
 
 
 def test_bench_processes_submits_one_job_array_like_sbatch_array(tmp_path: Path) -> None:

@@ -10,8 +10,9 @@ From the sessions' `session.status_changed` events (the manager's clock) it repo
 to end and the makespan (with `--sleep`, against the ideal: the jobs in waves of `--slots`),
 submit → RUNNING p50/p95 (from the session's creation), the median time in each phase;
 from /proc, the CPU the manager, the agent and the kernels (the agent's reaped children: the
-exit-status wrappers and the kernels under them) spent per job; and how many POSTs lost their
-connection without an answer (each is sent again with its creation id, so counted once).
+exit-status wrappers and the kernels under them) spent per job; how many POSTs lost their
+connection without an answer (each is sent again with its creation id, so counted once), and
+how fast the API took the sessions in (`creates_per_s`, while the first of them ran).
 
 Then, on the idle cluster, one session at a time: `--latency` sessions POSTed over REST, and
 `--cli` calls of `corral run --detach`, each of `date +%s.%N`, the kernel's first act, whose
@@ -142,6 +143,7 @@ async def run_processes_bench(
                 submitted, failed = await _submit_array(manager.url, token, jobs, body)
             else:
                 submitted, failed = await _submit(manager.url, token, jobs, body)
+            submit_s = time.monotonic() - begun
             if not await _until_ended(db, timeout_s - (time.monotonic() - begun)):
                 raise ProcessesBenchError(f"the {jobs} jobs did not all end in {timeout_s} s")
             cpu_after = {p.name: _cpu_s(p) for p in (manager, agent)}
@@ -179,6 +181,8 @@ async def run_processes_bench(
         "cli_call_ms_p50": round(statistics.median(cli), 1) if cli else None,
         # Issue 35: a POST whose connection closed with no answer (sent again); should be 0.
         "submit_transport_errors": failed,
+        # How fast the API took the jobs in, while the first of them ran (`each`: ≥ 500/s).
+        "creates_per_s": round(jobs / submit_s, 1) if submit_s > 0 else None,
     }
 
 
