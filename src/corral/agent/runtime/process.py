@@ -724,6 +724,7 @@ class _Spawned:
         self._status = status
         self._go = go
         self._exit_path = exit_path
+        self._abandoned = False
 
     async def said(self, word: str) -> None:
         """Until the kernel's side says `word` (`ready`: a staged kernel waits for go; `spare`:
@@ -789,7 +790,11 @@ class _Spawned:
         raise failure
 
     async def abandon(self) -> None:
-        """End the kernel's processes unstarted (or what is left of them), remove its cgroups."""
+        """End the kernel's processes unstarted (or what is left of them), remove its cgroups
+        (once: again, nothing to do)."""
+        if self._abandoned:
+            return
+        self._abandoned = True
         self._close_go()
         if self._exit_path is not None:
             os.close(self._exit_path)
