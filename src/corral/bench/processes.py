@@ -42,7 +42,7 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 
-from corral.bench._http import HttpError, KeepAliveClient
+from corral.bench._http import Http, HttpError, HttpxClient, KeepAliveClient
 from corral.bench._scratch import scratch_database
 from corral.bench.chaos.processes import Fleet, Manager, Supervised
 from corral.domain.images import default_image
@@ -222,17 +222,9 @@ async def _submit(url: str, token: str, count: int, job: dict[str, Any]) -> tupl
         nonlocal failed
         while left:
             body = {**job, "creation_id": f"bench-{run}-{left.pop()}"}
-            for _ in range(MAX_SENDS):
-                try:
-                    reply = await client.request("POST", "/v1/sessions", body)
-                    break
-                except HttpError:
-                    failed += 1
-            else:
-                raise ProcessesBenchError(f"POST /v1/sessions failed {MAX_SENDS} times in a row")
-            if reply.status not in (200, 201):
-                raise ProcessesBenchError(f"POST /v1/sessions: {reply.status} {reply.text}")
-            ids.append(str(reply.json()["id"]))
+            answer, lost = await _post(client, "/v1/sessions", body)
+            failed += lost
+            ids.append(str(answer["id"]))
 
     try:
         await asyncio.gather(*(worker() for _ in range(SUBMIT_CONCURRENCY)))
@@ -247,28 +239,31 @@ async def _submit_array(
     """Submit `count` sessions as one job array (indices 0 to count - 1); their ids, and how
     many requests failed on the wire (sent again with the array's creation id)."""
     body = {**job, "array": f"0-{count - 1}", "creation_id": f"bench-{uuid.uuid4().hex}"}
-    headers = {"Authorization": f"Bearer {token}"}
-    async with httpx.AsyncClient(timeout=60.0) as http:
-        answer, failed = await _post(http, f"{url}/v1/arrays", body, headers)
+    async with _httpx(url, token, timeout_s=60.0) as http:
+        answer, failed = await _post(HttpxClient(http), "/v1/arrays", body)
     return [str(element["session_id"]) for element in answer["elements"]], failed
 
 
-async def _post(
-    http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]
-) -> tuple[dict[str, Any], int]:
+def _httpx(url: str, token: str, *, timeout_s: float) -> httpx.AsyncClient:
+    """An httpx client of the manager at `url`, with the bench user's token."""
+    headers = {"Authorization": f"Bearer {token}"}
+    return httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout_s)
+
+
+async def _post(client: Http, path: str, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
     """The created (or found again) entity's JSON, and how many sends lost their connection
     with no answer (each sent again: the body's creation id makes it the same submission)."""
     lost = 0
     for _ in range(MAX_SENDS):
         try:
-            reply = await http.post(url, json=body, headers=headers)
+            reply = await client.request("POST", path, body)
             break
-        except httpx.TransportError:
+        except HttpError:
             lost += 1
     else:
-        raise ProcessesBenchError(f"POST {url} failed {MAX_SENDS} times in a row")
-    if reply.status_code not in (200, 201):
-        raise ProcessesBenchError(f"POST {url}: {reply.status_code} {reply.text}")
+        raise ProcessesBenchError(f"POST {path} failed {MAX_SENDS} times in a row")
+    if reply.status not in (200, 201):
+        raise ProcessesBenchError(f"POST {path}: {reply.status} {reply.text}")
     answer: dict[str, Any] = reply.json()
     return answer, lost
 
@@ -358,11 +353,11 @@ async def _rest_starts(url: str, token: str, count: int) -> tuple[list[str], lis
     headers = {"Authorization": f"Bearer {token}"}
     run = uuid.uuid4().hex[:8]
     ids, starts = [], []
-    async with httpx.AsyncClient(timeout=30.0) as http:
+    async with _httpx(url, token, timeout_s=30.0) as http:
         for index in range(count):
             body = {**CLOCK_BODY, "creation_id": f"bench-clock-{run}-{index}"}
             sent = time.time()
-            answer, _ = await _post(http, f"{url}/v1/sessions", body, headers)
+            answer, _ = await _post(HttpxClient(http), "/v1/sessions", body)
             ids.append(str(answer["id"]))
             started = await _start_time(http, url, ids[-1], headers)
             starts.append((started - sent) * 1000)

@@ -125,8 +125,9 @@ if [ "$status" -lt 0 ]; then trap - TERM INT; kill -s "$((-status))" $$; exit $(
 exit "$status"
 """
 # Variables a spare's start script must not set with `export`: the shell's own (they would
-# change how the rest of the kernel's side runs), PWD (its `cd` sets it, as the wrapper's does).
-_SHELL_OWN = frozenset({"IFS", "PS1", "PS2", "PS4", "OPTIND", "PPID", "LINENO", "ENV", "PWD"})
+# change how the rest of the kernel's side runs). PWD is left out of it: its `cd` sets it, as
+# the wrapper's does.
+_SHELL_OWN = frozenset({"IFS", "PS1", "PS2", "PS4", "OPTIND", "PPID", "LINENO", "ENV"})
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
@@ -176,7 +177,7 @@ def spare_argv(setsid: str, *, cgroup_procs: Sequence[str] = ()) -> list[str]:
 def can_take_spare(env: Mapping[str, str]) -> bool:
     """Whether a spare's start script can give the kernel exactly `env` (a shell can export
     only variables with names, and sets some of its own)."""
-    return all(_NAME.match(name) and name not in _SHELL_OWN for name in env if name != "PWD")
+    return all(_NAME.match(name) and name not in _SHELL_OWN for name in env)
 
 
 def spare_start(

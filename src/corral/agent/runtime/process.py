@@ -191,20 +191,20 @@ class ProcessRuntime:
         self._spare: asyncio.Task[_Spawned | None] | None = None  # made, or being made
         self._spare_due: asyncio.TimerHandle | None = None
         self._open = False
+        spared = (
+            "a spare kernel process waits in cgroups of its own to take that wait off a lone "
+            "kernel's start; "
+            if self._spare_wanted
+            else ""
+        )
         self._moves_note: tuple[str, ...] = ()
         if self._cgroups.parents:
             self._moves_note = (
                 "cgroup moves: quick (a cgroup2 hierarchy is mounted with favordynmods)"
                 if self._cgroups.quick_moves
                 else "cgroup moves: a kernel's move into its cgroups may wait for an RCU grace "
-                "period (5-16 ms on an idle host); "
-                + (
-                    "a spare kernel process waits in cgroups of its own to take that wait off "
-                    "a lone kernel's start; "
-                    if self._spare_wanted
-                    else ""
-                )
-                + "mounting cgroup2 with favordynmods (Linux 6.0 or newer) avoids it",
+                f"period (5-16 ms on an idle host); {spared}mounting cgroup2 with favordynmods "
+                "(Linux 6.0 or newer) avoids it",
             )
 
     @property
