@@ -125,7 +125,9 @@ def _next_page(page: QueuePage | None, snapshot: GroupSnapshot, plan: Plan) -> Q
     last = plan.order[-1]
     by_eviction = snapshot.options.wait_for_kernels_ready.requeues_by_eviction
     session = next(s for s in snapshot.read if s.id == last)
-    return QueuePage(page.size, QueuePlace.of(session, by_eviction=by_eviction))
+    return QueuePage(
+        page.size, QueuePlace.of(session, by_eviction=by_eviction), number=page.number + 1
+    )
 
 
 def _worth_overlapping(snapshot: GroupSnapshot) -> bool:

@@ -36,7 +36,12 @@ from corral.store.scheduling import (
 )
 
 # A page of the queue ends where the group's free slots run out (`read_queue_page`), but holds
-# at least this many sessions (or the whole page, if smaller).
+# at least PAGE_AT_LEAST_FIRST sessions on a pass's first page and twice as many on each page
+# after it, up to PAGE_AT_LEAST (or the whole page, if smaller). A pass that fills the few
+# slots a few ended jobs freed reads a few sessions more than fit, not 256 (each judged and
+# noted as waiting). Sessions that take nothing of what is free (waiting for a dependency)
+# still let a pass read on, in pages that grow.
+PAGE_AT_LEAST_FIRST = 16
 PAGE_AT_LEAST = 256
 
 
@@ -82,7 +87,7 @@ async def load_snapshot(
                 limit=page.size if paged else None,
                 after=page.after if paged else None,
                 free=pool.free_in_total() if paged else None,
-                at_least=min(page.size, PAGE_AT_LEAST),
+                at_least=page_at_least(page),
             )
             candidates = [PendingSession.of(s) for s in read.sessions]
         else:
@@ -141,6 +146,11 @@ async def load_snapshot(
             owner: OwnerAccess(name, role == ADMIN_ROLE) for owner, (name, role) in owners.items()
         },
     )
+
+
+def page_at_least(page: QueuePage) -> int:
+    """The fewest sessions `page` holds, however little the group has free."""
+    return min(page.size, PAGE_AT_LEAST, PAGE_AT_LEAST_FIRST << min(page.number, 16))
 
 
 def owners_to_judge(

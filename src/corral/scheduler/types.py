@@ -26,10 +26,12 @@ BoolArray = npt.NDArray[np.bool_]
 @record
 class QueuePage:
     """Which part of a group's queue a pass reads: up to `size` sessions, in queue order,
-    after the session at `after` (from the head when None)."""
+    after the session at `after` (from the head when None). `number` counts the pass's pages
+    read before this one: the least a page holds grows with it (`load_snapshot`)."""
 
     size: int
     after: QueuePlace | None = None
+    number: int = 0
 
 
 @dataclass(slots=True)

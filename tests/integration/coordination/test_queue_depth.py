@@ -187,3 +187,43 @@ async def test_sessions_that_take_no_capacity_let_the_pass_read_on(
     assert {await c.status(sid) for sid in too_large} == {S.CANCELLED}
     assert [await c.status(sid) for sid in small] == [S.PREPARING, S.PREPARING, S.PENDING]
     assert run.targets == 6
+
+
+async def test_a_pass_reads_a_few_more_than_fit_not_a_whole_floor(db: Database) -> None:
+    """One core frees up with a hundred one-core sessions queued: the pass reads its first
+    page's floor (PAGE_AT_LEAST_FIRST), places one and notes the others read as waiting; the
+    rest of the queue is not read, so not noted."""
+    c = await make_cluster(db, [{"cpu": 1000}])
+    queued = await submit_in_turn(c, 100)
+
+    run = await schedule(c)
+
+    assert (run.targets, run.changed) == (snapshot.PAGE_AT_LEAST_FIRST, 1)
+    assert await c.status(queued[0]) is S.PREPARING
+    read = await notes(c, queued[1 : snapshot.PAGE_AT_LEAST_FIRST])
+    assert all(n is not None and ("no agent has room" in n or "waiting behind" in n) for n in read)
+    assert await notes(c, queued[snapshot.PAGE_AT_LEAST_FIRST :]) == [None] * (
+        100 - snapshot.PAGE_AT_LEAST_FIRST
+    )
+
+
+async def test_a_head_waiting_for_a_dependency_is_read_past_in_growing_pages(
+    db: Database,
+) -> None:
+    """Fifty sessions at the head wait for one that runs, and one core is free: they take
+    nothing, so the pass reads on, each page holding at least twice as many as the one before
+    (16, 32, 64), and places the first session behind them in the third."""
+    c = await make_cluster(db, [{"cpu": 2000}])
+    first = await c.submit()
+    assert (await schedule(c)).changed == 1
+    waiting = [await c.submit(dependencies=[str(first)]) for _ in range(50)]
+    c.clock.advance(1)
+    behind = await submit_in_turn(c, 100)
+
+    run = await schedule(c)
+
+    assert {await c.status(sid) for sid in waiting} == {S.PENDING}
+    assert await c.status(behind[0]) is S.PREPARING
+    assert {await c.status(sid) for sid in behind[1:]} == {S.PENDING}
+    floor = snapshot.PAGE_AT_LEAST_FIRST
+    assert run.targets == floor + 2 * floor + 4 * floor
