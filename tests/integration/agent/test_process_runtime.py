@@ -125,6 +125,23 @@ async def test_agent_secrets_stay_out_while_user_env_gets_in(
     assert await stdout_of(await run(runtime, launch)) == "None ok\n"
 
 
+# Names the exit-status wrapper's shell would use for its own variables, were they not
+# reserved ones: a user's variable of such a name reaches the kernel as the user gave it.
+WRAPPER_LIKE = ("old", "had_old", "exit_file", "setsid", "status", "o", "h", "me", "start", "go")
+
+
+async def test_user_variables_named_like_the_wrappers_own_reach_the_kernel_intact(
+    runtime: ProcessRuntime, run: Run, tmp_path: Path
+) -> None:
+    """The wrapper's shell keeps its own values in variables no user may set (CORRAL_*), so
+    none of the user's is overwritten (a shell exports what it imported from the environment,
+    with whatever value it was given since)."""
+    env = {name: f"user's {name}" for name in WRAPPER_LIKE}
+    script = "import os, sys; print(*(os.environ.get(n) for n in sys.argv[1:]), sep='|')"
+    launch = make_launch(tmp_path, ("python", "-c", script, *WRAPPER_LIKE), env=env)
+    assert await stdout_of(await run(runtime, launch)) == "|".join(env.values()) + "\n"
+
+
 async def test_exit_code_is_reported(runtime: ProcessRuntime, run: Run, tmp_path: Path) -> None:
     """A kernel exiting with 3 is reported as exit code 3 with no runtime failure cause."""
     kernel = await run(runtime, make_launch(tmp_path, ("python", "-c", "raise SystemExit(3)")))

@@ -19,6 +19,7 @@ from corral.agent.runtime.process import SPARE_PREFIX, ProcessKernel, ProcessRun
 from tests.integration.agent._support import eventually, process_gone
 from tests.integration.agent.test_process_runtime import (
     MIB,
+    WRAPPER_LIKE,
     cpu_quota_of,
     make_launch,
     require_cpu_cgroups,
@@ -92,7 +93,7 @@ async def test_a_lone_kernel_takes_the_spare_and_runs_as_an_ordinarily_staged_on
     mangle unquoted; directory; its own session and group; signals; limits), its logs and exit
     status are the same, and its record names its wrapper and kernel; a new spare follows."""
     spare = await spare_of(spared)
-    env = {"ODD": "a=b c'\"$x `y` \\n", "EMPTY": ""}
+    env = {"ODD": "a=b c'\"$x `y` \\n", "EMPTY": "", **{n: f"user's {n}" for n in WRAPPER_LIKE}}
     launch = make_launch(tmp_path, (REPORT,), image="shell", env=env)
     kernel = await staged_and_started(spared, launch)
     assert kernel.info["pid"] != spare.wrapper.pid
@@ -115,6 +116,7 @@ async def test_a_lone_kernel_takes_the_spare_and_runs_as_an_ordinarily_staged_on
     expected = (await reference.read_log("stdout", 0, 1 << 20)).decode()
     assert seen(report, kernel, launch) == seen(expected, reference, other)
     assert f"ODD={env['ODD']}" in report and "EMPTY=" in report.splitlines()
+    assert {f"{n}=user's {n}" for n in WRAPPER_LIKE} <= set(report.splitlines())
     assert "<pid> <pid>" in seen(report, kernel, launch)  # leads its own group and session
     assert await kernel.read_log("stderr", 0, 100) == b"oops\n"
     assert (launch.work_dir / EXIT_FILE).read_text() == '{"exit_code": 3}\n'

@@ -40,6 +40,9 @@ not end it (a shell runs its traps only once its foreground command ended): sign
 group, whose id is the kernel's pid. The wrapper's own messages (a shell names the signal that
 killed its foreground command) go to /dev/null; the kernel's stderr is passed on as fd 4.
 
+The shells keep their own values in variables named CORRAL_SH_* (`_V`): a shell exports each
+variable it imported from the environment, with the value it last set, so a name a user may
+give (`go`, `exit_file`) would have reached the kernel with the wrapper's value.
 Two traces of the shells are left on the kernel: PWD names the directory it starts in (a shell
 exports it; true, as a shell-started program sees it), and glibc's `posix_spawn` leaves its two
 internal signals (32 and 33) ignored, which glibc programs re-arm at start anyway.
@@ -77,6 +80,10 @@ NO_ERRNO = "-"  # `failed - <message>`: a failure no errno names
 SPARE = "spare"  # AS of a spare: what it runs comes later, as a script to source (`spare_start`)
 EXIT_PATH_FD = 6  # a spare's wrapper reads its EXIT_FILE here once the kernel ended
 EXIT_PATH_LATER = "-"  # EXIT_FILE of a spare's wrapper: read from EXIT_PATH_FD
+# The wrapper's own shell variables are named CORRAL_SH_*: a user may set no CORRAL_* variable
+# (`RESERVED_ENV_PREFIX`) and the agent sets none of these, so none is imported from the
+# kernel's environment, and none of the user's is changed and exported on to the kernel.
+_V = "CORRAL_SH_"
 _CGROUP_FAILED = f"failed {NO_ERRNO} cannot move the kernel into its cgroup ($1)"
 _LIMIT_FAILED = f"failed {NO_ERRNO} cannot limit its address space to $1 KiB"
 # The kernel's side, a subshell of the wrapper (a fork, no exec): learn its own pid ($$ is the
@@ -86,43 +93,45 @@ _LIMIT_FAILED = f"failed {NO_ERRNO} cannot limit its address space to $1 KiB"
 # own through `setsid` (util-linux's calls setsid(2) and execs, keeping the pid).
 _KERNEL_SCRIPT = (
     f"exec 2>&4 4>&- {EXIT_PATH_FD}<&-; "
-    "o=${OLDPWD-} h=${OLDPWD+1}; "
-    'cd -P /proc/self && me=${PWD##*/} && cd -- "$OLDPWD" || exit 126; '
-    'if [ "$h" ]; then OLDPWD=$o; else unset OLDPWD; fi; '
-    f'until [ "$1" = -- ]; do echo "$me" > "$1" || {{ echo "{_CGROUP_FAILED}" >&3; exit 126; }}; '
-    "shift; done; shift; "
-    f'[ "$1" = {SPARE} ] && {{ echo "{SPARE} $me" >&3; '
-    f'read -r start <&{GO_FD} || exit {ABANDONED}; . "$start"; }}; '
+    f"{_V}O=${{OLDPWD-}} {_V}H=${{OLDPWD+1}}; "
+    f'cd -P /proc/self && {_V}ME=${{PWD##*/}} && cd -- "$OLDPWD" || exit 126; '
+    f'if [ "${_V}H" ]; then OLDPWD=${_V}O; else unset OLDPWD; fi; '
+    f'until [ "$1" = -- ]; do echo "${_V}ME" > "$1" || '
+    f'{{ echo "{_CGROUP_FAILED}" >&3; exit 126; }}; shift; done; shift; '
+    f'[ "$1" = {SPARE} ] && {{ echo "{SPARE} ${_V}ME" >&3; '
+    f'read -r {_V}START <&{GO_FD} || exit {ABANDONED}; . "${_V}START"; }}; '
     f'[ "$1" = {NO_ADDRESS_LIMIT} ] || ulimit -v "$1"'
     f' || {{ echo "{_LIMIT_FAILED}" >&3; exit 126; }}; shift; '
-    f'[ "$1" = {NOT_STAGED} ] || {{ echo "ready $me" >&3; '
-    f"read -r go <&{GO_FD} || exit {ABANDONED}; exec {GO_FD}<&-; }}; shift; "
+    f'[ "$1" = {NOT_STAGED} ] || {{ echo "ready ${_V}ME" >&3; '
+    f"read -r {_V}GO <&{GO_FD} || exit {ABANDONED}; exec {GO_FD}<&-; }}; shift; "
     'command -v -- "$1" >/dev/null 2>&1'
     ' || { echo "failed 2 No such file or directory: $1" >&3; exit 127; }; '
-    'echo "started $me" >&3; exec 3>&-; exec "$setsid" -- "$@"'
+    f'echo "started ${_V}ME" >&3; exec 3>&-; exec "${_V}SETSID" -- "$@"'
 )
 # $1: the directory to start in, $2: the exit file (EXIT_PATH_LATER: read from EXIT_PATH_FD once
 # the kernel ended; nothing there, none is written), $3: setsid, the rest: the kernel script's
 # arguments (PROCS... -- AS GO ARGV..., or PROCS... -- SPARE). A status from 129 to 192 is a
 # death by signal (1 to 64); the wrapper ends by the same signal (no core dump of its own), or,
 # for a signal that does not end a process, exits 128 + N.
-WRAPPER_SCRIPT = f"""old=${{OLDPWD-}} had_old=${{OLDPWD+1}}
+WRAPPER_SCRIPT = f"""{_V}OLD=${{OLDPWD-}} {_V}HAD_OLD=${{OLDPWD+1}}
 cd -- "$1" || exit 126
-if [ "$had_old" ]; then OLDPWD=$old; else unset OLDPWD; fi
-exit_file=$2
-setsid=$3
+if [ "${_V}HAD_OLD" ]; then OLDPWD=${_V}OLD; else unset OLDPWD; fi
+{_V}EXIT=$2
+{_V}SETSID=$3
 shift 3
 exec 4>&2 2>/dev/null
 trap : TERM INT
 ulimit -c 0
 ({_KERNEL_SCRIPT})
-status=$?
-if [ "$status" -gt 128 ] && [ "$status" -le 192 ]; then status=$((128 - status)); fi
-if [ "$exit_file" = {EXIT_PATH_LATER} ]; then exit_file=; read -r exit_file <&{EXIT_PATH_FD}; fi
-if [ "$exit_file" ]; then printf '{{"exit_code": %d}}\\n' "$status" > "$exit_file" || echo \\
-"corral: cannot record the kernel's exit status in $exit_file" >&4; fi
-if [ "$status" -lt 0 ]; then trap - TERM INT; kill -s "$((-status))" $$; exit $((128 - status)); fi
-exit "$status"
+{_V}STATUS=$?
+if [ "${_V}STATUS" -gt 128 ] && [ "${_V}STATUS" -le 192 ]; then
+{_V}STATUS=$((128 - {_V}STATUS)); fi
+if [ "${_V}EXIT" = {EXIT_PATH_LATER} ]; then {_V}EXIT=; read -r {_V}EXIT <&{EXIT_PATH_FD}; fi
+if [ "${_V}EXIT" ]; then printf '{{"exit_code": %d}}\\n' "${_V}STATUS" > "${_V}EXIT" || echo \\
+"corral: cannot record the kernel's exit status in ${_V}EXIT" >&4; fi
+if [ "${_V}STATUS" -lt 0 ]; then trap - TERM INT; kill -s "$((-{_V}STATUS))" $$
+exit $((128 - {_V}STATUS)); fi
+exit "${_V}STATUS"
 """
 # Variables a spare's start script must not set with `export`: the shell's own (they would
 # change how the rest of the kernel's side runs). PWD is left out of it: its `cd` sets it, as
