@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -140,6 +141,23 @@ async def test_user_variables_named_like_the_wrappers_own_reach_the_kernel_intac
     script = "import os, sys; print(*(os.environ.get(n) for n in sys.argv[1:]), sep='|')"
     launch = make_launch(tmp_path, ("python", "-c", script, *WRAPPER_LIKE), env=env)
     assert await stdout_of(await run(runtime, launch)) == "|".join(env.values()) + "\n"
+
+
+async def test_the_kernel_keeps_the_agents_core_dump_limit(
+    runtime: ProcessRuntime, run: Run, tmp_path: Path
+) -> None:
+    """A kernel may dump core as the agent's limits allow: the wrapper forbids its own core
+    dump only when it ends by the kernel's signal, after the kernel ended."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    if hard != resource.RLIM_INFINITY and hard < 1 << 20:
+        pytest.skip("the hard core-size limit is too low to raise the soft one")
+    resource.setrlimit(resource.RLIMIT_CORE, (1 << 20, hard))
+    try:
+        script = "import resource; print(resource.getrlimit(resource.RLIMIT_CORE)[0])"
+        launch = make_launch(tmp_path, ("python", "-c", script))
+        assert await stdout_of(await run(runtime, launch)) == f"{1 << 20}\n"
+    finally:
+        resource.setrlimit(resource.RLIMIT_CORE, (soft, hard))
 
 
 async def test_exit_code_is_reported(runtime: ProcessRuntime, run: Run, tmp_path: Path) -> None:

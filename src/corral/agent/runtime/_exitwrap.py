@@ -121,7 +121,6 @@ if [ "${_V}HAD_OLD" ]; then OLDPWD=${_V}OLD; else unset OLDPWD; fi
 shift 3
 exec 4>&2 2>/dev/null
 trap : TERM INT
-ulimit -c 0
 ({_KERNEL_SCRIPT})
 {_V}STATUS=$?
 if [ "${_V}STATUS" -gt 128 ] && [ "${_V}STATUS" -le 192 ]; then
@@ -129,7 +128,7 @@ if [ "${_V}STATUS" -gt 128 ] && [ "${_V}STATUS" -le 192 ]; then
 if [ "${_V}EXIT" = {EXIT_PATH_LATER} ]; then {_V}EXIT=; read -r {_V}EXIT <&{EXIT_PATH_FD}; fi
 if [ "${_V}EXIT" ]; then printf '{{"exit_code": %d}}\\n' "${_V}STATUS" > "${_V}EXIT" || echo \\
 "corral: cannot record the kernel's exit status in ${_V}EXIT" >&4; fi
-if [ "${_V}STATUS" -lt 0 ]; then trap - TERM INT; kill -s "$((-{_V}STATUS))" $$
+if [ "${_V}STATUS" -lt 0 ]; then trap - TERM INT; ulimit -c 0; kill -s "$((-{_V}STATUS))" $$
 exit $((128 - {_V}STATUS)); fi
 exit "${_V}STATUS"
 """
