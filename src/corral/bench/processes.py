@@ -188,12 +188,11 @@ async def run_processes_bench(
 
 async def _until_agent(url: str, token: str, agent: Supervised, deadline_s: float = 60) -> None:
     end = time.monotonic() + deadline_s
-    headers = {"Authorization": f"Bearer {token}"}
-    async with httpx.AsyncClient(timeout=5.0) as http:
+    async with _httpx(url, token, timeout_s=5.0) as http:
         while time.monotonic() < end:
             if not agent.running:
                 raise ProcessesBenchError(f"the agent exited at start:\n{agent.tail()}")
-            reply = await http.get(f"{url}/v1/agents", headers=headers)
+            reply = await http.get("/v1/agents")
             if reply.status_code == 200 and any(
                 a["status"] == "ALIVE" for a in reply.json()["items"]
             ):
@@ -350,7 +349,6 @@ def _cpu_s(process: Supervised) -> dict[str, float]:
 async def _rest_starts(url: str, token: str, count: int) -> tuple[list[str], list[float]]:
     """`count` sessions POSTed one at a time: their ids, and each one's submit → process start
     in ms."""
-    headers = {"Authorization": f"Bearer {token}"}
     run = uuid.uuid4().hex[:8]
     ids, starts = [], []
     async with _httpx(url, token, timeout_s=30.0) as http:
@@ -359,7 +357,7 @@ async def _rest_starts(url: str, token: str, count: int) -> tuple[list[str], lis
             sent = time.time()
             answer, _ = await _post(HttpxClient(http), "/v1/sessions", body)
             ids.append(str(answer["id"]))
-            started = await _start_time(http, url, ids[-1], headers)
+            started = await _start_time(http, ids[-1])
             starts.append((started - sent) * 1000)
     return ids, starts
 
@@ -370,9 +368,8 @@ async def _cli_calls(
     """`count` calls of `corral run --detach` one at a time: each call's wall time, and each
     session's submit → process start (from the call's start), in ms."""
     cli_env = {**env, "CORRAL_URL": url, "CORRAL_TOKEN": token}
-    headers = {"Authorization": f"Bearer {token}"}
     walls, starts = [], []
-    async with httpx.AsyncClient(timeout=30.0) as http:
+    async with _httpx(url, token, timeout_s=30.0) as http:
         for _ in range(count):
             begun, sent = time.perf_counter(), time.time()
             done = await asyncio.to_thread(
@@ -384,19 +381,15 @@ async def _cli_calls(
                 text=True,
             )
             walls.append((time.perf_counter() - begun) * 1000)
-            started = await _start_time(http, url, done.stdout.strip(), headers)
+            started = await _start_time(http, done.stdout.strip())
             starts.append((started - sent) * 1000)
     return walls, starts
 
 
-async def _start_time(
-    http: httpx.AsyncClient, url: str, session: str, headers: dict[str, str]
-) -> float:
+async def _start_time(http: httpx.AsyncClient, session: str) -> float:
     """The wall clock a `date +%s.%N` session's kernel printed, read once the session ended
     (its log followed, as `corral run` does)."""
-    reply = await http.get(
-        f"{url}/v1/sessions/{session}/logs", params={"follow": "true"}, headers=headers
-    )
+    reply = await http.get(f"/v1/sessions/{session}/logs", params={"follow": "true"})
     try:
         return float(reply.text.strip())
     except ValueError:

@@ -45,15 +45,16 @@ class Cgroup:
     path: Path
     controllers: frozenset[str]
 
-    def create(self, name: str, limits: Mapping[str, int]) -> Cgroup | None:
-        """Make the child `name` with those of `limits` that apply here; None if none does."""
-        controllers = self.controllers & limits.keys()
+    def create(self, name: str, limits: Mapping[str, int] | None) -> Cgroup | None:
+        """Make the child `name` with those of `limits` that apply here; None if none does.
+        `limits` None: with every controller of this one, no limit written yet (a spare's)."""
+        controllers = self.controllers if limits is None else self.controllers & limits.keys()
         if not controllers:
             return None
         child = Cgroup(self.version, self.path / name, controllers)
         child.path.mkdir(exist_ok=True)
         try:
-            child.limit(limits)
+            child.limit(limits or {})
         except OSError:
             child.path.rmdir()
             raise
@@ -88,8 +89,9 @@ class CgroupProbe:
         """The cgroup under which kernels get `controller` limits, if any."""
         return next((p for p in self.parents if controller in p.controllers), None)
 
-    def create(self, name: str, limits: Mapping[str, int]) -> tuple[Cgroup, ...]:
-        """The kernel's cgroups, one per parent that applies any of `limits`."""
+    def create(self, name: str, limits: Mapping[str, int] | None) -> tuple[Cgroup, ...]:
+        """The kernel's cgroups, one per parent that applies any of `limits` (None: one per
+        parent, no limit written yet: a spare's, limited once claimed)."""
         made: list[Cgroup] = []
         try:
             for parent in self.parents:
@@ -99,20 +101,6 @@ class CgroupProbe:
         except OSError:
             for child in made:
                 child.path.rmdir()  # still empty: nothing joined it yet
-            raise
-        return tuple(made)
-
-    def create_unlimited(self, name: str) -> tuple[Cgroup, ...]:
-        """A cgroup `name` under every parent, no limit written yet (a spare's)."""
-        made: list[Cgroup] = []
-        try:
-            for parent in self.parents:
-                child = Cgroup(parent.version, parent.path / name, parent.controllers)
-                child.path.mkdir()
-                made.append(child)
-        except OSError:
-            for child in made:
-                child.path.rmdir()
             raise
         return tuple(made)
 

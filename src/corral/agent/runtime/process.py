@@ -442,7 +442,7 @@ class ProcessRuntime:
         """A spare, waiting in its cgroups (None, said in the log, when one cannot be made)."""
         try:
             name = f"{SPARE_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
-            cgroups = self._cgroups.create_unlimited(name)
+            cgroups = self._cgroups.create(name, None)
             try:
                 spare = _spawn_spare(cgroups, self._setsid)
             except OSError:
