@@ -71,8 +71,14 @@ async def test_a_lone_job_runs_in_the_spare_the_agent_made_before_it(
         stdout = await read_log(cluster.db, KernelId(kernel["id"]), "stdout")
         assert stdout == f"{spare}\n".encode()  # the kernel's parent: the spare's wrapper
         replacement = await _one_spare(cluster, agent.pid, other_than=spare)
-        cgroups = await asyncio.to_thread(_spare_cgroups, replacement)
-        assert cgroups  # the spare's kernel side waits in cgroups of its own
+        cgroups: set[str] = set()
+
+        async def joined() -> bool:  # the spare's kernel side waits in cgroups of its own
+            cgroups.update(await asyncio.to_thread(_spare_cgroups, replacement))
+            return bool(cgroups)
+
+        # Its wrapper is there a moment before its kernel side is forked and has joined them.
+        await poll(joined, what="the new spare in its cgroups", log=cluster)
 
         agent.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(agent.wait, 30) == 0
@@ -81,9 +87,12 @@ async def test_a_lone_job_runs_in_the_spare_the_agent_made_before_it(
 
 
 def _spare_cgroups(wrapper: int) -> set[str]:
-    """The names of the cgroups the spare's kernel side (the wrapper's child) waits in."""
-    (kernel_side,) = Path(f"/proc/{wrapper}/task/{wrapper}/children").read_text().split()
-    lines = Path(f"/proc/{kernel_side}/cgroup").read_text().splitlines()
+    """The names of the cgroups the spare's kernel side (the wrapper's child) waits in; none
+    while it is not forked yet or has not joined them."""
+    children = Path(f"/proc/{wrapper}/task/{wrapper}/children").read_text().split()
+    if len(children) != 1:
+        return set()
+    lines = Path(f"/proc/{children[0]}/cgroup").read_text().splitlines()
     return {line.rsplit("/", 1)[-1] for line in lines if SPARE_PREFIX in line}
 
 
