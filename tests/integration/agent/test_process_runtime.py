@@ -26,11 +26,16 @@ from corral.agent.runtime._kernel_record import (
     running_since,
 )
 from corral.agent.runtime.process import ProcessKernel, ProcessRuntime
+from corral.domain.failure_causes import FailureCause
 from corral.domain.types import new_kernel_id, new_session_id
 from tests.conftest import IN_CI
 from tests.integration.agent._support import eventually, process_gone
 
 MIB = 1 << 20
+WRITE_OUTPUT = (
+    "import os, pathlib; "
+    "pathlib.Path(os.environ['CORRAL_OUTPUT_DIR'], 'result.txt').write_text('kept')"
+)
 
 
 def make_launch(
@@ -215,6 +220,22 @@ async def test_unknown_image_is_a_retryable_image_pull_failure(
     assert failure.value.retryable
     assert "'pytorch:99'" in failure.value.message
     assert "python, shell" in failure.value.message
+
+
+async def test_preload_makes_the_work_and_output_directories_even_where_their_parent_is_gone(
+    runtime: ProcessRuntime, run: Run, tmp_path: Path
+) -> None:
+    """The kernels directory removed under the agent is made again, and the kernel sees its
+    output directory; a work directory that cannot be made is a work-dir failure."""
+    launch = make_launch(tmp_path / "gone" / "kernels", ("python", "-c", WRITE_OUTPUT))
+    kernel = await run(runtime, launch)
+    assert (await kernel.wait()).exit_code == 0
+    assert (launch.output_dir / "result.txt").read_text() == "kept"
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(StageFailure) as failure:
+        await runtime.preload(make_launch(tmp_path / "a-file", ("true",)))
+    assert failure.value.cause == FailureCause.WORK_DIR_FAILURE
+    assert "a-file" in failure.value.message
 
 
 async def test_missing_interpreter_is_an_image_pull_failure(tmp_path: Path) -> None:

@@ -267,9 +267,9 @@ class ProcessRuntime:
         self._preparing.add(launch.kernel_id)  # until started or given up (`unstage`)
         self._image(launch.image)
         try:
-            # On the event loop: three mkdir calls on the agent's own disk cost less than the
+            # On the event loop: two mkdir calls on the agent's own disk cost less than the
             # hop to a thread and back (~1.5 ms of the loop's time on a busy host).
-            launch.output_dir.mkdir(parents=True, exist_ok=True)
+            _make_work_dirs(launch)
         except OSError as exc:
             message = f"cannot create {launch.output_dir}: {exc}"
             raise StageFailure(FailureCause.WORK_DIR_FAILURE, message) from exc
@@ -590,6 +590,17 @@ def _cgroup_limits(launch: KernelLaunch) -> dict[str, int]:
     # No cgroup carries "memory" when memory limits are off: the probe did not look for it.
     limits = {"memory": launch.slots.get("mem", 0) // 1000, "cpu": launch.slots.get("cpu", 0)}
     return {controller: value for controller, value in limits.items() if value > 0}
+
+
+def _make_work_dirs(launch: KernelLaunch) -> None:
+    """The kernel's work directory and its output directory in it, in two calls where both
+    are new (`mkdir(parents=True)` first tries the inner one and fails); the kernels
+    directory too when it is gone."""
+    try:
+        launch.work_dir.mkdir(exist_ok=True)
+    except FileNotFoundError:
+        launch.work_dir.mkdir(parents=True, exist_ok=True)
+    launch.output_dir.mkdir(exist_ok=True)
 
 
 def _fits_a_spare(launch: KernelLaunch, plan: _Plan) -> bool:
