@@ -10,18 +10,31 @@ from pathlib import Path
 
 import httpx
 
+from corral.testing.redis_server import RedisServer
+
 _ENV = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
 
 
 def _start_manager(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
     """A manager on a fresh SQLite file and a free port; its URL from its first line."""
-    process = subprocess.Popen(
+    process = _manager_process(tmp_path)
+    assert process.stderr is not None
+    for line in process.stderr:
+        if "listening on" in line:
+            return process, line.rsplit(" ", 1)[-1].strip()
+    raise AssertionError(f"the manager exited with {process.wait()} before listening")
+
+
+def _manager_process(tmp_path: Path, *options: str) -> subprocess.Popen[str]:
+    """`corral manager` on a fresh SQLite file and a free port, its stderr piped."""
+    return subprocess.Popen(
         [
             sys.executable, "-m", "corral", "manager",
             "--database", f"sqlite:///{tmp_path / 'corral.db'}",
             "--port", "0",
             "--heartbeat-timeout", "5",
             "--log-level", "WARNING",
+            *options,
         ],
         stderr=subprocess.PIPE,
         text=True,
@@ -31,11 +44,46 @@ def _start_manager(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
             "CORRAL_DATA_DIR": str(tmp_path / "data"),
         },
     )  # fmt: skip
+
+
+def _line_with(process: subprocess.Popen[str], text: str) -> str:
+    """The first line of the process's stderr from here on that holds `text`."""
     assert process.stderr is not None
     for line in process.stderr:
-        if "listening on" in line:
-            return process, line.rsplit(" ", 1)[-1].strip()
-    raise AssertionError(f"the manager exited with {process.wait()} before listening")
+        if text in line:
+            return line
+    raise AssertionError(f"the manager exited with {process.wait()} before saying {text!r}")
+
+
+def test_a_manager_started_while_its_redis_is_down_waits_and_comes_up_with_it(
+    tmp_path: Path,
+) -> None:
+    """Redis down at start: the manager says it waits, does not exit (it used to, at once, so
+    a restart during an outage was a crash loop), and listens once Redis is up."""
+    redis = RedisServer(tmp_path / "redis")  # not started yet: its port refuses
+    manager = _manager_process(tmp_path, "--redis", redis.url)
+    try:
+        waiting = _line_with(manager, "manager.waiting_for_servers")
+        assert "ConnectionError" in waiting
+        assert manager.poll() is None
+        redis.start()
+        url = _line_with(manager, "listening on").rsplit(" ", 1)[-1].strip()
+        assert httpx.get(f"{url}/readyz", timeout=10).status_code == 200
+        _stop(manager)
+    finally:
+        manager.kill()
+        redis.kill()
+
+
+def test_a_manager_waiting_for_its_servers_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    """SIGTERM while it waits for Redis: the manager ends at once with exit code 0."""
+    redis = RedisServer(tmp_path / "redis")
+    manager = _manager_process(tmp_path, "--redis", redis.url)
+    try:
+        _line_with(manager, "manager.waiting_for_servers")
+        _stop(manager)
+    finally:
+        manager.kill()
 
 
 def test_manager_prints_a_join_token_serves_and_stops_on_sigterm(tmp_path: Path) -> None:

@@ -8,7 +8,10 @@ cancellation), close the buses and the database; a crash is re-raised.
 
 Every component waits out an outage of the database or Redis on its own (retrying with backoff,
 logging each outage once; `/readyz` answers 503 meanwhile), so a component that ends is a bug:
-it is logged critical with its traceback and the process exits non-zero.
+it is logged critical with its traceback and the process exits non-zero. A manager started
+during an outage waits for PostgreSQL and Redis before it listens (`manager.waiting_for_servers`,
+then `manager.servers_reachable`), so a restarted manager is not a crash loop that a supervisor
+gives up on.
 """
 
 from __future__ import annotations
@@ -20,10 +23,13 @@ import logging
 import socket
 import time
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import uvicorn
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from corral.api.app import ApiContext, create_app
 from corral.api.uploads import DEFAULT_UPLOAD_MAX_BYTES
@@ -45,6 +51,7 @@ from corral.domain.slots import ResourceSlots
 from corral.domain.tokens import DEFAULT_TOKEN_TTL_S
 from corral.domain.types import Clock, utcnow
 from corral.infra import DEFAULT_PREFIX
+from corral.infra._backoff import reconnect_delays
 from corral.infra.events import PING_INTERVAL_S, forget_on_events
 from corral.infra.locks import DEFAULT_LOCK_TTL_S, address_owner
 from corral.manager._http_server import QuietServer
@@ -57,6 +64,7 @@ from corral.store.kernel_logs import DEFAULT_LOG_CAP_BYTES
 from corral.store.migrate import upgrade
 from corral.store.resource_group_store import GROUP_CHANGES
 from corral.store.retention import DEFAULT_RETENTION_DAYS
+from corral.store.unavailable import database_unavailable
 from corral.store.uploads import DEFAULT_UNUSED_UPLOAD_HOURS
 
 logger = logging.getLogger(__name__)
@@ -65,6 +73,10 @@ SWEEP_TASK = "DetectLostAgents"
 SWEEP_HINT = "agents-sweep"
 # An idle HTTP connection is kept this much longer than the agents' heartbeat interval.
 KEEP_ALIVE_MARGIN_S = 5.0
+# A server down when the manager starts is tried again after 0.1 s, doubling to 2 s (as the
+# assignment long-poll server retries), so the manager comes up within ~2 s of its return.
+START_RETRY_MIN_S = 0.1
+START_RETRY_MAX_S = 2.0
 # Clears this manager's caches when any manager changes what they hold: the API's token cache
 # on a revocation, the kept resource-group options on a group's change.
 _CACHE_WATCH_TASK = "manager-cache-watch"
@@ -134,23 +146,57 @@ class ManagerDaemon:
 
     async def run(self) -> None:
         """Run until stop() or until a component dies (its error is re-raised)."""
-        config = self.config
-        db = Database.open(config.database_url)
+        db = Database.open(self.config.database_url)
         try:
-            await upgrade(db)
-            # The event listener's keep-alive ping waits for the long loop: an idle manager
-            # sends nothing between long loops (DESIGN.md, performance targets).
-            ping_s = max(PING_INTERVAL_S, config.intervals.long_interval_s)
-            async with open_buses(
-                db,
-                config.redis_url,
-                config.prefix,
-                ping_interval_s=ping_s,
-                lock_ttl_s=config.lock_ttl_s,
-            ) as buses:
-                await self._serve(db, buses)
+            async with AsyncExitStack() as stack:
+                buses = await self._start_when_reachable(db, stack)
+                if buses is not None:
+                    await self._serve(db, buses)
         finally:
             await db.close()
+
+    async def _start_when_reachable(self, db: Database, stack: AsyncExitStack) -> Buses | None:
+        """Bring the schema to head and open the buses (closed by `stack`). While PostgreSQL or
+        Redis cannot be reached (`_server_unavailable`), wait and try again, as a running
+        manager waits out an outage, so a manager restarted during one comes up when it ends;
+        the wait is logged once. None: stopped while waiting."""
+        config = self.config
+        # The event listener's keep-alive ping waits for the long loop: an idle manager sends
+        # nothing between long loops (DESIGN.md, performance targets).
+        ping_s = max(PING_INTERVAL_S, config.intervals.long_interval_s)
+        delays = reconnect_delays(START_RETRY_MIN_S, START_RETRY_MAX_S)
+        began = time.monotonic()
+        waited = False
+        while True:
+            try:
+                await upgrade(db)
+                buses = await stack.enter_async_context(
+                    open_buses(
+                        db,
+                        config.redis_url,
+                        config.prefix,
+                        ping_interval_s=ping_s,
+                        lock_ttl_s=config.lock_ttl_s,
+                    )
+                )
+            except Exception as exc:
+                if not _server_unavailable(db, exc):
+                    raise
+                delay_s = next(delays)
+                if not waited:
+                    waited = True
+                    error = f"{type(exc).__name__}: {exc}"
+                    extra = {"error": error, "retry_in_s": round(delay_s, 2)}
+                    logger.warning("manager.waiting_for_servers", extra=extra)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), delay_s)
+                if self._stopping.is_set():
+                    return None
+                continue
+            if waited:
+                extra = {"waited_s": round(time.monotonic() - began, 1)}
+                logger.info("manager.servers_reachable", extra=extra)
+            return buses
 
     async def stop(self) -> None:
         """Ask the manager to stop; returns at once (await run() for the end). Idempotent."""
@@ -159,8 +205,9 @@ class ManagerDaemon:
     async def start(self) -> asyncio.Task[None]:
         """Run in the background; return its task once the API listens.
 
-        If the manager ends before it listens (a port taken, a database unreachable), its
-        error is raised here.
+        If the manager ends before it listens (a port taken, a schema it cannot upgrade), its
+        error is raised here; a server it waits for (`_start_when_reachable`) is not an error.
+        Stopped while it waited, the task returned has ended and `ready` is not set.
         """
         runner = asyncio.create_task(self.run(), name="manager")
         ready = asyncio.create_task(self.ready.wait(), name="manager-ready")
@@ -170,7 +217,8 @@ class ManagerDaemon:
             ready.cancel()
         if not self.ready.is_set():
             await runner  # raises what stopped it
-            raise RuntimeError("the manager stopped before it listened")
+            if not self._stopping.is_set():
+                raise RuntimeError("the manager stopped before it listened")
         return runner
 
     async def _serve(self, db: Database, buses: Buses) -> None:
@@ -357,6 +405,15 @@ def _load_tls(served: uvicorn.Config, config: ManagerConfig) -> None:
         ) from exc
 
 
+def _server_unavailable(db: Database, error: BaseException) -> bool:
+    """Whether `error` says that PostgreSQL or Redis cannot be reached (wait for it), not that
+    something is wrong (fail at once). A SQLite file's errors never mean an outage."""
+    # builtins' TimeoutError: Redis did not confirm the hint bus's subscription in time.
+    if isinstance(error, RedisConnectionError | RedisTimeoutError | TimeoutError):
+        return True
+    return db.dialect == "postgresql" and database_unavailable(error)
+
+
 def _bind(host: str, port: int) -> socket.socket:
     """Bind the API's socket up front, so port 0 yields a known port before serving."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -384,7 +441,7 @@ def run_manager(config: ManagerConfig, on_ready: Callable[[str], None] | None = 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(daemon.stop()))
         runner = await daemon.start()
-        if on_ready is not None:
+        if on_ready is not None and daemon.ready.is_set():
             on_ready(daemon.url)
         with contextlib.suppress(asyncio.CancelledError):
             await runner

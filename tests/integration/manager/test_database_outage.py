@@ -105,16 +105,7 @@ async def test_a_manager_survives_its_database_and_says_so_in_readyz(
 ) -> None:
     """The manager's connections cut: it keeps running, /readyz answers 503 naming the
     database while cut and 200 again soon after the connections are restored."""
-    config = ManagerConfig(
-        database_url=through_proxy(postgres_database_url, postgres_proxy),
-        port=0,
-        join_token="outage-test",
-        prefix=f"outage-{tmp_path.name[-8:]}",
-        intervals=LoopIntervals(short_interval_s=0.1, long_interval_s=1.0),
-        grace_period_s=2,
-        lock_ttl_s=1.0,
-    )
-    manager = ManagerDaemon(config)
+    manager = ManagerDaemon(outage_config(postgres_database_url, postgres_proxy, tmp_path))
     runner = await manager.start()
     try:
         async with httpx.AsyncClient(base_url=manager.url, timeout=DEADLINE_S) as http:
@@ -144,6 +135,46 @@ async def test_a_manager_survives_its_database_and_says_so_in_readyz(
         postgres_proxy.restore()
         await manager.stop()
         await asyncio.wait_for(runner, 30)
+
+
+async def test_a_manager_started_during_a_database_outage_comes_up_when_it_ends(
+    postgres_database_url: str,
+    postgres_proxy: TcpProxy,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Started with its database cut off, the manager waits instead of ending (a supervisor
+    restarting it met the same outage each time), says so once, and listens and is ready
+    soon after the database is back."""
+    caplog.set_level(logging.INFO, logger="corral.manager.daemon")
+    postgres_proxy.cut()
+    manager = ManagerDaemon(outage_config(postgres_database_url, postgres_proxy, tmp_path))
+    starting = asyncio.create_task(manager.start())
+    runner: asyncio.Task[None] | None = None
+    try:
+        await eventually(
+            lambda: "manager.waiting_for_servers" in caplog.messages, "the wait is logged"
+        )
+        assert not starting.done()
+        postgres_proxy.restore()
+        runner = await asyncio.wait_for(starting, DEADLINE_S)
+        async with httpx.AsyncClient(base_url=manager.url, timeout=DEADLINE_S) as http:
+            assert (await http.get("/readyz")).status_code == 200
+        assert caplog.messages.count("manager.waiting_for_servers") == 1
+        assert "manager.servers_reachable" in caplog.messages
+    finally:
+        postgres_proxy.restore()
+        await manager.stop()
+        await asyncio.wait_for(runner or starting, 30)
+
+
+async def test_a_manager_on_a_sqlite_file_it_cannot_open_fails_at_once(tmp_path: Path) -> None:
+    """A SQLite file's error is no outage to wait for: the start fails, saying why."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    config = ManagerConfig(database_url=f"sqlite:///{blocker / 'corral.db'}", port=0)
+    with pytest.raises(OSError, match="not-a-directory"):
+        await asyncio.wait_for(ManagerDaemon(config).start(), DEADLINE_S)
 
 
 async def test_no_agent_is_lost_for_the_silence_of_a_database_outage(
@@ -201,4 +232,17 @@ def sweeping_controller(db: Database, clock: Clock) -> AgentController:
         join_token=None,
         timings=AgentTimings(heartbeat_timeout_s=30.0),
         clock=clock,
+    )
+
+
+def outage_config(database_url: str, proxy: TcpProxy, tmp_path: Path) -> ManagerConfig:
+    """A manager on the test database through `proxy`, with short loops."""
+    return ManagerConfig(
+        database_url=through_proxy(database_url, proxy),
+        port=0,
+        join_token="outage-test",
+        prefix=f"outage-{tmp_path.name[-8:]}",
+        intervals=LoopIntervals(short_interval_s=0.1, long_interval_s=1.0),
+        grace_period_s=2,
+        lock_ttl_s=1.0,
     )
