@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import field
 
@@ -61,6 +62,8 @@ class ApiContext:
     # How long a new user token lasts when its request names no expiry (None: for ever).
     token_ttl_s: float | None = DEFAULT_TOKEN_TTL_S
     deployments: DeploymentController | None = None  # None: one over `db` and the sessions' hints
+    # Set as the manager begins to stop: the long-lived responses end (`api._closing`).
+    closing: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 def create_app(context: ApiContext) -> FastAPI:

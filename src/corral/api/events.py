@@ -23,6 +23,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
+from corral.api._closing import until_closing
 from corral.api._pages import (
     MAX_BIGINT,
     Cursor,
@@ -171,7 +172,7 @@ async def events(
         allowed=allowed,
     )
     return StreamingResponse(
-        stream.frames(since),
+        until_closing(stream.frames(since), context.closing),
         media_type=SSE_MEDIA_TYPE,
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -15,9 +15,10 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
+from corral.api._closing import until_closing
 from corral.api._pages import MAX_BIGINT
 from corral.api.auth import CurrentUser, Db
 from corral.api.problems import Problem
@@ -58,6 +59,7 @@ class _Shown:
 
 @router.get("/{session_id}/logs", response_class=PlainTextResponse, operation_id="get_session_logs")
 async def session_logs(
+    request: Request,
     session_id: SessionRef,
     user: CurrentUser,
     db: Db,
@@ -81,7 +83,8 @@ async def session_logs(
     ] = False,
     follow: bool = False,
 ) -> Response:
-    """The session's output so far; with `follow`, streamed on until the session ends."""
+    """The session's output so far; with `follow`, streamed on until the session ends (or the
+    manager stops: then the session's status says whether it ended)."""
     found = await _visible(db, user, session_id)
     chosen = _kernels(found, kernel)
     if offset is not None and (tail is not None or since is not None):
@@ -137,7 +140,8 @@ async def session_logs(
                 for one in shown
             ]
 
-    return StreamingResponse(chunks(), media_type=TEXT)
+    closing = request.app.state.context.closing
+    return StreamingResponse(until_closing(chunks(), closing), media_type=TEXT)
 
 
 def _kernels(found: Mapping[str, Any], index: int | None) -> Sequence[Mapping[str, Any]]:

@@ -33,6 +33,7 @@ from corral.client.errors import (
     VALIDATION_PROBLEM,
     FieldError,
     NotFoundError,
+    UnreachableError,
     ValidationError,
 )
 from corral.client.models import (
@@ -299,11 +300,19 @@ class Client(ClusterCalls, DeploymentCalls):
         names one; one kernel's bytes from `offset`; or the last `tail` lines, of those
         stored `since` (an age like `10m`, or an ISO time); `timestamps` prefixes each line
         with the time it was stored. Close it (`contextlib.aclosing`) when stopping early.
+        `UnreachableError` when the manager ends the stream before the session ended (it is
+        stopping).
         """
         params = _log_params(stream, kernel, offset, tail, since, timestamps, follow=True)
         async with self._stream("GET", f"{session_path(session_id)}/logs", params) as response:
             async for chunk in response.aiter_bytes():
                 yield chunk
+        # A stopping manager ends the stream too: only the session's status tells the two apart.
+        if not (await self.get_session(session_id)).is_terminal:
+            raise UnreachableError(
+                f"corral at {self.url} ended the log stream before the session ended "
+                "(the manager is stopping); follow it again to see the rest"
+            )
 
     async def session_history(self, session_id: SessionRef) -> list[HistoryEntry]:
         """The session's scheduling phases, oldest first."""
@@ -424,6 +433,12 @@ class Client(ClusterCalls, DeploymentCalls):
             async for message in parse_sse(response.aiter_lines()):
                 if message.data:
                     yield Event.model_validate_json(message.data)
+        # The server ends a followed stream only when the manager stops or the token is no
+        # longer good: either way the events stop here, which the caller must hear.
+        raise UnreachableError(
+            f"corral at {self.url} ended the event stream (the manager is stopping, or the "
+            "token is no longer valid); follow again from the last event's id"
+        )
 
     async def me(self) -> User:
         """The user the token belongs to."""

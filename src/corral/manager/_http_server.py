@@ -4,7 +4,8 @@ uvicorn's `Server.main_loop` wakes ten times a second to see whether it should e
 every tenth of those renews the Date header its answers carry: an idle manager's most frequent
 wake-up. This one never ticks: the Date header is made when an answer asks for it (once a
 second at most, the text uvicorn's tick makes), and the loop wakes only when `should_exit` is
-set (from any thread, or a signal handler) instead of polling for it.
+set (from any thread, or a signal handler) instead of polling for it. Nor does it take SIGINT
+and SIGTERM for itself, as uvicorn's `serve` does (`capture_signals`): the daemons do.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Iterator
 from email.utils import formatdate
 
 import uvicorn
@@ -67,6 +69,13 @@ class QuietServer(uvicorn.Server):
             # bytecodes, while the loop may be blocked in its poll).
             with contextlib.suppress(RuntimeError):  # the loop has closed: nothing waits
                 self._loop.call_soon_threadsafe(self._exit_asked.set)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """Off: uvicorn would take SIGINT and SIGTERM for itself and stop serving at once.
+        `corral manager` and `corral up` handle them and stop in their own order: `corral up`'s
+        agents first, whose last reports (the kernels they stopped) must still reach the API."""
+        yield
 
     async def main_loop(self) -> None:
         """uvicorn's loop, which ends when `on_tick` says to exit: here, once it is asked to

@@ -343,7 +343,9 @@ class ManagerDaemon:
                 )
         finally:
             stopping.cancel()
-            agents.polls.close()  # long-polls answer now instead of holding the shutdown
+            # Followed streams and long-polls end now instead of holding the shutdown.
+            app.state.context.closing.set()
+            agents.polls.close()
             server.should_exit = True
             await orchestrator.stop()
             for task in components:

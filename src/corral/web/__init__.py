@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from fastapi import APIRouter, FastAPI, Query, Request, Response
 from fastapi.responses import RedirectResponse, StreamingResponse
 
+from corral.api._closing import until_closing
 from corral.api._pages import MAX_BIGINT
 from corral.api.auth import Db
 from corral.api.events import SSE_MEDIA_TYPE, _event_id, _quarantine, _unavailable
@@ -167,7 +168,7 @@ async def stream(
         allowed=allowed,
     )
     return StreamingResponse(
-        _counted(request, events.frames(start)),
+        until_closing(_counted(request, events.frames(start)), state.context.closing),
         media_type=SSE_MEDIA_TYPE,
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -154,6 +154,7 @@ async def activate(request: Request, ref: str, user: ActionUser, db: Db) -> Resp
 
 @router.get("/{ref}/log")
 async def log_tail(
+    request: Request,
     ref: str,
     user: StreamUser,
     db: Db,
@@ -162,6 +163,7 @@ async def log_tail(
 ) -> Response:
     """One kernel's last lines, then its output as it comes, until the session ends."""
     return await session_logs.session_logs(
+        request,
         ref,
         user,
         db,

@@ -17,15 +17,21 @@ Connect = Callable[[Caller], Client]
 
 
 @pytest.fixture
-async def connect(world: ApiWorld) -> AsyncIterator[Connect]:
-    """Makes an SDK client for a caller, on an app over the world's controllers and buses."""
-    context = ApiContext(
+def api_context(world: ApiWorld) -> ApiContext:
+    """What the app of `connect` works with (a test sets its `closing`, as a stopping manager
+    does)."""
+    return ApiContext(
         db=world.cluster.db,
         agents=world.agents,
         sessions=world.cluster.controller,
         events=world.cluster.events,
     )
-    transport = StreamingASGITransport(create_app(context))
+
+
+@pytest.fixture
+async def connect(api_context: ApiContext) -> AsyncIterator[Connect]:
+    """Makes an SDK client for a caller, on an app over the world's controllers and buses."""
+    transport = StreamingASGITransport(create_app(api_context))
     clients: list[Client] = []
 
     def make(caller: Caller) -> Client:

@@ -9,6 +9,7 @@ from contextlib import aclosing
 
 import pytest
 
+from corral.api.app import ApiContext
 from corral.cli._follow import SessionFollower, Terminal
 from corral.client import (
     AuthError,
@@ -16,6 +17,7 @@ from corral.client import (
     ConflictError,
     NotFoundError,
     Session,
+    UnreachableError,
     ValidationError,
 )
 from corral.domain.status import KernelStatus, SessionStatus
@@ -137,6 +139,50 @@ async def test_follow_logs_ends_with_the_session(world: ApiWorld, connect: Conne
         await streaming.wait()  # open, and it sent what there was while the session runs
         await _exit(world, running, 0)
         assert await follower == b"first\n"
+
+
+async def test_a_stopping_manager_ends_a_followed_log_and_the_sdk_says_the_session_runs_on(
+    world: ApiWorld, connect: Connect, api_context: ApiContext
+) -> None:
+    """The manager stopping ends a followed log at once (it used to hold the shutdown for its
+    grace period); the session still runs, so the SDK raises instead of ending as if it had."""
+    alice = connect(world.alice)
+    running = await _running(
+        world, alice, await alice.create_session(image="python", command=COMMAND)
+    )
+    await _write(world, running, "stdout", b"first\n")
+    streaming = asyncio.Event()
+    received: list[bytes] = []
+
+    async def follow() -> None:
+        async for chunk in alice.follow_logs(running.id):
+            received.append(chunk)
+            streaming.set()
+
+    follower = asyncio.create_task(follow())
+    async with asyncio.timeout(DEADLINE_S):
+        await streaming.wait()
+        api_context.closing.set()
+        with pytest.raises(UnreachableError, match="ended the log stream before the session"):
+            await follower
+    assert received == [b"first\n"]
+
+
+async def test_a_stopping_manager_ends_a_followed_event_stream_and_the_sdk_says_so(
+    world: ApiWorld, connect: Connect, api_context: ApiContext
+) -> None:
+    """The manager stopping ends a followed event stream; the SDK raises (the stream is never
+    ended by the server otherwise), where it used to end the iteration as if done."""
+    alice = connect(world.alice)
+    session = await alice.create_session(image="python", command=COMMAND)
+    events = alice.follow_events(since=0, entity_id=str(session.id))
+    async with asyncio.timeout(DEADLINE_S), aclosing(events):
+        first = await anext(events)
+        assert first.entity_id == str(session.id)
+        api_context.closing.set()
+        with pytest.raises(UnreachableError, match="ended the event stream"):
+            async for _ in events:
+                pass
 
 
 async def test_follow_events_replays_a_sessions_status_changes(

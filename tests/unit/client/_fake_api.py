@@ -122,7 +122,8 @@ class FakeApi:
         self.created: list[dict[str, Any]] = []  # the bodies of POST /v1/sessions
         self.requests: list[httpx.Request] = []
         self.events_available = True
-        self.events_end = False  # True: an event stream ends after what is already recorded
+        # True: an event stream ends after what is already recorded, as a stopping manager's
+        self.events_end = False
         self.explanation_message = "no agent has 8 cpu free"
         # Runs when a session's stdout is followed: what the "cluster" does meanwhile.
         self.on_follow: Callable[[str], Awaitable[None]] | None = None

@@ -52,12 +52,14 @@ def test_events_says_how_to_read_on_when_more_remain(cli: Cli, api: FakeApi) -> 
 
 
 def test_events_follow_json_prints_one_event_per_line(cli: Cli, api: FakeApi) -> None:
-    """`-f --json` streams JSON lines, filtered to a session with `--session`."""
+    """`-f --json` streams JSON lines, filtered to a session with `--session`; a stream the
+    manager ends (it is stopping) is an error after what it sent."""
     api.add_session(id=SESSION)
     api.events_end = True  # the fake stream ends once it has sent what it has
     _emit_now(api)
     result = cli("events", "-f", "--since", "0", "--session", SESSION, "--json")
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output
+    assert "ended the event stream (the manager is stopping" in result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert [e["payload"]["to"] for e in lines] == ["SCHEDULED", "PREPARING"]
     params = api.requests[0].url.params
