@@ -32,47 +32,49 @@ def test_corral_up_stops_at_once_with_streams_open_and_each_client_sees_its_end(
     submitted = up.corral("run", "--detach", "--", "sleep", "600")
     assert submitted.returncode == 0, submitted.stderr
     number = submitted.stdout.strip()
-    api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"})
-    browser = httpx.Client(base_url=url)
-    signed_in = browser.post(
-        "/ui/sign-in", data={"token": token, "next": "/ui"}, headers={"origin": url}
-    )
-    assert signed_in.status_code == 303
-    streams = {
-        "events": (api, "/v1/events"),
-        "dashboard": (browser, "/ui/stream"),
-        "log": (api, f"/v1/sessions/{number}/logs?follow=true"),
-    }
-    opened = {name: threading.Event() for name in streams}
-    ended: dict[str, str] = {}
+    with (
+        httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}) as api,
+        httpx.Client(base_url=url) as browser,
+    ):
+        signed_in = browser.post(
+            "/ui/sign-in", data={"token": token, "next": "/ui"}, headers={"origin": url}
+        )
+        assert signed_in.status_code == 303
+        streams = {
+            "events": (api, "/v1/events"),
+            "dashboard": (browser, "/ui/stream"),
+            "log": (api, f"/v1/sessions/{number}/logs?follow=true"),
+        }
+        opened = {name: threading.Event() for name in streams}
+        ended: dict[str, str] = {}
 
-    def hold(name: str, client: httpx.Client, path: str) -> None:
-        try:
-            with client.stream("GET", path, timeout=httpx.Timeout(10, read=None)) as answer:
-                assert answer.status_code == 200, answer.read()
-                opened[name].set()
-                for _ in answer.iter_raw():
-                    pass
-            ended[name] = "ended"
-        except httpx.HTTPError as exc:
-            ended[name] = type(exc).__name__
+        def hold(name: str, client: httpx.Client, path: str) -> None:
+            try:
+                with client.stream("GET", path, timeout=httpx.Timeout(10, read=None)) as answer:
+                    assert answer.status_code == 200, answer.read()
+                    opened[name].set()
+                    for _ in answer.iter_raw():
+                        pass
+                ended[name] = "ended"
+            except httpx.HTTPError as exc:
+                ended[name] = type(exc).__name__
 
-    threads = [
-        threading.Thread(target=hold, args=(name, *where), daemon=True)
-        for name, where in streams.items()
-    ]
-    for thread in threads:
-        thread.start()
-    for name, event in opened.items():
-        assert event.wait(STOP_DEADLINE_S), f"the {name} stream did not open"
-    up.process.send_signal(signal.SIGINT)
-    assert up.process.stdout is not None
-    said_while_stopping = up.process.stdout.read()
-    assert up.process.wait(STOP_DEADLINE_S) == 0
-    for thread in threads:
-        thread.join(STOP_DEADLINE_S)
-    assert ended == dict.fromkeys(streams, "ended")
-    assert "graceful shutdown exceeded" not in said_while_stopping
-    assert "Traceback" not in said_while_stopping, said_while_stopping
-    # The local agent stopped the session's kernel and reported it before the API went.
-    assert "reports_undelivered" not in said_while_stopping, said_while_stopping
+        threads = [
+            threading.Thread(target=hold, args=(name, *where), daemon=True)
+            for name, where in streams.items()
+        ]
+        for thread in threads:
+            thread.start()
+        for name, event in opened.items():
+            assert event.wait(STOP_DEADLINE_S), f"the {name} stream did not open"
+        up.process.send_signal(signal.SIGINT)
+        assert up.process.stdout is not None
+        said_while_stopping = up.process.stdout.read()
+        assert up.process.wait(STOP_DEADLINE_S) == 0
+        for thread in threads:
+            thread.join(STOP_DEADLINE_S)
+        assert ended == dict.fromkeys(streams, "ended")
+        assert "graceful shutdown exceeded" not in said_while_stopping
+        assert "Traceback" not in said_while_stopping, said_while_stopping
+        # The local agent stopped the session's kernel and reported it before the API went.
+        assert "reports_undelivered" not in said_while_stopping, said_while_stopping
