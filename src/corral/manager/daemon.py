@@ -73,10 +73,11 @@ SWEEP_TASK = "DetectLostAgents"
 SWEEP_HINT = "agents-sweep"
 # An idle HTTP connection is kept this much longer than the agents' heartbeat interval.
 KEEP_ALIVE_MARGIN_S = 5.0
-# A server down when the manager starts is tried again after 0.1 s, doubling to 2 s (as the
-# assignment long-poll server retries), so the manager comes up within ~2 s of its return.
+# A server down when the manager starts is tried again after 0.1 s, doubling to 1 s, so the
+# manager comes up within about a second of its return (when every manager was restarted during
+# the outage, the first to come up is when progress resumes).
 START_RETRY_MIN_S = 0.1
-START_RETRY_MAX_S = 2.0
+START_RETRY_MAX_S = 1.0
 # Clears this manager's caches when any manager changes what they hold: the API's token cache
 # on a revocation, the kept resource-group options on a group's change.
 _CACHE_WATCH_TASK = "manager-cache-watch"
