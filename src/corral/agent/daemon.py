@@ -165,6 +165,11 @@ class AgentDaemon:
         """Stop taking work and shut down (run() returns when done). Idempotent."""
         self._stop.set()
 
+    async def kill_kernels_now(self) -> None:
+        """While stopping, kill the kernels still in their grace period at once (a second
+        Ctrl-C) rather than wait it out."""
+        await asyncio.gather(*(w.kill_now() for w in self.workers.values() if not w.done))
+
     # -- registration and liveness --------------------------------------------------------
 
     async def _register_until_done(self) -> bool:

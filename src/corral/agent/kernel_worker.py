@@ -76,6 +76,7 @@ MANAGER_UNREACHABLE_CAUSE = FailureCause.MANAGER_UNREACHABLE
 MANAGER_REFUSED_CAUSE = FailureCause.MANAGER_REFUSED
 AGENT_IO_CAUSE = FailureCause.AGENT_IO_ERROR
 LOG_READ_BYTES = 256 * 1024
+STOP_GRACE_S = 10.0  # a stopped kernel: SIGTERM, then SIGKILL this much later
 
 # The post-run stages, in order, per mode (black box: the runtime collects outputs itself).
 _POST_RUN = (
@@ -123,7 +124,7 @@ class Shipper(Protocol):
 class WorkerSettings:
     """How a worker paces itself."""
 
-    stop_grace_s: float = 10.0  # SIGTERM → SIGKILL
+    stop_grace_s: float = STOP_GRACE_S  # SIGTERM → SIGKILL
     log_interval_s: float = 1.0  # how often a running kernel's new log bytes are shipped
     retry_delay_s: float = 0.2  # first backoff after a failed stage; doubles, capped
     retry_delay_cap_s: float = 5.0
@@ -244,6 +245,13 @@ class KernelWorker:
         finally:
             if self._adopt is None and self._runtime.stages:
                 await asyncio.shield(self._unstage())
+
+    async def kill_now(self) -> None:
+        """Cut short a stop in progress: SIGKILL the kernel now instead of at the end of its
+        grace period (the stop then completes as it would have)."""
+        if self._running is not None and not self.progress.terminal:
+            with contextlib.suppress(Exception):
+                await self._running.terminate(0)
 
     async def shutdown(self, cause: str) -> None:
         """The agent is stopping: end the kernel now and report it failed with `cause`."""

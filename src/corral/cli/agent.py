@@ -20,7 +20,7 @@ from corral.agent.client import FAILBACK_AFTER_S, HttpManagerClient
 from corral.agent.daemon import AgentConfig, AgentDaemon
 from corral.agent.devices import DeviceAllocator, detect_gpus
 from corral.agent.endpoints import ManagerURLError, parse_manager_urls, resolve_endpoints
-from corral.agent.kernel_worker import WorkerSettings
+from corral.agent.kernel_worker import STOP_GRACE_S, WorkerSettings
 from corral.agent.runtime import Runtime
 from corral.agent.runtime._run_as import RunAs, check_reachable, parse_user_map
 from corral.agent.runtime.simulated import Latency, SimulationProfile
@@ -128,7 +128,9 @@ def agent_command(
             "them (process runtime; a kernel that ended meanwhile reports its real exit)."
         ),
     ] = "stop",
-    stop_grace: Annotated[float, typer.Option(min=0, help="SIGTERM → SIGKILL, seconds.")] = 10.0,
+    stop_grace: Annotated[
+        float, typer.Option(min=0, help="SIGTERM → SIGKILL, seconds (a second SIGTERM: now).")
+    ] = STOP_GRACE_S,
     sim_preload: Annotated[
         str, typer.Option(help="Simulated: preload latency, seconds (e.g. 0.1, 0.1-0.5s, exp:0.2).")
     ] = "0",
@@ -259,7 +261,14 @@ async def _run(
     config: AgentConfig, client: HttpManagerClient, runtime: Runtime, devices: DeviceAllocator
 ) -> None:
     daemon = AgentDaemon(config, client, runtime, devices=devices)
+    asked: list[asyncio.Future[None]] = []  # kept until the run ends
+
+    def signalled() -> None:
+        # The first signal stops the agent (its kernels by --on-shutdown, each with its grace
+        # period); a second one, while it stops, kills the kernels still in theirs at once.
+        asked.append(asyncio.ensure_future(daemon.kill_kernels_now() if asked else daemon.stop()))
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(daemon.stop()))
+        loop.add_signal_handler(sig, signalled)
     await daemon.run()

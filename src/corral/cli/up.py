@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from corral._logging import configure_logging
+from corral.agent.kernel_worker import STOP_GRACE_S
 from corral.cli._common import fail, settings_from_flags
 from corral.cli.agent import PythonOption, detect_slots
 from corral.manager.up import UpConfig, UpReady, run_up
@@ -73,14 +74,26 @@ def up_command(
                 typer.echo(f"  and at http://<deployment>.{proxy_domain.strip('.')}:{port}/")
         typer.echo(f"client config written to {path}; try:")
         typer.echo("  corral run -- python -c \"print('hello')\"")
-        typer.echo("Ctrl-C stops corral (running sessions are stopped).")
+        typer.echo("Ctrl-C stops corral (running sessions are stopped; twice: at once).")
 
     async def main() -> None:
-        stop = asyncio.Event()
+        stop, kill_now = asyncio.Event(), asyncio.Event()
+
+        def signalled() -> None:
+            if stop.is_set():
+                kill_now.set()
+                return
+            stop.set()
+            typer.echo(
+                f"stopping: running kernels get SIGTERM, then SIGKILL after {STOP_GRACE_S:g} s; "
+                "Ctrl-C again to kill them now",
+                err=True,
+            )
+
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await run_up(config, ready, stop)
+            loop.add_signal_handler(sig, signalled)
+        await run_up(config, ready, stop, kill_now)
 
     try:
         asyncio.run(main())

@@ -117,8 +117,10 @@ async def run_up(
     config: UpConfig,
     on_ready: Callable[[UpReady], None],
     stop: asyncio.Event,
+    kill_now: asyncio.Event | None = None,
 ) -> None:
-    """Run the manager and the local agent until `stop` is set or one of them fails."""
+    """Run the manager and the local agent until `stop` is set or one of them fails; while
+    stopping, `kill_now` set kills the kernels still in their grace period at once."""
     config.data_dir.mkdir(parents=True, exist_ok=True)
     # Before the manager starts: a wrong --python is a ValueError naming it, nothing to stop.
     runtimes = [
@@ -194,12 +196,21 @@ async def run_up(
         for task in agenting:
             if task.get_name() == "up-proxy":
                 task.cancel()
+        killing = asyncio.create_task(_kill_when(kill_now, agents))
         agent_outcome = await asyncio.gather(*agenting, return_exceptions=True)
+        killing.cancel()
         await manager.stop()
         manager_outcome = await asyncio.gather(managing, return_exceptions=True)
     for outcome in (*agent_outcome, *manager_outcome):
         if isinstance(outcome, Exception) and not isinstance(outcome, asyncio.CancelledError):
             raise outcome
+
+
+async def _kill_when(asked: asyncio.Event | None, agents: list[AgentDaemon]) -> None:
+    """Once `asked` is set, every agent kills its kernels at once."""
+    if asked is not None:
+        await asked.wait()
+        await asyncio.gather(*(agent.kill_kernels_now() for agent in agents))
 
 
 def split_slots(slots: ResourceSlots, parts: int) -> ResourceSlots:
