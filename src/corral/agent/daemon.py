@@ -167,7 +167,10 @@ class AgentDaemon:
 
     async def kill_kernels_now(self) -> None:
         """While stopping, kill the kernels still in their grace period at once (a second
-        Ctrl-C) rather than wait it out."""
+        Ctrl-C) rather than wait it out; none under `--on-shutdown leave`, whose kernels are
+        meant to run on."""
+        if self.config.on_shutdown == "leave":
+            return
         await asyncio.gather(*(w.kill_now() for w in self.workers.values() if not w.done))
 
     # -- registration and liveness --------------------------------------------------------
